@@ -1,0 +1,11 @@
+"""shardspec: a declarative sharding-spec compiler for PyTorch distributed training.
+
+This package's top level imports nothing heavy: the compiler (lark, pydantic, jinja2) and
+the runtime (torch) are imported only by the modules that need them.
+"""
+
+__version__ = "0.1.0"
+
+# The contract between generated modules and ``shardspec.runtime``. A generated module
+# states the API version it was rendered for; the runtime refuses a different one.
+RUNTIME_API = 1

@@ -1,0 +1,1 @@
+"""Static checks: one registry of codes (``registry``) and the checks that use them."""

@@ -1,0 +1,330 @@
+"""The one registry of finding codes.
+
+Each entry is documentation as much as code: the README's check catalogue is generated
+from it (``python -m shardspec.checks.catalogue``) and a test keeps the two in step. Codes
+never change meaning; retired codes are not reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardspec.diagnostics import Diagnostic, Severity, Span
+
+
+@dataclass(frozen=True)
+class Check:
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    why: str
+    bad: str = ""
+    good: str = ""
+    needs_manifest: bool = False
+
+
+E, W = Severity.ERROR, Severity.WARNING
+
+CHECKS: tuple[Check, ...] = (
+    # --- input ---------------------------------------------------------------------------
+    Check(
+        "SS001",
+        "syntax-error",
+        E,
+        "The spec does not parse.",
+        "A spec that does not parse cannot be checked or compiled.",
+        "mesh { tp 2 }",
+        "mesh { tp: 2 }",
+    ),
+    Check(
+        "SS002",
+        "unreadable-input",
+        E,
+        "A spec, manifest or output path cannot be read or written.",
+        "Nothing can be checked without the input.",
+    ),
+    Check(
+        "SS003",
+        "bad-manifest",
+        E,
+        "The manifest is not valid JSON of the manifest format.",
+        "Checks that need shapes would otherwise run on wrong data.",
+    ),
+    Check(
+        "SS004",
+        "bad-argument",
+        E,
+        "A command-line argument is malformed or unknown.",
+        "`-D tpp=4` must not silently do nothing.",
+        "-D tpp=4",
+        "-D tp=4",
+    ),
+    Check(
+        "SS005",
+        "duplicate-statement",
+        E,
+        "A statement that may appear once (mesh, fsdp, manifest) appears twice.",
+        "Two meshes or two FSDP axes leave it unclear which one holds.",
+        "fsdp dp_shard\nfsdp dp_replicate",
+        "fsdp dp_shard",
+    ),
+    # --- mesh ----------------------------------------------------------------------------
+    Check(
+        "SS010",
+        "bad-mesh",
+        E,
+        "The mesh is missing, repeats an axis, has several `*` axes or does not fit the "
+        "world size.",
+        "Every placement and every rank's offset depends on the mesh.",
+        "mesh { dp: *  tp: * }",
+        "mesh over 8 ranks { dp: *  tp: 2 }",
+    ),
+    Check(
+        "SS011",
+        "unknown-axis",
+        E,
+        "A rule or statement names an axis the mesh lacks.",
+        "A typo in an axis name would otherwise replicate the tensor silently.",
+        "shard vocab over tpp",
+        "shard vocab over tp",
+    ),
+    Check(
+        "SS012",
+        "axis-reused",
+        E,
+        "One axis shards two dimensions, or one dimension twice.",
+        "DTensor cannot place one mesh axis on two tensor dims; the layout would be ambiguous.",
+        "shard vocab over tp\nshard hidden over tp",
+        "shard vocab over tp",
+    ),
+    Check(
+        "SS013",
+        "manifest-mesh-mismatch",
+        E,
+        "A local axis's size differs from the size the manifest's model was built for.",
+        "Modules built with local shapes for tp=2 hold the wrong slices under tp=4.",
+        "mesh { tp: 4 }   # manifest built with tp=2",
+        "mesh { tp: 2 }",
+    ),
+    # --- dimensions ----------------------------------------------------------------------
+    Check(
+        "SS020",
+        "unknown-dim",
+        E,
+        "A statement names a dimension the rule does not declare.",
+        "Placements are written against dimension names; an unknown one has no meaning.",
+        "param w [out, in] { shard outt over tp }",
+        "param w [out, in] { shard out over tp }",
+    ),
+    Check(
+        "SS021",
+        "dims-rank-mismatch",
+        E,
+        "The number of named dimensions differs from the parameter's rank.",
+        "Reusing a 2-D layout on a 3-D grouped tensor puts every shard dim off by one.",
+        "param experts.w1 [ffn, hidden]   # w1 is [expert, ffn, hidden]",
+        "param experts.w1 [expert, ffn, hidden]",
+        True,
+    ),
+    Check(
+        "SS022",
+        "duplicate-dim",
+        E,
+        "A rule names the same dimension twice.",
+        "Placements could not tell the two apart.",
+        "[hidden, hidden]",
+        "[out, hidden]",
+    ),
+    Check(
+        "SS023",
+        "uneven-shard",
+        W,
+        "A dimension is not divisible by the product of its axes; torch.chunk sizes apply.",
+        "Uneven shards work with DTensor, but cost padding in collectives and surprise "
+        "people reading per-rank shapes.",
+        "",
+        "",
+        True,
+    ),
+    Check(
+        "SS024",
+        "empty-shard",
+        W,
+        "Some ranks hold an empty local shard of a parameter.",
+        "Empty shards are legal but easy to mishandle (seed 000 had to stop them from "
+        "forcing full materialization).",
+        "",
+        "",
+        True,
+    ),
+    Check(
+        "SS025",
+        "indivisible-local",
+        E,
+        "A dimension sharded over a local axis is not divisible by that axis.",
+        "Modules built with local shapes hold equal blocks; no rank's offset would be right.",
+        "",
+        "",
+        True,
+    ),
+    Check(
+        "SS026",
+        "local-axis-not-outer",
+        E,
+        "A local axis comes after a non-local axis on the same dimension.",
+        "A module built with a local shard holds a whole block of the local axis; "
+        "other axes can only split that block further.",
+        "shard ffn over (dp_shard, tp)\nlocal tp",
+        "shard ffn over (tp, dp_shard)\nlocal tp",
+    ),
+    Check(
+        "SS027",
+        "virtual-dim",
+        E,
+        "A dimension indexed by a name capture is misused: it must be sharded over local "
+        "axes only, and captures must be declared dimensions.",
+        "Per-expert modules (`local_experts.{expert}`) exist only on the ranks that own "
+        "them; only a local axis says which rank that is.",
+        "param local_experts.{expert}.w1.weight [expert, ffn, hidden] { shard expert over ep }",
+        "... { shard expert over ep\n      local ep }",
+    ),
+    # --- layout --------------------------------------------------------------------------
+    Check(
+        "SS030",
+        "non-contiguous-shard",
+        E,
+        "Some rank's local shard of a stored tensor is not one contiguous block.",
+        "DCP stores each rank's chunk as one box; a strided shard fails with "
+        "'overlapping chunks' or stores wrong bytes.",
+        "fuse ffn as gate, up stored fused\nshard ffn over tp",
+        "fuse ffn as gate, up\nshard ffn over tp",
+        True,
+    ),
+    Check(
+        "SS031",
+        "not-representable",
+        E,
+        "No DTensor placements describe the layout on every rank.",
+        "distribute() could not build a DTensor whose full_tensor() is the parameter "
+        "(for example FSDP on a dimension that TP already splits per component).",
+        "fuse ffn as gate, up\nshard ffn over (tp, dp_shard)",
+        "fuse ffn as gate, up\nshard ffn over tp\nshard hidden over dp_shard",
+        True,
+    ),
+    # --- rules ---------------------------------------------------------------------------
+    Check(
+        "SS040",
+        "unmatched-parameter",
+        E,
+        "A parameter is matched by no rule or ignore.",
+        "Unmatched parameters would be silently replicated or skipped.",
+        "",
+        "",
+        True,
+    ),
+    Check(
+        "SS041",
+        "unused-rule",
+        E,
+        "A rule matches no parameter.",
+        "Usually a typo, or a rule for modules that do not exist (bias rules when the "
+        "model is built with bias=False).",
+        "param **.bias [out] replicate   # model has no biases",
+        "",
+        True,
+    ),
+    Check(
+        "SS042",
+        "shadowed-rule",
+        W,
+        "A rule matches parameters but never wins any.",
+        "Another rule always takes precedence, so this one is dead and misleads readers.",
+        "",
+        "",
+        True,
+    ),
+    Check(
+        "SS043",
+        "ambiguous-rules",
+        E,
+        "Two rules of equal precedence match the same parameter.",
+        "File order never decides; the spec must say which rule wins.",
+        "param layers.*.w [a, b] ...\nparam *.0.w [a, b] ...",
+        "",
+        True,
+    ),
+    Check(
+        "SS044",
+        "bad-pattern",
+        E,
+        "A parameter pattern is malformed.",
+        "A pattern that cannot match anything hides a mistake.",
+        "param a..b [x] replicate",
+        "param a.*.b [x] replicate",
+    ),
+    # --- fusion --------------------------------------------------------------------------
+    Check(
+        "SS050",
+        "fusion-size-mismatch",
+        E,
+        "A fused dimension's components do not add up to its size.",
+        "Each rank would take wrong slices of every component.",
+        "fuse qkv as q 64, k 16, v 16   # qkv is 128",
+        "fuse qkv as q 96, k 16, v 16",
+        True,
+    ),
+    Check(
+        "SS051",
+        "fusion-indivisible",
+        E,
+        "A fused component (or the group count) is not divisible by its first axis.",
+        "The requirement is F % TP per component, not 2F % TP for the fused tensor.",
+        "fuse ffn as gate, up   # ffn = 2 x 3, tp = 2",
+        "",
+        True,
+    ),
+    Check(
+        "SS052",
+        "bad-fusion",
+        E,
+        "A fusion is malformed: a dimension fused twice, components named twice, or sizes "
+        "given for some components only.",
+        "Component layouts must be unambiguous.",
+        "fuse ffn as gate 8, up",
+        "fuse ffn as gate 8, up 8",
+    ),
+    # --- hygiene -------------------------------------------------------------------------
+    Check(
+        "SS060",
+        "unused-suppression",
+        W,
+        "A `# shardspec: ignore[...]` comment silences nothing.",
+        "Stale suppressions hide the next real finding.",
+        "",
+        "",
+    ),
+    Check(
+        "SS061",
+        "no-manifest",
+        W,
+        "The spec names no manifest: checks that need shapes did not run.",
+        "Without shapes, divisibility and coverage are only checked at run time.",
+        "",
+        "",
+    ),
+)
+
+BY_CODE: dict[str, Check] = {c.code: c for c in CHECKS}
+
+
+def diag(code: str, message: str, span: Span, hint: str = "") -> Diagnostic:
+    """A diagnostic for ``code`` with the registry's name and severity."""
+    c = BY_CODE[code]
+    return Diagnostic(code, c.name, c.severity, message, span, hint)
+
+
+def diag_as(code: str, severity: Severity, message: str, span: Span, hint: str = "") -> Diagnostic:
+    """Like :func:`diag` with an explicit severity (for checks whose severity depends)."""
+    c = BY_CODE[code]
+    return Diagnostic(code, c.name, severity, message, span, hint)

@@ -1,0 +1,137 @@
+"""Run every check in order and apply ``# shardspec: ignore[...]`` suppressions."""
+
+from __future__ import annotations
+
+from shardspec import ir
+from shardspec.checks.coverage import COVERAGE_CHECKS
+from shardspec.checks.layouts import LAYOUT_CHECKS
+from shardspec.checks.registry import BY_CODE, diag
+from shardspec.checks.structure import STRUCTURE_CHECKS
+from shardspec.diagnostics import Diagnostic, Span
+from shardspec.manifest import Manifest, ManifestError, load_manifest
+from shardspec.resolve import Resolved, resolve
+
+
+def manifest_path(spec: ir.Spec) -> str | None:
+    """The manifest's path, relative to the spec's folder."""
+    if spec.manifest is None:
+        return None
+    import os
+
+    if os.path.isabs(spec.manifest):
+        return spec.manifest
+    return os.path.normpath(os.path.join(os.path.dirname(spec.path) or ".", spec.manifest))
+
+
+def load_spec_manifest(spec: ir.Spec) -> tuple[Manifest | None, list[Diagnostic]]:
+    path = manifest_path(spec)
+    if path is None:
+        return None, []
+    try:
+        return load_manifest(path), []
+    except ManifestError as e:
+        span = spec.manifest_span or Span(spec.path, 1, 1)
+        msg = str(e)
+        if "cannot read" in msg:
+            return None, [
+                diag(
+                    "SS002",
+                    msg,
+                    span,
+                    "the path is relative to the spec's folder; "
+                    "create it with `shardspec manifest pkg.module:factory -o FILE`",
+                )
+            ]
+        return None, [
+            diag(
+                "SS003",
+                f"{path}:{e.line}:{e.col}: {msg}",
+                span,
+                "regenerate it with `shardspec manifest`",
+            )
+        ]
+
+
+def check(
+    spec: ir.Spec,
+    *,
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+    manifest: Manifest | None = None,
+    use_manifest: bool = True,
+) -> tuple[Resolved, list[Diagnostic]]:
+    """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
+    diags: list[Diagnostic] = []
+    broken: set[int] = set()
+    for c in STRUCTURE_CHECKS:
+        diags.extend(c(spec, broken))
+    if manifest is None and use_manifest:
+        manifest, mdiags = load_spec_manifest(spec)
+        diags.extend(mdiags)
+        if mdiags:
+            use_manifest = False
+    res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
+    if res.mesh_error and spec.mesh is not None and not any(d.code == "SS010" for d in diags):
+        diags.append(
+            diag(
+                "SS010",
+                res.mesh_error,
+                spec.mesh.span,
+                "give the world size with `mesh over N ranks { ... }` or "
+                "`-D world=N`, and make the axes multiply to it",
+            )
+        )
+    if manifest is not None:
+        for c in COVERAGE_CHECKS:
+            diags.extend(c(res))
+        for c in LAYOUT_CHECKS:
+            diags.extend(c(res))
+    elif spec.manifest is None:
+        diags.append(
+            diag(
+                "SS061",
+                "no manifest: shape, coverage and precedence checks did not run",
+                Span(spec.path, 1, 1),
+                'add `manifest "model.json"` (made by `shardspec manifest`)',
+            )
+        )
+    return res, apply_suppressions(spec, diags)
+
+
+def apply_suppressions(spec: ir.Spec, diags: list[Diagnostic]) -> list[Diagnostic]:
+    """Drop findings silenced by a suppression comment on their line, or on the first line
+    of the rule they point into; report suppressions that silence nothing."""
+    rule_lines = {r.span.line: (r.span.line, r.span.end_line or r.span.line) for r in spec.rules}
+    used: set[int] = set()
+    kept = []
+    for d in diags:
+        silenced = False
+        if d.span.file == spec.path:
+            for i, s in enumerate(spec.suppressions):
+                lo, hi = rule_lines.get(s.span.line, (s.span.line, s.span.line))
+                if lo <= d.span.line <= hi and d.code in s.codes:
+                    used.add(i)
+                    silenced = True
+        if not silenced:
+            kept.append(d)
+    for i, s in enumerate(spec.suppressions):
+        unknown = [c for c in s.codes if c not in BY_CODE]
+        if unknown:
+            kept.append(
+                diag(
+                    "SS060",
+                    f"unknown code(s) {', '.join(unknown)} in suppression",
+                    s.span,
+                    "see the check catalogue for codes",
+                )
+            )
+        elif i not in used:
+            kept.append(
+                diag(
+                    "SS060",
+                    f"suppression of {', '.join(s.codes)} silences nothing",
+                    s.span,
+                    "delete the comment",
+                )
+            )
+    return sorted(kept, key=Diagnostic.sort_key)

@@ -1,0 +1,392 @@
+"""Checks that need only the spec: mesh, axes, dimension names, fusions, patterns.
+
+Each returns its diagnostics and adds the index of every rule it finds unsound to
+``broken``, so later stages skip that rule instead of tripping over it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from shardspec import ir
+from shardspec.checks.registry import diag
+from shardspec.diagnostics import Diagnostic
+from shardspec.patterns import PatternError, compile_glob
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1)
+    listed = ", ".join(choices) if choices else "(none)"
+    if close:
+        return f"did you mean {close[0]!r}? declared: {listed}"
+    return f"declared: {listed}"
+
+
+def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    if spec.mesh is None:
+        from shardspec.diagnostics import Span
+
+        out.append(
+            diag(
+                "SS010",
+                "the spec declares no mesh",
+                Span(spec.path, 1, 1),
+                "add `mesh over N ranks { dp_shard: *  tp: 2 }`",
+            )
+        )
+        return out
+    counts = Counter(a.name.text for a in spec.mesh.axes)
+    seen: set[str] = set()
+    for a in spec.mesh.axes:
+        if counts[a.name.text] > 1 and a.name.text in seen:
+            out.append(
+                diag(
+                    "SS010",
+                    f"mesh axis {a.name.text!r} is declared twice",
+                    a.name.span,
+                    "each axis appears once, outer to inner",
+                )
+            )
+        seen.add(a.name.text)
+        if a.size == 0:
+            out.append(
+                diag(
+                    "SS010", f"mesh axis {a.name.text!r} has size 0", a.span, "sizes are at least 1"
+                )
+            )
+    rest = [a for a in spec.mesh.axes if a.size is None]
+    for a in rest[1:]:
+        out.append(
+            diag(
+                "SS010",
+                f"mesh axis {a.name.text!r} also takes the rest of the world",
+                a.span,
+                f"only one axis can be `*`; {rest[0].name.text!r} already is",
+            )
+        )
+    if not spec.mesh.axes:
+        out.append(
+            diag(
+                "SS010",
+                "the mesh has no axes",
+                spec.mesh.span,
+                "declare at least one axis, e.g. `dp_shard: *`",
+            )
+        )
+    return out
+
+
+def _axes(spec: ir.Spec) -> list[str]:
+    return [a.name.text for a in spec.mesh.axes] if spec.mesh else []
+
+
+def check_fsdp(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    axes = _axes(spec)
+    if spec.fsdp is not None and spec.mesh is not None and spec.fsdp.text not in axes:
+        return [
+            diag(
+                "SS011",
+                f"fsdp axis {spec.fsdp.text!r} is not a mesh axis",
+                spec.fsdp.span,
+                _did_you_mean(spec.fsdp.text, axes),
+            )
+        ]
+    return []
+
+
+def check_patterns(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    out = []
+    for rule in spec.rules:
+        try:
+            compile_glob(rule.pattern.text)
+        except PatternError as e:
+            broken.add(rule.index)
+            out.append(
+                diag(
+                    "SS044",
+                    f"bad pattern {rule.pattern.text!r}: {e}",
+                    rule.pattern.span,
+                    "segments are separated by single dots; see the pattern syntax",
+                )
+            )
+    for ig in spec.ignores:
+        try:
+            compile_glob(ig.pattern.text)
+        except PatternError as e:
+            out.append(
+                diag(
+                    "SS044",
+                    f"bad pattern {ig.pattern.text!r}: {e}",
+                    ig.pattern.span,
+                    "segments are separated by single dots; see the pattern syntax",
+                )
+            )
+    return out
+
+
+def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """Dimensions, axes, local and replicate lists of every rule."""
+    out: list[Diagnostic] = []
+    axes = _axes(spec)
+    known_axes = set(axes)
+    for rule in spec.rules:
+        bad = len(out)
+        dims = [d.text for d in rule.dims]
+        if not rule.dims_given and not rule.replicate_all:
+            out.append(
+                diag(
+                    "SS021",
+                    "the rule does not name the parameter's dimensions",
+                    rule.pattern.span,
+                    "write `param PATTERN [dim, ...] { ... }`; only "
+                    "`param PATTERN replicate` may leave them out",
+                )
+            )
+        seen_dims: set[str] = set()
+        for d in rule.dims:
+            if d.text in seen_dims:
+                out.append(
+                    diag(
+                        "SS022",
+                        f"dimension {d.text!r} is named twice",
+                        d.span,
+                        "give every dimension its own name",
+                    )
+                )
+            seen_dims.add(d.text)
+        used: dict[str, str] = {}  # axis -> dim it shards
+        sharded_dims: set[str] = set()
+        for s in rule.shards:
+            if s.dim.text not in dims:
+                out.append(
+                    diag(
+                        "SS020",
+                        f"unknown dimension {s.dim.text!r}",
+                        s.dim.span,
+                        _did_you_mean(s.dim.text, dims),
+                    )
+                )
+            if s.dim.text in sharded_dims:
+                out.append(
+                    diag(
+                        "SS012",
+                        f"dimension {s.dim.text!r} is sharded by two statements",
+                        s.span,
+                        "list every axis of a dimension in one `shard DIM over (OUTER, INNER)`",
+                    )
+                )
+            sharded_dims.add(s.dim.text)
+            for a in s.axes:
+                if spec.mesh is not None and a.text not in known_axes:
+                    out.append(
+                        diag(
+                            "SS011",
+                            f"unknown mesh axis {a.text!r}",
+                            a.span,
+                            _did_you_mean(a.text, axes),
+                        )
+                    )
+                elif a.text in used:
+                    where = (
+                        f"dimension {used[a.text]!r}"
+                        if used[a.text] != s.dim.text
+                        else "this dimension already"
+                    )
+                    out.append(
+                        diag(
+                            "SS012",
+                            f"axis {a.text!r} is used twice in one placement: "
+                            f"it already shards {where}",
+                            a.span,
+                            "a mesh axis shards at most one dimension of a tensor once",
+                        )
+                    )
+                used.setdefault(a.text, s.dim.text)
+        for a in rule.replicate:
+            if spec.mesh is not None and a.text not in known_axes:
+                out.append(
+                    diag(
+                        "SS011",
+                        f"unknown mesh axis {a.text!r}",
+                        a.span,
+                        _did_you_mean(a.text, axes),
+                    )
+                )
+            elif a.text in used:
+                out.append(
+                    diag(
+                        "SS012",
+                        f"axis {a.text!r} is both replicated and sharding "
+                        f"dimension {used[a.text]!r}",
+                        a.span,
+                        "drop it from `replicate` or from the `shard` statement",
+                    )
+                )
+        for a in rule.local:
+            if spec.mesh is not None and a.text not in known_axes:
+                out.append(
+                    diag(
+                        "SS011",
+                        f"unknown mesh axis {a.text!r}",
+                        a.span,
+                        _did_you_mean(a.text, axes),
+                    )
+                )
+            elif a.text not in used:
+                out.append(
+                    diag(
+                        "SS026",
+                        f"local axis {a.text!r} shards no dimension of this rule",
+                        a.span,
+                        "a local axis must appear in a `shard` statement",
+                    )
+                )
+        local = {a.text for a in rule.local}
+        for s in rule.shards:
+            names = [a.text for a in s.axes]
+            for k, a in enumerate(names):
+                if a in local and any(b not in local for b in names[:k]):
+                    out.append(
+                        diag(
+                            "SS026",
+                            f"local axis {a!r} comes after non-local axis "
+                            f"{names[0]!r} on dimension {s.dim.text!r}",
+                            s.axes[k].span,
+                            "the module holds a whole block of its local axes: list "
+                            "them first (outermost)",
+                        )
+                    )
+        if spec.fsdp is not None and spec.fsdp.text in local:
+            pass  # a rule may hold local FSDP shards; nothing to say
+        if len(out) > bad:
+            broken.add(rule.index)
+    return out
+
+
+def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for rule in spec.rules:
+        bad = len(out)
+        dims = [d.text for d in rule.dims]
+        fused: set[str] = set()
+        for f in rule.fusions:
+            if f.dim.text not in dims:
+                out.append(
+                    diag(
+                        "SS020",
+                        f"unknown dimension {f.dim.text!r}",
+                        f.dim.span,
+                        _did_you_mean(f.dim.text, dims),
+                    )
+                )
+            if f.dim.text in fused:
+                out.append(
+                    diag(
+                        "SS052",
+                        f"dimension {f.dim.text!r} is fused twice",
+                        f.span,
+                        "describe all components in one `fuse` statement",
+                    )
+                )
+            fused.add(f.dim.text)
+            names = [c.name.text for c in f.components]
+            for c in f.components:
+                if names.count(c.name.text) > 1:
+                    out.append(
+                        diag(
+                            "SS052",
+                            f"component {c.name.text!r} is named twice",
+                            c.name.span,
+                            "component names must differ",
+                        )
+                    )
+                    break
+            sized = [c.size is not None for c in f.components]
+            if any(sized) and not all(sized):
+                c = f.components[sized.index(False)]
+                out.append(
+                    diag(
+                        "SS052",
+                        f"component {c.name.text!r} has no size while others have one",
+                        c.span,
+                        "give every component a size, or none (equal parts)",
+                    )
+                )
+            if len(f.components) < 2 and not f.groups:
+                out.append(
+                    diag(
+                        "SS052",
+                        "a fusion needs at least two components",
+                        f.span,
+                        "list the components, e.g. `fuse ffn as gate, up`",
+                    )
+                )
+            if f.groups is not None and f.groups < 1:
+                out.append(diag("SS052", "the group count must be at least 1", f.span, ""))
+        if len(out) > bad:
+            broken.add(rule.index)
+    return out
+
+
+def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """Dimensions indexed by a capture in the pattern (per-expert local modules)."""
+    out: list[Diagnostic] = []
+    for rule in spec.rules:
+        try:
+            glob = compile_glob(rule.pattern.text)
+        except PatternError:
+            continue
+        bad = len(out)
+        dims = {d.text: d for d in rule.dims}
+        local = {a.text for a in rule.local}
+        for cap in glob.captures:
+            if cap not in dims:
+                out.append(
+                    diag(
+                        "SS027",
+                        f"capture {{{cap}}} names no dimension of the rule",
+                        rule.pattern.span,
+                        f"add {cap!r} to the dimension list (it "
+                        "indexes the modules), or write `*` to match any segment",
+                    )
+                )
+        for s in rule.shards:
+            if s.dim.text in glob.captures:
+                nonlocal_axes = [a for a in s.axes if a.text not in local]
+                for a in nonlocal_axes:
+                    out.append(
+                        diag(
+                            "SS027",
+                            f"dimension {s.dim.text!r} is indexed by module "
+                            f"name, so it can only be sharded over local axes, not "
+                            f"{a.text!r}",
+                            a.span,
+                            f"add `local {a.text}`: each rank builds only the modules it owns",
+                        )
+                    )
+        for f in rule.fusions:
+            if f.dim.text in glob.captures:
+                out.append(
+                    diag(
+                        "SS027",
+                        f"dimension {f.dim.text!r} is indexed by module name and cannot be fused",
+                        f.dim.span,
+                        "",
+                    )
+                )
+        if len(out) > bad:
+            broken.add(rule.index)
+    return out
+
+
+STRUCTURE_CHECKS = (
+    check_mesh,
+    check_fsdp,
+    check_patterns,
+    check_rule_names,
+    check_fusions,
+    check_virtual,
+)

@@ -1,0 +1,281 @@
+"""``shardspec``: argument parsing and I/O only; the work is in :mod:`shardspec.api`.
+
+Exit status: 0 fine (warnings allowed); 1 findings with errors, or stale output under
+``compile --check``; 2 input that cannot be processed (a syntax error, an unreadable or
+malformed spec or manifest, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+from collections.abc import Sequence
+
+from shardspec import __version__
+
+DEFAULT_GLOB = "specs/*.shard"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as an SS004 diagnostic, with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(
+            f"<command line>:1:1: error SS004 [bad-argument]: {message}\n"
+            f"  hint: run `{self.prog} --help`\n"
+        )
+        sys.exit(2)
+
+
+def _define(value: str) -> tuple[str, int]:
+    name, eq, size = value.partition("=")
+    if not eq or not name.isidentifier() or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not AXIS=N (a mesh axis and a positive whole number)"
+        )
+    return name, int(size)
+
+
+def _add_defines(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-D",
+        dest="defines",
+        action="append",
+        type=_define,
+        default=[],
+        metavar="AXIS=N",
+        help="override a mesh axis size (or `world=N`, the world size) for checks and defaults",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="shardspec",
+        description="A declarative sharding-spec compiler for PyTorch distributed training.",
+    )
+    p.add_argument("--version", action="version", version=f"shardspec {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    c = sub.add_parser(
+        "compile",
+        help="check specs and write generated/<name>.py for each",
+        description="Check specs and write one Python module per spec.",
+    )
+    c.add_argument("specs", nargs="*", metavar="SPEC", help=f"spec files (default: {DEFAULT_GLOB})")
+    c.add_argument(
+        "-o",
+        "--out",
+        default="generated",
+        metavar="DIR",
+        help="output directory (default: generated)",
+    )
+    c.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with a diff if an output is stale or missing",
+    )
+    _add_defines(c)
+
+    lint = sub.add_parser(
+        "lint",
+        help="check specs and report findings",
+        description="Check specs; exit 1 if any finding is an error.",
+    )
+    lint.add_argument(
+        "specs", nargs="*", metavar="SPEC", help=f"spec files (default: {DEFAULT_GLOB})"
+    )
+    lint.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    _add_defines(lint)
+
+    e = sub.add_parser(
+        "explain",
+        help="show which rule places a parameter, and every rank's shard",
+        description="Show the rule that places FQN, why it wins, and "
+        "every rank's local shape and global offset.",
+    )
+    e.add_argument("spec", metavar="SPEC")
+    e.add_argument("fqn", metavar="FQN")
+    _add_defines(e)
+
+    m = sub.add_parser(
+        "manifest",
+        help="write a model's parameter manifest (needs torch)",
+        description="Build a model on the meta device and write every "
+        "state-dict entry's name, shape and dtype as JSON.",
+    )
+    m.add_argument(
+        "factory",
+        metavar="MODULE:FUNCTION",
+        help="a function that returns an nn.Module, e.g. examples.models.llama:tiny",
+    )
+    m.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write")
+    m.add_argument(
+        "--arg",
+        dest="args",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword argument for the factory (ints, floats, true/false, text)",
+    )
+    return p
+
+
+def _split_defines(defines: list[tuple[str, int]]) -> tuple[dict[str, int], int | None]:
+    sizes = dict(defines)
+    world = sizes.pop("world", None)
+    return sizes, world
+
+
+def _specs(given: list[str]) -> list[str]:
+    return given or sorted(glob.glob(DEFAULT_GLOB))
+
+
+def _bad_define(spec_axes: dict[str, list[str]], sizes: dict[str, int]) -> str | None:
+    for path, axes in spec_axes.items():
+        for name in sizes:
+            if name not in axes:
+                return f"-D {name}: spec {path} has no mesh axis {name!r} (axes: {', '.join(axes)})"
+    return None
+
+
+def _print_diags(outcome, fmt: str = "text") -> None:
+    from shardspec.diagnostics import attach_sources, render_all_text, render_json
+
+    diags = attach_sources(outcome.diagnostics, outcome.sources)
+    if fmt == "json":
+        sys.stdout.write(render_json(diags))
+    elif diags:
+        sys.stderr.write(render_all_text(diags))
+
+
+def _status(outcome) -> int:
+    if outcome.input_error:
+        return 2
+    return 1 if outcome.errors else 0
+
+
+def _check_defines(args, paths) -> int | None:
+    sizes, _ = _split_defines(args.defines)
+    if not sizes:
+        return None
+    from shardspec.parse import parse_file
+
+    axes = {}
+    for p in paths:
+        spec, _ = parse_file(p)
+        if spec is not None and spec.mesh is not None:
+            axes[p] = [a.name.text for a in spec.mesh.axes]
+    bad = _bad_define(axes, sizes)
+    if bad:
+        sys.stderr.write(
+            f"<command line>:1:1: error SS004 [bad-argument]: {bad}\n"
+            "  hint: -D takes a mesh axis of every spec given, or world\n"
+        )
+        return 2
+    return None
+
+
+def cmd_lint(args) -> int:
+    from shardspec.api import lint_specs
+
+    paths = _specs(args.specs)
+    if not paths:
+        sys.stderr.write(f"shardspec lint: no specs given and none match {DEFAULT_GLOB}\n")
+        return 2
+    bad = _check_defines(args, paths)
+    if bad is not None:
+        return bad
+    sizes, world = _split_defines(args.defines)
+    _, outcome = lint_specs(paths, sizes, world)
+    _print_diags(outcome, args.format)
+    return _status(outcome)
+
+
+def cmd_compile(args) -> int:
+    from shardspec.api import compile_specs
+
+    paths = _specs(args.specs)
+    if not paths:
+        sys.stderr.write(f"shardspec compile: no specs given and none match {DEFAULT_GLOB}\n")
+        return 2
+    bad = _check_defines(args, paths)
+    if bad is not None:
+        return bad
+    sizes, world = _split_defines(args.defines)
+    try:
+        outcome = compile_specs(
+            paths, args.out, check_only=args.check, overrides=sizes, world=world
+        )
+    except OSError as e:
+        sys.stderr.write(
+            f"{args.out}:1:1: error SS002 [unreadable-input]: cannot write "
+            f"output: {e.strerror or e}\n  hint: check the output directory\n"
+        )
+        return 2
+    _print_diags(outcome)
+    if outcome.errors:
+        sys.stderr.write("shardspec compile: nothing written (fix the errors above)\n")
+        return _status(outcome)
+    if args.check:
+        for path, diff in outcome.stale:
+            sys.stdout.write(f"stale: {path}\n{diff}")
+        if outcome.stale:
+            sys.stderr.write(
+                f"{len(outcome.stale)} generated file(s) out of date; run `shardspec compile`\n"
+            )
+            return 1
+        return 0
+    for path in outcome.written:
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from shardspec.explain import explain
+
+    bad = _check_defines(args, [args.spec])
+    if bad is not None:
+        return bad
+    sizes, world = _split_defines(args.defines)
+    text, status = explain(args.spec, args.fqn, sizes, world)
+    (sys.stdout if status == 0 else sys.stderr).write(text)
+    return status
+
+
+def cmd_manifest(args) -> int:
+    from shardspec.manifest_build import ManifestBuildError, write_manifest
+
+    try:
+        n = write_manifest(args.factory, args.output, args.args)
+    except ManifestBuildError as e:
+        sys.stderr.write(f"<command line>:1:1: error SS004 [bad-argument]: {e}\n  hint: {e.hint}\n")
+        return 2
+    sys.stdout.write(f"wrote {args.output} ({n} entries)\n")
+    return 0
+
+
+COMMANDS = {
+    "lint": cmd_lint,
+    "compile": cmd_compile,
+    "explain": cmd_explain,
+    "manifest": cmd_manifest,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

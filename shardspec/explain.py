@@ -1,0 +1,135 @@
+"""``shardspec explain SPEC FQN``: which rule places a parameter, why it wins, and every
+rank's local shape and global offset."""
+
+from __future__ import annotations
+
+from shardspec.api import display_path, lint_specs
+from shardspec.diagnostics import attach_sources, render_all_text
+from shardspec.layout import (
+    component_indices,
+    dtensor_mesh,
+    dtensor_placements,
+    rank_table,
+    storage_units,
+)
+from shardspec.patterns import describe_key
+
+
+def _ptext(p: tuple) -> str:
+    return {"R": "Replicate()", "S": f"Shard({p[1] if len(p) > 1 else ''})"}.get(
+        p[0], f"_StridedShard({p[1]}, sf={p[2] if len(p) > 2 else ''})"
+    )
+
+
+def _ranges(r) -> str:
+    if not r:
+        return "-"
+    return ",".join(f"{a}:{b}" for a, b in r)
+
+
+def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tuple[str, int]:
+    results, outcome = lint_specs([path], sizes, world)
+    shown, res = results[0]
+    if res is None or outcome.input_error:
+        return render_all_text(attach_sources(outcome.diagnostics, outcome.sources)), 2
+    lines: list[str] = []
+    spec = res.spec
+    if res.manifest is None:
+        return (
+            f"{shown}: explain needs a manifest (the spec names none, or it could not be read)\n"
+        ), 2
+    m = res.matches.get(fqn)
+    if m is None:
+        import difflib
+
+        close = difflib.get_close_matches(fqn, list(res.matches), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return f"{fqn!r} is not in the manifest {display_path(res.manifest.path)}{hint}\n", 1
+    lines.append(f"{fqn}  {list(m.entry.shape)} {m.entry.dtype}".rstrip())
+    if m.ignored_by is not None:
+        ig = spec.ignores[m.ignored_by]
+        lines.append(
+            f"  ignored by `ignore {ig.pattern.text}` ({shown}:{ig.span.line}): not "
+            "converted or saved"
+        )
+        return "\n".join(lines) + "\n", 0
+    if not m.candidates:
+        lines.append("  matched by no rule (SS040)")
+        return "\n".join(lines) + "\n", 1
+    lines.append("  rules that match, by precedence:")
+    for i in m.candidates:
+        rule = spec.rules[i]
+        mark = "wins" if i == m.winner else ("TIE" if i in m.tied else "loses")
+        lines.append(
+            f"    {mark:5} {shown}:{rule.span.line}  param {rule.pattern.text}  "
+            f"({describe_key(res.globs[i].key)})"
+        )
+    if m.tied:
+        lines.append("  equal precedence: this is an error (SS043)")
+    if len(m.candidates) > 1 and not m.tied:
+        lines.append(
+            "  the winner has more literal segments, fewer '**', more partial "
+            "segments or more literal characters, compared in that order"
+        )
+    if m.layout is None or res.mesh is None:
+        err = m.layout_error or res.mesh_error
+        lines.append(f"  no layout: {err}")
+        return "\n".join(lines) + "\n", 1
+    mesh, layout = res.mesh, m.layout
+    rs = res.rule_specs[m.winner]  # type: ignore[index]
+    sizes = ", ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.sizes, strict=True))
+    lines.append(f"  mesh: {sizes}")
+    dims = []
+    for d in layout.dims:
+        text = f"{d.name}={d.size}"
+        if d.axes:
+            text += " over " + (d.axes[0] if len(d.axes) == 1 else f"({', '.join(d.axes)})")
+        if d.fusion:
+            comps = ", ".join(f"{n} {s}" for n, s in d.fusion.components)
+            text += (
+                f" [fused: {d.fusion.groups} groups of {comps}]"
+                if d.fusion.groups > 1
+                else f" [fused: {comps}]"
+            )
+        if d.virtual:
+            text += " [indexed by module name]"
+        dims.append(text)
+    lines.append(f"  global dims: {'; '.join(dims)}")
+    if rs.local:
+        lines.append(f"  local axes (the module holds its shard): {', '.join(rs.local)}")
+    sub = dtensor_mesh(layout, mesh)
+    ps = dtensor_placements(layout, mesh)
+    lines.append(
+        "  DTensor: mesh ("
+        + ", ".join(sub.names)
+        + "), placements ("
+        + ", ".join(_ptext(p) for p in ps)
+        + ")"
+    )
+    lines.append("")
+    header = f"  {'rank':>4}  {'coord':<{3 * len(mesh.names) + 2}}  {'local shape':<14} "
+    header += "global offset   global indices per dim"
+    lines.append(header)
+    units = storage_units(layout)
+    for t in rank_table(layout, mesh):
+        coord = "(" + ",".join(str(c) for c in t.coord) + ")"
+        offset = "-" if t.empty else str(list(t.offset))
+        idx = " x ".join(_ranges(r) for r in t.indices)
+        lines.append(
+            f"  {t.rank:>4}  {coord:<{3 * len(mesh.names) + 2}}  "
+            f"{list(t.shape)!s:<14} {offset:<15} {idx}"
+        )
+        for comp, d in units:
+            if comp is None or d is None:
+                continue
+            fusion = layout.dims[d].fusion
+            assert fusion is not None
+            lines.append(
+                f"  {'':>4}  {'':<{3 * len(mesh.names) + 2}}    {comp}: "
+                f"{_ranges(component_indices(fusion, t.indices[d], comp))}"
+            )
+    findings = [d for d in outcome.diagnostics if d.is_error]
+    if findings:
+        lines.append("")
+        lines.append(render_all_text(attach_sources(findings, outcome.sources)).rstrip())
+    return "\n".join(lines) + "\n", 0

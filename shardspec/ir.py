@@ -1,0 +1,102 @@
+"""The IR: what a ``.shard`` file says, as typed objects that keep their source spans.
+
+The parser builds these; resolution, checks and code generation read them. Nothing here
+computes layouts (that is :mod:`shardspec.layout`) or knows about parameters (that is
+:mod:`shardspec.resolve`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from shardspec.diagnostics import Span
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    span: Span
+
+
+class Name(Node):
+    """An identifier as written: an axis, a dimension or a component name."""
+
+    text: str
+
+
+class AxisDecl(Node):
+    name: Name
+    size: int | None  # None: this axis takes the rest of the world size
+
+
+class MeshDecl(Node):
+    axes: list[AxisDecl]
+    world: int | None = None
+
+
+class Component(Node):
+    name: Name
+    size: int | None = None  # None: equal parts of the dimension
+
+
+class FuseItem(Node):
+    dim: Name
+    components: list[Component]
+    groups: int | None = None
+    stored_fused: bool = False
+
+
+class ShardItem(Node):
+    dim: Name
+    axes: list[Name]  # outer -> inner
+
+
+class Pattern(Node):
+    text: str
+
+
+class Rule(Node):
+    """``param PATTERN [dims] { ... }``."""
+
+    index: int  # position in the file, 0-based
+    pattern: Pattern
+    dims: list[Name]
+    dims_given: bool = True  # `param p replicate` may omit the dimension list
+    replicate_all: bool = False
+    shards: list[ShardItem] = []
+    fusions: list[FuseItem] = []
+    local: list[Name] = []
+    replicate: list[Name] = []  # axes this rule explicitly keeps replicated (opts out of fsdp)
+
+
+class IgnoreRule(Node):
+    pattern: Pattern
+
+
+class Suppression(Node):
+    """``# shardspec: ignore[SS121, SS122]`` on the line it silences."""
+
+    codes: list[str]
+
+
+class Spec(BaseModel):
+    """A whole ``.shard`` file."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    path: str
+    source: str
+    sha256: str
+    manifest: str | None = None
+    manifest_span: Span | None = None
+    mesh: MeshDecl | None = None
+    fsdp: Name | None = None
+    rules: list[Rule] = []
+    ignores: list[IgnoreRule] = []
+    suppressions: list[Suppression] = []
+
+    @property
+    def name(self) -> str:
+        """The spec's name: its file name without ``.shard``."""
+        base = self.path.replace("\\", "/").rsplit("/", 1)[-1]
+        return base[: -len(".shard")] if base.endswith(".shard") else base

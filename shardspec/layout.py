@@ -1,0 +1,593 @@
+"""Shard arithmetic: which part of each parameter every rank holds.
+
+Pure Python with no imports beyond the standard library: the compiler uses it to check
+a spec and print tables, and ``shardspec.runtime`` uses the very same functions at train
+time. Nothing here knows about lark, pydantic or torch.
+
+Vocabulary
+----------
+* A *dimension* of a parameter is sharded over zero or more mesh axes, listed **outer to
+  inner**: the first axis cuts the coarsest blocks, each later axis cuts the block its rank
+  already holds. This is the *physical* layout: what FSDP2-over-TP or a module that holds a
+  Megatron-style local shard really keeps in memory.
+* A *fused* dimension is made of named components (gate/up, q/k/v). Its first axis splits
+  every component separately, so each rank holds its slice of each component. With
+  ``groups`` the components repeat per group (Megatron GQA layout) and the first axis
+  splits whole groups instead.
+* A *local* axis is one whose shard the module already holds (it was built with local
+  shapes). The DTensor then only spans the remaining axes. Local axes must come first in
+  a dimension's order, since the module holds a whole block of them.
+* A *virtual* dimension does not exist in the module's tensor: it is indexed by a capture
+  in the parameter's name (``local_experts.{expert}``) and only sharded by local axes.
+
+Index sets are tuples of half-open ``(start, stop)`` ranges in increasing order. Sizes follow
+``torch.chunk``: chunk size ``ceil(n / k)``, trailing chunks may be short or empty.
+
+``torch_placement_indices`` simulates DTensor's own left-to-right interpretation of
+``Shard``/``_StridedShard`` placements exactly, so the two views can be compared; a layout is
+representable as a DTensor only when they agree on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be realised. ``code`` is the check code the compiler reports it
+    under; the runtime raises it as is."""
+
+    def __init__(self, message: str, code: str = "SS031", hint: str = "") -> None:
+        super().__init__(message)
+        self.code, self.hint = code, hint
+
+
+# --------------------------------------------------------------------------- data model
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Named components of one dimension, in storage order."""
+
+    components: tuple[tuple[str, int], ...]  # (name, size); per group when groups > 1
+    groups: int = 1  # > 1: the component block repeats once per group (GQA layout)
+
+    @property
+    def group_size(self) -> int:
+        return sum(size for _, size in self.components)
+
+    @property
+    def size(self) -> int:
+        return self.group_size * self.groups
+
+    def component_ranges(self, name: str) -> Ranges:
+        """Where component ``name`` lies in the fused dimension, for every group."""
+        start = 0
+        for comp, size in self.components:
+            if comp == name:
+                break
+            start += size
+        else:  # pragma: no cover - callers pass known names
+            raise KeyError(name)
+        gs = self.group_size
+        return tuple((g * gs + start, g * gs + start + size) for g in range(self.groups))
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One named dimension of a parameter's global (logical) shape."""
+
+    name: str
+    size: int
+    axes: tuple[str, ...] = ()  # outer -> inner
+    fusion: Fusion | None = None
+    virtual: bool = False  # indexed by a name capture, absent from the module tensor
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The declared layout of one parameter."""
+
+    dims: tuple[Dim, ...]
+    local: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(d.size for d in self.dims)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for d in self.dims for a in d.axes)
+
+    def dim_index(self, name: str) -> int:
+        for i, d in enumerate(self.dims):
+            if d.name == name:
+                return i
+        raise KeyError(name)
+
+    def tensor_dims(self) -> tuple[Dim, ...]:
+        """The dimensions the module's tensor really has (virtual ones removed)."""
+        return tuple(d for d in self.dims if not d.virtual)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Axis names outer to inner, with their sizes."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def world(self) -> int:
+        return math.prod(self.sizes)
+
+    def size(self, axis: str) -> int:
+        return self.sizes[self.names.index(axis)]
+
+    def coords(self) -> Iterable[tuple[int, ...]]:
+        """Every rank's coordinate, in rank order (row-major, like ``init_device_mesh``)."""
+        return itertools.product(*(range(s) for s in self.sizes))
+
+    def coord_of(self, rank: int) -> tuple[int, ...]:
+        out = []
+        for s in reversed(self.sizes):
+            out.append(rank % s)
+            rank //= s
+        return tuple(reversed(out))
+
+    def rank_of(self, coord: Sequence[int]) -> int:
+        rank = 0
+        for c, s in zip(coord, self.sizes, strict=True):
+            rank = rank * s + c
+        return rank
+
+    def submesh(self, names: Sequence[str]) -> Mesh:
+        return Mesh(tuple(names), tuple(self.size(n) for n in names))
+
+
+def resolve_sizes(
+    names: Sequence[str], sizes: Sequence[int | None], world: int | None
+) -> tuple[int, ...]:
+    """Fill the one ``None`` ("the rest of the world") size from ``world``."""
+    rest = [i for i, s in enumerate(sizes) if s is None]
+    if len(rest) > 1:
+        raise LayoutError("at most one mesh axis can take the rest of the world size")
+    if not rest:
+        fixed = tuple(int(s) for s in sizes if s is not None)
+        if world is not None and math.prod(fixed) != world:
+            raise LayoutError(
+                f"mesh {dict(zip(names, fixed, strict=True))} has {math.prod(fixed)} ranks, "
+                f"but the world size is {world}"
+            )
+        return fixed
+    known = math.prod(s for s in sizes if s is not None)
+    if world is None:
+        raise LayoutError(
+            f"mesh axis {names[rest[0]]!r} takes the rest, but no world size is known"
+        )
+    if known == 0 or world % known:
+        raise LayoutError(
+            f"world size {world} is not divisible by the other mesh axes' product {known}"
+        )
+    return tuple(world // known if s is None else int(s) for s in sizes)
+
+
+# --------------------------------------------------------------------------- rules -> layouts
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A rule after the compiler resolved it (FSDP default applied), in plain data.
+
+    The generated module carries these for specs without a manifest, so the runtime builds
+    layouts from module shapes with the same function the compiler uses.
+    """
+
+    pattern: str
+    dims: tuple[str, ...]
+    shard: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (dim, axes outer -> inner)
+    fuse: tuple[tuple[str, tuple[tuple[str, int | None], ...], int], ...] = ()
+    local: tuple[str, ...] = ()
+    virtual: tuple[str, ...] = ()  # dims indexed by a name capture
+    stored_fused: bool = False
+    any_rank: bool = False  # `param p replicate` without dimension names
+
+    def axes_of(self, dim: str) -> tuple[str, ...]:
+        return dict(self.shard).get(dim, ())
+
+
+def build_layout(
+    rule: RuleSpec,
+    module_shape: Sequence[int],
+    sizes: dict[str, int],
+    virtual_counts: dict[str, int] | None = None,
+) -> ParamLayout:
+    """The global layout of a parameter whose module tensor has ``module_shape``.
+
+    Sizes on local axes are multiplied up to global ones; a virtual dim's global size is the
+    number of modules per rank (``virtual_counts``) times its local axes. Raises
+    :class:`LayoutError` (with the check code) when the rule does not fit the tensor.
+    """
+    if rule.any_rank:
+        names = tuple(f"dim{i}" for i in range(len(module_shape)))
+        return ParamLayout(tuple(Dim(n, s) for n, s in zip(names, module_shape, strict=True)))
+    tensor_dims = [d for d in rule.dims if d not in rule.virtual]
+    if len(tensor_dims) != len(module_shape):
+        raise LayoutError(
+            f"the rule names {len(tensor_dims)} dimension(s) {list(tensor_dims)}, "
+            f"but the tensor has {len(module_shape)}: shape {list(module_shape)}",
+            "SS021",
+            "name one dimension per tensor dimension, in order",
+        )
+    local = frozenset(rule.local)
+    shapes = dict(zip(tensor_dims, module_shape, strict=True))
+    fusions = {dim: (comps, groups) for dim, comps, groups in rule.fuse}
+    dims = []
+    for name in rule.dims:
+        axes = rule.axes_of(name)
+        local_factor = math.prod(sizes[a] for a in axes if a in local)
+        if name in rule.virtual:
+            count = (virtual_counts or {}).get(name, 1)
+            size = count * local_factor
+        else:
+            size = shapes[name] * local_factor
+        fusion = None
+        if name in fusions:
+            fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
+        dims.append(Dim(name, size, axes, fusion, name in rule.virtual))
+    return ParamLayout(tuple(dims), local)
+
+
+def _fusion(
+    dim: str,
+    size: int,
+    comps: tuple[tuple[str, int | None], ...],
+    groups: int,
+    *,
+    axes: tuple[str, ...],
+    sizes: dict[str, int],
+) -> Fusion:
+    if groups < 1:
+        raise LayoutError(f"dimension {dim!r}: the group count must be at least 1", "SS052")
+    if all(s is None for _, s in comps):
+        per = size // groups
+        if size % (groups * len(comps)):
+            raise LayoutError(
+                f"dimension {dim!r} has size {size}, which does not split into "
+                f"{groups * len(comps)} equal component(s)",
+                "SS050",
+                "give each component's size explicitly",
+            )
+        comp_sizes = tuple((n, per // len(comps)) for n, _ in comps)
+    else:
+        comp_sizes = tuple((n, int(s or 0)) for n, s in comps)
+        total = sum(s for _, s in comp_sizes) * groups
+        if total != size:
+            detail = " + ".join(f"{n} {s}" for n, s in comp_sizes)
+            times = f" x {groups} groups" if groups > 1 else ""
+            raise LayoutError(
+                f"components of {dim!r} add up to {total} ({detail}{times}), "
+                f"but the dimension has size {size}",
+                "SS050",
+                "component sizes are global sizes; they must add up to the dimension",
+            )
+    fusion = Fusion(comp_sizes, groups)
+    if axes:
+        n = sizes[axes[0]]
+        if groups > 1 and groups % n:
+            raise LayoutError(
+                f"{groups} groups of {dim!r} do not divide over {axes[0]}={n}",
+                "SS051",
+                f"the group count must be a multiple of {axes[0]}",
+            )
+        bad = [(c, s) for c, s in comp_sizes if groups == 1 and s % n]
+        if bad:
+            detail = ", ".join(f"{c} {s}" for c, s in bad)
+            raise LayoutError(
+                f"component(s) of {dim!r} not divisible by {axes[0]}={n}: {detail}",
+                "SS051",
+                "every component is split separately: each must divide by the axis size",
+            )
+    return fusion
+
+
+# --------------------------------------------------------------------------- index sets
+
+
+def chunk_bounds(n: int, k: int, i: int) -> tuple[int, int]:
+    """``torch.chunk(range(n), k)[i]`` as ``(start, stop)``, empty chunks included."""
+    c = -(-n // k) if n else 0
+    start = min(n, c * i)
+    return start, min(n, start + c)
+
+
+def chunk_sizes(n: int, k: int) -> tuple[int, ...]:
+    return tuple(b - a for a, b in (chunk_bounds(n, k, i) for i in range(k)))
+
+
+def ranges_len(r: Ranges) -> int:
+    return sum(b - a for a, b in r)
+
+
+def _merge(parts: Iterable[tuple[int, int]]) -> Ranges:
+    out: list[list[int]] = []
+    for a, b in parts:
+        if a >= b:
+            continue
+        if out and out[-1][1] == a:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def slice_ranges(r: Ranges, start: int, stop: int) -> Ranges:
+    """Positions ``[start, stop)`` of the sequence that ``r`` enumerates."""
+    out = []
+    pos = 0
+    for a, b in r:
+        n = b - a
+        lo, hi = max(start, pos), min(stop, pos + n)
+        if lo < hi:
+            out.append((a + lo - pos, a + hi - pos))
+        pos += n
+        if pos >= stop:
+            break
+    return _merge(out)
+
+
+def _block(r: Ranges, n: int, i: int) -> Ranges:
+    lo, hi = chunk_bounds(ranges_len(r), n, i)
+    return slice_ranges(r, lo, hi)
+
+
+def _strided(r: Ranges, split_factor: int, n: int, i: int) -> Ranges:
+    """DTensor's ``_StridedShard(split_factor)``: chunk into ``split_factor`` pieces, then take
+    piece ``i`` of every piece's ``n``-way chunk."""
+    total = ranges_len(r)
+    parts = []
+    for j in range(split_factor):
+        plo, phi = chunk_bounds(total, split_factor, j)
+        lo, hi = chunk_bounds(phi - plo, n, i)
+        parts.extend(slice_ranges(r, plo + lo, plo + hi))
+    return _merge(parts)
+
+
+def _first_split(dim: Dim, n: int, i: int) -> Ranges:
+    """The first axis on a dimension: per component when fused, else a plain block."""
+    f = dim.fusion
+    if f is None:
+        return _block(((0, dim.size),) if dim.size else (), n, i)
+    if f.groups > 1:
+        g0, g1 = chunk_bounds(f.groups, n, i)
+        return _merge([(g0 * f.group_size, g1 * f.group_size)])
+    parts = []
+    start = 0
+    for _, size in f.components:
+        lo, hi = chunk_bounds(size, n, i)
+        parts.append((start + lo, start + hi))
+        start += size
+    return _merge(parts)
+
+
+def dim_indices(dim: Dim, sizes: dict[str, int], coord: dict[str, int]) -> Ranges:
+    """The global indices of ``dim`` that a rank holds, physically (outer to inner)."""
+    r: Ranges = ((0, dim.size),) if dim.size else ()
+    for k, axis in enumerate(dim.axes):
+        n, i = sizes[axis], coord[axis]
+        r = _first_split(dim, n, i) if k == 0 else _block(r, n, i)
+    return r
+
+
+def local_indices(layout: ParamLayout, mesh: Mesh, coord: Sequence[int]) -> tuple[Ranges, ...]:
+    """Per dimension, the global indices that the rank at ``coord`` holds."""
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    c = dict(zip(mesh.names, coord, strict=True))
+    return tuple(dim_indices(d, sizes, c) for d in layout.dims)
+
+
+def box(ranges: tuple[Ranges, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(shape, offset)`` when the index sets form one box, else ``None``.
+
+    An empty dimension gives shape 0 and offset 0.
+    """
+    shape, offset = [], []
+    for r in ranges:
+        if len(r) > 1:
+            return None
+        if not r:
+            shape.append(0)
+            offset.append(0)
+        else:
+            shape.append(r[0][1] - r[0][0])
+            offset.append(r[0][0])
+    return tuple(shape), tuple(offset)
+
+
+# --------------------------------------------------------------------------- DTensor view
+
+# A placement without torch: ("R",), ("S", dim) or ("SS", dim, split_factor).
+Placement = tuple
+
+
+def dtensor_mesh(layout: ParamLayout, mesh: Mesh) -> Mesh:
+    """The mesh a parameter's DTensor spans: every axis that is not local to it."""
+    return mesh.submesh([n for n in mesh.names if n not in layout.local])
+
+
+def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]:
+    """DTensor placements (on ``dtensor_mesh``) that describe the layout, left to right.
+
+    An axis that shards a dimension after axes that come later in mesh order gets
+    ``_StridedShard`` with the product of those axes' sizes as split factor, as FSDP2 does
+    for FSDP-over-TP. A fused (ungrouped) dimension whose first axis is not local counts as
+    one more outer split of ``len(components)``. Whether the result really equals the
+    physical layout is for :func:`representable` to say.
+    """
+    sub = dtensor_mesh(layout, mesh)
+    pos = {n: i for i, n in enumerate(sub.names)}
+    out: list[Placement] = [("R",)] * len(sub.names)
+    tensor_dims = layout.tensor_dims()
+    for d_index, dim in enumerate(tensor_dims):
+        dt_axes = [a for a in dim.axes if a not in layout.local]
+        virtual_outer = (
+            len(dim.fusion.components)
+            if dim.fusion is not None
+            and dim.fusion.groups == 1
+            and dim.axes
+            and dim.axes[0] not in layout.local
+            else 1
+        )
+        for k, axis in enumerate(dt_axes):
+            sf = virtual_outer
+            for outer in dt_axes[:k]:
+                if pos[outer] > pos[axis]:
+                    sf *= sub.size(outer)
+            out[pos[axis]] = ("S", d_index) if sf == 1 else ("SS", d_index, sf)
+    return tuple(out)
+
+
+def torch_placement_indices(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], coord: Sequence[int]
+) -> tuple[Ranges, ...]:
+    """DTensor's left-to-right meaning of ``placements``: per dim, the indices at ``coord``."""
+    r: list[Ranges] = [((0, s),) if s else () for s in shape]
+    for p, n, i in zip(placements, mesh.sizes, coord, strict=True):
+        if p[0] == "S":
+            r[p[1]] = _block(r[p[1]], n, i)
+        elif p[0] == "SS":
+            r[p[1]] = _strided(r[p[1]], p[2], n, i)
+    return tuple(r)
+
+
+def torch_local_shape_and_offset(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], coord: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What ``torch.distributed.tensor._utils.compute_local_shape_and_global_offset`` returns:
+    the local shape and each dim's first global index (the dim's size when empty)."""
+    r = torch_placement_indices(shape, mesh, placements, coord)
+    sharded = {p[1] for p in placements if p[0] in ("S", "SS")}
+    local = tuple(ranges_len(x) for x in r)
+    offset = tuple((x[0][0] if x else shape[d]) if d in sharded else 0 for d, x in enumerate(r))
+    return local, offset
+
+
+def _dtensor_view(layout: ParamLayout, mesh: Mesh, coord: Sequence[int]) -> tuple[Ranges, ...]:
+    """The physical indices restricted to the DTensor's own dims and axes.
+
+    For a local axis the module tensor is the DTensor's global tensor; its indices are
+    re-based so that the DTensor-side view starts at 0.
+    """
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    c = dict(zip(mesh.names, coord, strict=True))
+    out = []
+    for dim in layout.tensor_dims():
+        n_local = sum(1 for a in dim.axes if a in layout.local)
+        if n_local == 0:
+            out.append(dim_indices(dim, sizes, c))
+            continue
+        # The module holds the local block; index it by position within that block.
+        block = dim_indices(Dim(dim.name, dim.size, dim.axes[:n_local], dim.fusion), sizes, c)
+        rest = Dim(dim.name, ranges_len(block), dim.axes[n_local:])
+        out.append(dim_indices(rest, sizes, c))
+    return tuple(out)
+
+
+def module_shape(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
+    """The shape of the tensor the module holds before any DTensor sharding (its local-axis
+    block, for virtual dims nothing). Uses the rank at coordinate 0 on every axis, so it is
+    exact only when local axes divide evenly, which checks require."""
+    coord = (0,) * len(mesh.names)
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    c = dict(zip(mesh.names, coord, strict=True))
+    out = []
+    for dim in layout.tensor_dims():
+        local_axes = tuple(a for a in dim.axes if a in layout.local)
+        if not local_axes:
+            out.append(dim.size)
+        else:
+            d = Dim(dim.name, dim.size, local_axes, dim.fusion)
+            out.append(ranges_len(dim_indices(d, sizes, c)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def representable(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...] | None:
+    """``None`` when DTensor placements describe the layout on every rank; otherwise the
+    coordinate of the first rank where they do not."""
+    placements = dtensor_placements(layout, mesh)
+    sub = dtensor_mesh(layout, mesh)
+    shape = module_shape(layout, mesh)
+    sub_pos = [mesh.names.index(n) for n in sub.names]
+    for coord in mesh.coords():
+        want = _dtensor_view(layout, mesh, coord)
+        got = torch_placement_indices(shape, sub, placements, [coord[p] for p in sub_pos])
+        if want != got:
+            return coord
+    return None
+
+
+# --------------------------------------------------------------------------- per-rank table
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """One rank's view of a parameter."""
+
+    rank: int
+    coord: tuple[int, ...]
+    indices: tuple[Ranges, ...]  # global, per dim (virtual dims included)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(ranges_len(r) for r in self.indices)
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        return tuple(r[0][0] if r else 0 for r in self.indices)
+
+    @property
+    def contiguous(self) -> bool:
+        return box(self.indices) is not None
+
+    @property
+    def empty(self) -> bool:
+        return any(not r for r in self.indices)
+
+
+@lru_cache(maxsize=4096)
+def rank_table(layout: ParamLayout, mesh: Mesh) -> tuple[RankShard, ...]:
+    """Every rank's shard of a parameter, in rank order."""
+    return tuple(
+        RankShard(rank, coord, local_indices(layout, mesh, coord))
+        for rank, coord in enumerate(mesh.coords())
+    )
+
+
+def component_indices(fusion: Fusion, ranges: Ranges, name: str) -> Ranges:
+    """The part of ``ranges`` (indices of a fused dim) inside component ``name``, re-based to
+    that component's own global numbering (the component stored as its own tensor)."""
+    comp_size = dict(fusion.components)[name]
+    out = []
+    for g, (cs, ce) in enumerate(fusion.component_ranges(name)):
+        for a, b in ranges:
+            lo, hi = max(a, cs), min(b, ce)
+            if lo < hi:
+                base = g * comp_size - cs
+                out.append((lo + base, hi + base))
+    return _merge(out)
+
+
+def storage_units(layout: ParamLayout) -> list[tuple[str | None, int | None]]:
+    """What a checkpoint stores for a parameter: the whole tensor ``(None, None)``, or one
+    ``(component, dim_index)`` per component of its fused dimension."""
+    for i, d in enumerate(layout.dims):
+        if d.fusion is not None:
+            return [(name, i) for name, _ in d.fusion.components]
+    return [(None, None)]

@@ -1,0 +1,124 @@
+"""The model manifest: every state-dict entry's name, shape and dtype, read without torch.
+
+``shardspec manifest pkg.module:factory`` writes one (see :mod:`shardspec.manifest_build`);
+lint and compile read it here. The format::
+
+    {
+      "format": "shardspec-manifest/1",
+      "factory": "examples.models.llama:tiny",
+      "factory_args": {"ep": 2},
+      "entries": [
+        {"fqn": "tok_embeddings.weight", "kind": "param", "shape": [256, 64], "dtype": "float32"},
+        {"fqn": "layers.0.attn.fp8_meta._extra_state", "kind": "extra_state"}
+      ]
+    }
+
+``factory_args`` named after a mesh axis record the size the model's local shards were
+built for; lint checks them against the mesh (``SS013``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+FORMAT = "shardspec-manifest/1"
+_FQN = re.compile(r'"fqn":\s*("(?:[^"\\]|\\.)*")')
+
+
+class Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fqn: str
+    kind: Literal["param", "buffer", "extra_state"] = "param"
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+
+
+class ManifestFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["shardspec-manifest/1"]
+    factory: str | None = None
+    factory_args: dict[str, int | float | str | bool] = {}
+    entries: list[Entry]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: str
+    factory: str | None
+    factory_args: dict[str, int | float | str | bool]
+    entries: tuple[Entry, ...]
+    text: str = ""
+
+    @cached_property
+    def _positions(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for lineno, line in enumerate(self.text.splitlines(), start=1):
+            m = _FQN.search(line)
+            if m:
+                out.setdefault(json.loads(m.group(1)), (lineno, m.start(1) + 1))
+        return out
+
+    def position(self, fqn: str) -> tuple[int, int]:
+        """(line, col) of an entry's name in the manifest file, for diagnostics."""
+        return self._positions.get(fqn, (1, 1))
+
+    @property
+    def params(self) -> list[Entry]:
+        return [e for e in self.entries if e.kind == "param"]
+
+
+class ManifestError(ValueError):
+    """Why a manifest could not be read; ``line`` is 1-based where known."""
+
+    def __init__(self, message: str, line: int = 1, col: int = 1) -> None:
+        super().__init__(message)
+        self.line, self.col = line, col
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(
+            f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"
+        ) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
+    try:
+        mf = ManifestFile.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ManifestError(f"manifest field {where or '(root)'}: {first['msg']}") from None
+    seen: set[str] = set()
+    for e in mf.entries:
+        if e.fqn in seen:
+            raise ManifestError(f"manifest lists {e.fqn!r} twice")
+        seen.add(e.fqn)
+        if e.kind != "extra_state" and any(s < 0 for s in e.shape):
+            raise ManifestError(f"manifest entry {e.fqn!r} has a negative size")
+    return Manifest(str(path), mf.factory, dict(mf.factory_args), tuple(mf.entries), text)
+
+
+def dump_manifest(
+    entries: list[dict], factory: str | None, factory_args: dict | None = None
+) -> str:
+    """The canonical JSON text of a manifest: one entry per line, sorted, stable."""
+    ordered = sorted(entries, key=lambda e: e["fqn"])
+    lines = [json.dumps(e, separators=(", ", ": ")) for e in ordered]
+    head = {"format": FORMAT, "factory": factory, "factory_args": factory_args or {}}
+    body = ",\n    ".join(lines)
+    inner = json.dumps(head)[1:-1]
+    return "{" + inner + ',\n  "entries": [\n    ' + body + "\n  ]\n}\n"

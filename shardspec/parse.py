@@ -1,0 +1,340 @@
+"""Text -> IR. A lark LALR parser over ``grammars/shardspec.lark`` and a transformer that
+turns the tree into :mod:`shardspec.ir` objects with source spans.
+
+Syntax errors come back as ``SS001`` diagnostics (with the tokens that were expected),
+never as exceptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from shardspec import ir
+from shardspec.checks.registry import diag
+from shardspec.diagnostics import Diagnostic, Span
+
+GRAMMAR_NAME = "shardspec.lark"
+
+
+def _grammar_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "grammars" / GRAMMAR_NAME, here.parent / "grammars" / GRAMMAR_NAME):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(GRAMMAR_NAME)  # pragma: no cover - packaging error
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(
+        _grammar_path().read_text(encoding="utf-8"),
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+# Readable names for the grammar's terminals, for "expected ..." messages.
+_TOKEN_NAMES = {
+    "NAME": "a name",
+    "INT": "a whole number",
+    "STRING": 'a quoted string ("...")',
+    "PATTERN": "a parameter pattern",
+    "REST": "'*'",
+    "REPLICATE": "'replicate'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COLON": "':'",
+    "COMMA": "','",
+    "$END": "the end of the file",
+}
+
+_SUPPRESS = re.compile(r"#\s*shardspec:\s*ignore\[([A-Za-z0-9_,\s]*)\]")
+
+
+def _token_name(t: str) -> str:
+    if t in _TOKEN_NAMES:
+        return _TOKEN_NAMES[t]
+    if t.startswith("__ANON") or not t.isupper():
+        return repr(t)
+    return repr(t.lower())
+
+
+def _span(path: str, meta: object) -> Span:
+    return Span(
+        path,
+        getattr(meta, "line", 1),
+        getattr(meta, "column", 1),
+        getattr(meta, "end_line", None),
+        getattr(meta, "end_column", None),
+    )
+
+
+def _tok_span(path: str, tok: Token) -> Span:
+    return Span(path, tok.line or 1, tok.column or 1, tok.end_line, tok.end_column)
+
+
+class _ToIR(Transformer):
+    """Lark tree -> IR objects. Statements come out as (kind, node) pairs."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.rule_index = 0
+
+    def _name(self, tok: Token) -> ir.Name:
+        return ir.Name(span=_tok_span(self.path, tok), text=str(tok))
+
+    @v_args(meta=True)
+    def manifest_stmt(self, meta, children):
+        (tok,) = children
+        return ("manifest", (str(tok)[1:-1], _tok_span(self.path, tok)), _span(self.path, meta))
+
+    @v_args(meta=True)
+    def world(self, meta, children):
+        return int(children[0])
+
+    @v_args(meta=True)
+    def axis_decl(self, meta, children):
+        name, size = children
+        return ir.AxisDecl(
+            span=_span(self.path, meta),
+            name=self._name(name),
+            size=None if size.type == "REST" else int(size),
+        )
+
+    @v_args(meta=True)
+    def mesh_stmt(self, meta, children):
+        world = next((c for c in children if isinstance(c, int)), None)
+        axes = [c for c in children if isinstance(c, ir.AxisDecl)]
+        node = ir.MeshDecl(span=_span(self.path, meta), axes=axes, world=world)
+        return ("mesh", node, node.span)
+
+    @v_args(meta=True)
+    def fsdp_stmt(self, meta, children):
+        return ("fsdp", self._name(children[0]), _span(self.path, meta))
+
+    @v_args(meta=True)
+    def ignore_stmt(self, meta, children):
+        tok = children[0]
+        pat = ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
+        return ("ignore", ir.IgnoreRule(span=_span(self.path, meta), pattern=pat), None)
+
+    def dims(self, children):
+        return [self._name(t) for t in children]
+
+    def axis_list(self, children):
+        return [self._name(t) for t in children]
+
+    @v_args(meta=True)
+    def shard_item(self, meta, children):
+        dim, axes = children
+        return ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
+
+    @v_args(meta=True)
+    def local_item(self, meta, children):
+        return ("local", [self._name(t) for t in children])
+
+    @v_args(meta=True)
+    def replicate_item(self, meta, children):
+        return ("replicate", [self._name(t) for t in children[1:]])
+
+    @v_args(meta=True)
+    def component(self, meta, children):
+        name = children[0]
+        size = int(children[1]) if len(children) > 1 else None
+        return ir.Component(span=_span(self.path, meta), name=self._name(name), size=size)
+
+    def components(self, children):
+        return list(children)
+
+    def groups(self, children):
+        return (int(children[0]), children[1])
+
+    def stored(self, children):
+        return "stored"
+
+    @v_args(meta=True)
+    def fuse_item(self, meta, children):
+        dim = children[0]
+        body = children[1]
+        groups = None
+        if isinstance(body, tuple):
+            groups, body = body
+        return ir.FuseItem(
+            span=_span(self.path, meta),
+            dim=self._name(dim),
+            components=body,
+            groups=groups,
+            stored_fused="stored" in children[2:],
+        )
+
+    def param_body(self, children):
+        return list(children)
+
+    def replicate_all(self, children):
+        return "replicate"
+
+    @v_args(meta=True)
+    def param_stmt(self, meta, children):
+        tok, body = children[0], children[-1]
+        dims = children[1] if len(children) == 3 else None
+        shards, fusions, local, replicate = [], [], [], []
+        if body != "replicate":
+            for item in body:
+                if isinstance(item, ir.ShardItem):
+                    shards.append(item)
+                elif isinstance(item, ir.FuseItem):
+                    fusions.append(item)
+                elif item[0] == "local":
+                    local.extend(item[1])
+                else:
+                    replicate.extend(item[1])
+        rule = ir.Rule(
+            span=_span(self.path, meta),
+            index=self.rule_index,
+            pattern=ir.Pattern(span=_tok_span(self.path, tok), text=str(tok)),
+            dims=dims or [],
+            dims_given=dims is not None,
+            replicate_all=body == "replicate",
+            shards=shards,
+            fusions=fusions,
+            local=local,
+            replicate=replicate,
+        )
+        self.rule_index += 1
+        return ("param", rule, None)
+
+
+def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
+    line, col = err.line or 1, err.column or 1
+    if isinstance(err, UnexpectedEOF) or (
+        isinstance(err, UnexpectedToken) and err.token.type == "$END"
+    ):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    expected: set[str] = set()
+    if isinstance(err, UnexpectedToken):
+        expected = set(err.accepts or err.expected)
+        found = f"unexpected {_describe_token(err.token)}"
+    elif isinstance(err, UnexpectedCharacters):
+        expected = set(err.allowed or ())
+        ch = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+        found = f"unexpected character {ch!r}"
+    else:
+        expected = set(getattr(err, "expected", ()) or ())
+        found = "unexpected end of file"
+    names = sorted({_token_name(t) for t in expected})
+    hint = f"expected {_join_or(names)}" if names else ""
+    friendly = _friendly(text, line, col)
+    if friendly:
+        hint = f"{friendly}; {hint}" if hint else friendly
+    return diag("SS001", f"syntax error: {found}", Span(path, line, col, line, col + 1), hint)
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    return f"{str(tok)!r}"
+
+
+def _join_or(names: list[str]) -> str:
+    if len(names) <= 2:
+        return " or ".join(names)
+    return ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
+def _friendly(text: str, line: int, col: int) -> str:
+    """Map the mistakes people really make to a sentence."""
+    lines = text.splitlines()
+    src = lines[line - 1] if 0 < line <= len(lines) else ""
+    stripped = src.strip()
+    if re.match(r"^[A-Za-z_]\w*\s+(\d+|\*)\s*$", stripped) and "mesh" in text[: text.find(src)]:
+        return "mesh axes are written `name: size`, for example `tp: 2`"
+    if re.match(r"^shard\s+\w+\s+(on|by|across)\b", stripped):
+        return "write `shard DIM over AXIS` (or `over (OUTER, INNER)`)"
+    if stripped.startswith("param") and "[" not in stripped:
+        return "a rule names the parameter's dimensions: `param PATTERN [dim, ...] { ... }`"
+    if re.match(r"^shard\s+\w+\s+over\s+\w+\s*,", stripped):
+        return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
+    return ""
+
+
+def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagnostic]]:
+    """Parse ``text``. Returns the IR (``None`` on a syntax error) and the diagnostics."""
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as err:
+        return None, [_syntax_diag(path, text, err)]
+    items = _ToIR(path).transform(tree)
+    assert isinstance(items, Tree)
+    diags: list[Diagnostic] = []
+    fields: dict = {"rules": [], "ignores": []}
+    seen: dict[str, Span] = {}
+    for kind, node, span in items.children:
+        if kind in ("manifest", "mesh", "fsdp"):
+            if kind in seen:
+                diags.append(
+                    diag(
+                        "SS005",
+                        f"`{kind}` appears more than once",
+                        span,
+                        f"the first one is at line {seen[kind].line}; keep one",
+                    )
+                )
+                continue
+            seen[kind] = span
+        if kind == "manifest":
+            fields["manifest"], fields["manifest_span"] = node
+        elif kind == "mesh":
+            fields["mesh"] = node
+        elif kind == "fsdp":
+            fields["fsdp"] = node
+        elif kind == "ignore":
+            fields["ignores"].append(node)
+        else:
+            fields["rules"].append(node)
+    fields["suppressions"] = _suppressions(path, text)
+    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)
+    return spec, diags
+
+
+def _suppressions(path: str, text: str) -> list[ir.Suppression]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _SUPPRESS.search(line)
+        if not m or _in_string(line, m.start()):
+            continue
+        codes = [c.strip().upper() for c in m.group(1).split(",") if c.strip()]
+        out.append(
+            ir.Suppression(span=Span(path, lineno, m.start() + 1, lineno, m.end() + 1), codes=codes)
+        )
+    return out
+
+
+def _in_string(line: str, pos: int) -> bool:
+    return line[:pos].count('"') % 2 == 1
+
+
+def parse_file(path: str | Path) -> tuple[ir.Spec | None, list[Diagnostic]]:
+    """Read and parse a spec file; an unreadable file is an ``SS002`` diagnostic."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return None, [
+            diag("SS002", f"cannot read spec: {reason}", Span(str(path), 1, 1), "check the path")
+        ]
+    return parse(text, str(path))

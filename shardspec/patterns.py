@@ -1,0 +1,135 @@
+"""Parameter-name globs: matching, captures and precedence.
+
+Pure Python (``re`` only) so that generated modules can match names at run time when a
+spec has no manifest.
+
+Syntax, over dot-separated segments:
+
+* ``*`` matches one whole segment; inside a segment (``w*``) it matches any characters
+  but a dot;
+* ``**`` matches any number of segments, zero included;
+* ``{a,b}`` matches one of the alternatives;
+* ``{name}`` (one word, no comma) matches one segment and captures it as ``name``.
+
+Precedence is by specificity, never by file order. A rule's key is, compared in order:
+
+1. more segments that are fully literal (``layers``, ``hc_head``);
+2. fewer ``**``;
+3. more segments that constrain the text (``w*``, ``w{1,3}``) rather than ``*``, ``{e}``;
+4. more literal characters.
+
+Two matching rules with equal keys are ambiguous: lint reports it, the runtime refuses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+_SEGMENT_OK = re.compile(r"^(?:[A-Za-z0-9_*]|\{[A-Za-z0-9_,*]+\})+$")
+_BRACE = re.compile(r"\{([^}]*)\}")
+
+
+class PatternError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Glob:
+    text: str
+    regex: re.Pattern[str]
+    captures: tuple[str, ...]
+    key: tuple[int, int, int, int]
+
+    def match(self, fqn: str) -> dict[str, str] | None:
+        m = self.regex.match(fqn)
+        if m is None:
+            return None
+        return m.groupdict()
+
+
+def _segment_regex(seg: str) -> tuple[str, list[str], bool, int]:
+    """Regex for one segment; its capture names; whether it constrains; literal chars."""
+    out, caps, pos, literal = [], [], 0, 0
+    constrains = False
+    for m in _BRACE.finditer(seg):
+        lit = seg[pos : m.start()]
+        out.append(_literal(lit))
+        literal += len(lit.replace("*", ""))
+        constrains |= bool(lit.replace("*", ""))
+        inner = m.group(1)
+        if "," in inner:
+            alts = [a for a in inner.split(",")]
+            if any(not a for a in alts):
+                raise PatternError(f"empty alternative in {{{inner}}}")
+            out.append("(?:" + "|".join(_literal(a) for a in alts) + ")")
+            constrains = True
+        else:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", inner):
+                raise PatternError(f"capture {{{inner}}} must be a name")
+            caps.append(inner)
+            out.append(f"(?P<{inner}>[^.]+)")
+        pos = m.end()
+    lit = seg[pos:]
+    out.append(_literal(lit))
+    literal += len(lit.replace("*", ""))
+    constrains |= bool(lit.replace("*", ""))
+    return "".join(out), caps, constrains, literal
+
+
+def _literal(text: str) -> str:
+    return "[^.]*".join(re.escape(p) for p in text.split("*")) if text else ""
+
+
+@lru_cache(maxsize=4096)
+def compile_glob(text: str) -> Glob:
+    """Compile a pattern; raises :class:`PatternError` with a reason when it is malformed."""
+    if not text or text.startswith(".") or text.endswith(".") or ".." in text:
+        raise PatternError("empty segment (a leading, trailing or doubled '.')")
+    segs = text.split(".")
+    parts: list[str] = []
+    captures: list[str] = []
+    n_literal = n_double = n_constrain = n_chars = 0
+    for i, seg in enumerate(segs):
+        last = i == len(segs) - 1
+        if seg == "**":
+            n_double += 1
+            if last:
+                if parts and parts[-1].endswith(r"\."):
+                    parts[-1] = parts[-1][:-2]
+                    parts.append(r"(?:\.[^.]+)*")
+                else:
+                    parts.append(r".*")
+            else:
+                parts.append(r"(?:[^.]+\.)*")
+            continue
+        if "**" in seg:
+            raise PatternError(f"'**' must be a whole segment, not part of {seg!r}")
+        if not _SEGMENT_OK.match(seg):
+            raise PatternError(
+                f"segment {seg!r} has characters other than letters, digits, '_', '*' and braces"
+            )
+        rx, caps, constrains, chars = _segment_regex(seg)
+        if seg == "*":
+            rx = r"[^.]+"
+        for c in caps:
+            if c in captures:
+                raise PatternError(f"capture {{{c}}} appears twice")
+        captures.extend(caps)
+        if "*" not in seg and "{" not in seg:
+            n_literal += 1
+        elif constrains:
+            n_constrain += 1
+        n_chars += chars
+        parts.append(rx + ("" if last else r"\."))
+    regex = re.compile("^" + "".join(parts) + "$")
+    return Glob(text, regex, tuple(captures), (n_literal, -n_double, n_constrain, n_chars))
+
+
+def describe_key(key: tuple[int, int, int, int]) -> str:
+    lit, neg_double, constrain, chars = key
+    return (
+        f"{lit} literal segment(s), {-neg_double} '**', {constrain} partial segment(s), "
+        f"{chars} literal character(s)"
+    )

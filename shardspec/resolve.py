@@ -1,0 +1,205 @@
+"""IR (+ manifest) -> resolved facts: mesh sizes, rules in plain data, and for every
+manifest entry the rules that match it, the winner and its layout.
+
+Resolution reports nothing itself: :mod:`shardspec.checks` reads these facts and turns
+them into diagnostics. Rules that the structural checks found broken are passed in as
+``broken`` and take no part (so one typo does not cascade into many findings).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from shardspec import ir
+from shardspec.layout import LayoutError, Mesh, ParamLayout, RuleSpec, build_layout, resolve_sizes
+from shardspec.manifest import Entry, Manifest
+from shardspec.patterns import Glob, PatternError, compile_glob
+
+
+@dataclass
+class Match:
+    """One manifest entry and the rules that match it."""
+
+    entry: Entry
+    candidates: list[int]  # rule indices, best first
+    winner: int | None = None
+    tied: list[int] = field(default_factory=list)  # rules with the winner's key
+    captures: dict[str, str] = field(default_factory=dict)
+    layout: ParamLayout | None = None
+    layout_error: LayoutError | None = None
+    ignored_by: int | None = None  # ignore-rule index
+
+
+@dataclass
+class Resolved:
+    spec: ir.Spec
+    manifest: Manifest | None
+    mesh: Mesh | None
+    mesh_error: str | None
+    globs: dict[int, Glob]  # rule index -> compiled pattern (good patterns only)
+    rule_specs: dict[int, RuleSpec]  # rule index -> plain rule (sound rules only)
+    ignore_globs: dict[int, Glob]
+    matches: dict[str, Match]  # fqn -> match, for params and extra state
+    virtual_counts: dict[int, dict[str, int]]
+    broken: frozenset[int] = frozenset()
+
+    @property
+    def params(self) -> list[tuple[str, Match]]:
+        """Parameters that a rule places, sorted by name."""
+        return sorted(
+            (f, m)
+            for f, m in self.matches.items()
+            if m.entry.kind == "param" and m.winner is not None and m.ignored_by is None
+        )
+
+
+def mesh_of(
+    spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
+) -> Mesh:
+    """The spec's mesh with compile-time overrides applied. Raises LayoutError."""
+    if spec.mesh is None:
+        raise LayoutError("the spec declares no mesh", "SS010")
+    names = tuple(a.name.text for a in spec.mesh.axes)
+    sizes: list[int | None] = [a.size for a in spec.mesh.axes]
+    for name, value in (overrides or {}).items():
+        sizes[names.index(name)] = value
+    w = world if world is not None else spec.mesh.world
+    return Mesh(names, resolve_sizes(names, sizes, w))
+
+
+def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
+    """The plain-data form of a rule, with the FSDP default applied.
+
+    FSDP shards the module tensor's first dimension over the data-parallel axis, innermost
+    (after any model-parallel axes on that dimension), unless the rule mentions that axis
+    itself (in a ``shard`` or a ``replicate``), or is ``replicate``.
+    """
+    glob = compile_glob(rule.pattern.text)
+    virtual = tuple(d.text for d in rule.dims if d.text in glob.captures)
+    shard = {s.dim.text: tuple(a.text for a in s.axes) for s in rule.shards}
+    mentioned = {a for axes in shard.values() for a in axes} | {a.text for a in rule.replicate}
+    tensor_dims = [d.text for d in rule.dims if d.text not in virtual]
+    if fsdp and not rule.replicate_all and fsdp not in mentioned and tensor_dims:
+        first = tensor_dims[0]
+        shard[first] = (*shard.get(first, ()), fsdp)
+    fuse = tuple(
+        (
+            f.dim.text,
+            tuple((c.name.text, c.size) for c in f.components),
+            f.groups or 1,
+        )
+        for f in rule.fusions
+    )
+    return RuleSpec(
+        pattern=rule.pattern.text,
+        dims=tuple(d.text for d in rule.dims),
+        shard=tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard),
+        fuse=fuse,
+        local=tuple(a.text for a in rule.local),
+        virtual=virtual,
+        stored_fused=any(f.stored_fused for f in rule.fusions),
+        any_rank=not rule.dims_given,
+    )
+
+
+_INT = re.compile(r"^[0-9]+$")
+
+
+def resolve(
+    spec: ir.Spec,
+    manifest: Manifest | None,
+    *,
+    broken: set[int] = frozenset(),  # type: ignore[assignment]
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+) -> Resolved:
+    mesh: Mesh | None = None
+    mesh_error = None
+    try:
+        mesh = mesh_of(spec, overrides, world)
+    except LayoutError as e:
+        mesh_error = str(e)
+    fsdp = spec.fsdp.text if spec.fsdp else None
+    globs: dict[int, Glob] = {}
+    specs: dict[int, RuleSpec] = {}
+    for rule in spec.rules:
+        try:
+            globs[rule.index] = compile_glob(rule.pattern.text)
+        except PatternError:
+            continue
+        if rule.index not in broken:
+            specs[rule.index] = rule_spec(rule, fsdp)
+    ignore_globs: dict[int, Glob] = {}
+    for i, ig in enumerate(spec.ignores):
+        try:
+            ignore_globs[i] = compile_glob(ig.pattern.text)
+        except PatternError:
+            continue
+    res = Resolved(
+        spec, manifest, mesh, mesh_error, globs, specs, ignore_globs, {}, {}, frozenset(broken)
+    )
+    if manifest is None:
+        return res
+    _match_all(res)
+    if mesh is not None:
+        _layouts(res, mesh)
+    return res
+
+
+def _match_all(res: Resolved) -> None:
+    assert res.manifest is not None
+    ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
+    for entry in res.manifest.entries:
+        if entry.kind == "buffer":
+            continue
+        m = Match(entry, [])
+        for i, g in res.ignore_globs.items():
+            if g.regex.match(entry.fqn):
+                m.ignored_by = i
+                break
+        if entry.kind == "param":
+            best_key = None
+            for index, g in ordered:
+                caps = g.match(entry.fqn)
+                if caps is None:
+                    continue
+                m.candidates.append(index)
+                if best_key is None:
+                    best_key = g.key
+                    m.winner, m.captures = index, caps
+                elif g.key == best_key:
+                    m.tied.append(index)
+        res.matches[entry.fqn] = m
+
+
+def _layouts(res: Resolved, mesh: Mesh) -> None:
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    # Count the modules behind each virtual dim: distinct capture values per rule.
+    values: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for m in res.matches.values():
+        if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
+            continue
+        for v in res.rule_specs[m.winner].virtual:
+            values[m.winner][v].add(m.captures.get(v, ""))
+    for index, per_dim in values.items():
+        res.virtual_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
+    for m in res.matches.values():
+        if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
+            continue
+        rs = res.rule_specs[m.winner]
+        try:
+            m.layout = build_layout(rs, m.entry.shape, sizes, res.virtual_counts.get(m.winner))
+        except LayoutError as e:
+            m.layout_error = e
+
+
+def virtual_index(res: Resolved, rule_index: int, dim: str) -> list[str]:
+    """The capture values behind a virtual dim, in index order (numeric when numeric)."""
+    vals = {
+        m.captures.get(dim, "")
+        for m in res.matches.values()
+        if m.winner == rule_index and m.ignored_by is None
+    }
+    return sorted(vals, key=lambda v: (0, int(v), "") if _INT.match(v) else (1, 0, v))

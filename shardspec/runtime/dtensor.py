@@ -1,0 +1,187 @@
+"""Meshes, placements and ``distribute``: putting a model's parameters on the declared
+DTensor layout, with torch's own DeviceMesh and DTensor."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from shardspec.layout import (
+    Mesh,
+    ParamLayout,
+    _dtensor_view,
+    dtensor_mesh,
+    dtensor_placements,
+    module_shape,
+    ranges_len,
+)
+from shardspec.runtime.spec import CompiledSpec, SpecError
+
+
+def to_torch(p: tuple) -> Placement:
+    """A layout placement tuple as a torch placement."""
+    if p[0] == "R":
+        return Replicate()
+    if p[0] == "S":
+        return Shard(p[1])
+    return _StridedShard(p[1], split_factor=p[2])
+
+
+def device_type() -> str:
+    """``cuda`` when GPUs are present, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh:
+    """A DeviceMesh with the spec's named axes. Sizes default to the spec's; the rest axis
+    takes what is left of the world size. Initializes the default process group (NCCL on
+    GPUs, gloo on CPU) from the usual environment variables if nothing did yet."""
+    dev = device_type()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev == "cuda" else "gloo")
+    if dev == "cuda":
+        torch.cuda.set_device(
+            int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        )
+    resolved = spec.sizes(world=dist.get_world_size(), **sizes)
+    return init_device_mesh(dev, tuple(resolved.values()), mesh_dim_names=spec.axes)
+
+
+def submesh(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
+    if tuple(names) == tuple(mesh.mesh_dim_names or ()):
+        return mesh
+    return mesh[tuple(names)]
+
+
+def placements(spec: CompiledSpec, fqn: str, mesh: DeviceMesh, shape=None) -> tuple[Placement, ...]:
+    """Torch placements of ``fqn``'s DTensor, on ``mesh`` minus the parameter's local axes."""
+    return tuple(to_torch(p) for p in spec.abstract_placements(fqn, mesh, shape))
+
+
+def take(t: torch.Tensor, ranges: Sequence[tuple[tuple[int, int], ...]]) -> torch.Tensor:
+    """The sub-tensor of ``t`` at the given per-dim index ranges (a copy)."""
+    out = t
+    for d, r in enumerate(ranges):
+        if len(r) == 1:
+            a, b = r[0]
+            if (a, b) != (0, out.shape[d]):
+                out = out.narrow(d, a, b - a)
+        elif not r:
+            out = out.narrow(d, 0, 0)
+        else:
+            out = torch.cat([out.narrow(d, a, b - a) for a, b in r], dim=d)
+    if t.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+        return out.clone(memory_format=torch.contiguous_format)
+    return out.contiguous()
+
+
+def shard_for_rank(
+    layout: ParamLayout, lmesh: Mesh, coord: Sequence[int], module_tensor: torch.Tensor
+) -> torch.Tensor:
+    """This rank's DTensor local tensor, cut from the module's tensor."""
+    view = _dtensor_view(layout, lmesh, coord)
+    if module_tensor.is_meta:
+        shape = [ranges_len(r) for r in view]
+        return torch.empty(shape, dtype=module_tensor.dtype, device="meta")
+    return take(module_tensor, view)
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(1, s)
+    return tuple(reversed(stride))
+
+
+def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Convert ``model``'s parameters to DTensors on the spec's layout, in place.
+
+    Works for a full model (each rank cuts its shard locally, no communication), a
+    meta-device model (meta DTensors; then ``to_empty`` and initialise, torchtitan style),
+    and modules that already hold local model-parallel shards (Megatron style: only the
+    remaining axes become DTensor placements). Ignored parameters are left alone. Every
+    parameter is planned before any is replaced, so an error leaves the model untouched.
+    """
+    lmesh = spec.layout_mesh(mesh)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise SpecError("this rank is not part of the mesh")
+    named = list(model.named_parameters(remove_duplicate=False))
+    counts = spec.virtual_counts_of(f for f, _ in named) if spec.params is None else {}
+    plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
+    errors = []
+    for fqn, p in named:
+        if spec.is_ignored(fqn) or id(p) in plans:
+            continue
+        if isinstance(p, DTensor) or isinstance(getattr(p, "data", None), DTensor):
+            errors.append(f"{fqn}: already a DTensor")
+            continue
+        try:
+            layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
+        except SpecError as e:
+            errors.append(str(e))
+            continue
+        plans[id(p)] = (fqn, p, layout)
+    if spec.params is not None:
+        seen = {f for f, _ in named}
+        missing = sorted(f for f in spec.params if f not in seen)
+        if missing:
+            errors.append(
+                f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"
+            )
+    if errors:
+        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors))
+    new: dict[int, nn.Parameter] = {}
+    for key, (_fqn, p, layout) in plans.items():
+        sub = submesh(mesh, dtensor_mesh(layout, lmesh).names)
+        local = shard_for_rank(layout, lmesh, coord, p.detach())
+        if not local.is_meta and mesh.device_type != local.device.type:
+            local = local.to(mesh.device_type)
+        gshape = module_shape(layout, lmesh)
+        dt = DTensor.from_local(
+            local,
+            sub,
+            [to_torch(x) for x in dtensor_placements(layout, lmesh)],
+            run_check=False,
+            shape=torch.Size(gshape),
+            stride=_contiguous_stride(gshape),
+        )
+        new[key] = nn.Parameter(dt, requires_grad=p.requires_grad)
+    for fqn, p in named:
+        if id(p) not in new:
+            continue
+        owner, _, leaf = fqn.rpartition(".")
+        module = model.get_submodule(owner) if owner else model
+        module._parameters[leaf] = new[id(p)]
+    return model
+
+
+def expected_local(spec: CompiledSpec, fqn: str, mesh: DeviceMesh, shape=None):
+    """(local shape, placements) the compiled layout gives this rank, for verification."""
+    lmesh = spec.layout_mesh(mesh)
+    layout = spec.layout(fqn, lmesh, shape)
+    view = _dtensor_view(layout, lmesh, mesh.get_coordinate())
+    return tuple(ranges_len(r) for r in view), tuple(
+        to_torch(x) for x in dtensor_placements(layout, lmesh)
+    )
+
+
+__all__ = [
+    "build_mesh",
+    "device_type",
+    "distribute",
+    "expected_local",
+    "placements",
+    "shard_for_rank",
+    "submesh",
+    "take",
+    "to_torch",
+]

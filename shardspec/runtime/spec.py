@@ -1,0 +1,198 @@
+"""``CompiledSpec``: the object behind a generated module.
+
+A generated module holds plain tables (axes, rules, parameters); it builds one
+``CompiledSpec`` from them and delegates to it. Layout arithmetic is
+:mod:`shardspec.layout`, the very code the compiler checked the spec with.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from shardspec import RUNTIME_API, __version__
+from shardspec.layout import (
+    LayoutError,
+    Mesh,
+    ParamLayout,
+    RuleSpec,
+    build_layout,
+    dtensor_placements,
+    rank_table,
+    representable,
+    resolve_sizes,
+)
+from shardspec.patterns import compile_glob
+
+
+class SpecError(LayoutError):
+    """A model, mesh or argument that does not fit the compiled spec."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One manifest parameter: its winning rule, module tensor shape and dtype."""
+
+    rule: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def require(api: int, compiler: str) -> None:
+    """Called by generated modules: refuse to run against an incompatible runtime."""
+    if api != RUNTIME_API:
+        raise ImportError(
+            f"this generated module needs shardspec runtime API {api} (compiled by shardspec "
+            f"{compiler}), but the installed shardspec {__version__} provides API "
+            f"{RUNTIME_API}; recompile the spec with `shardspec compile`"
+        )
+
+
+class CompiledSpec:
+    """Everything a trainer needs from one spec, at any mesh size."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        axes: tuple[str, ...],
+        sizes: Mapping[str, int | None],
+        world: int | None,
+        rules: tuple[RuleSpec, ...],
+        params: Mapping[str, Param] | None,
+        ignore: tuple[str, ...] = (),
+        virtual_counts: Mapping[int, Mapping[str, int]] | None = None,
+    ) -> None:
+        self.name = name
+        self.axes = axes
+        self.default_sizes = dict(sizes)
+        self.default_world = world
+        self.rules = rules
+        self.params = dict(params) if params is not None else None
+        self.ignore = ignore
+        self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
+        self._globs = [compile_glob(r.pattern) for r in rules]
+        self._ignore_globs = [compile_glob(p) for p in ignore]
+
+    # ----------------------------------------------------------------- sizes and meshes
+
+    def sizes(self, world: int | None = None, **overrides: int) -> dict[str, int]:
+        """Axis sizes: defaults, ``overrides``, the rest axis filled from ``world``."""
+        unknown = sorted(set(overrides) - set(self.axes))
+        if unknown:
+            raise SpecError(
+                f"unknown mesh axis {', '.join(map(repr, unknown))}; the spec's axes are "
+                f"{', '.join(self.axes)}"
+            )
+        merged = [overrides.get(a, self.default_sizes[a]) for a in self.axes]
+        w = world if world is not None else self.default_world
+        return dict(zip(self.axes, resolve_sizes(self.axes, merged, w), strict=True))
+
+    def layout_mesh(self, mesh: object) -> Mesh:
+        """A :class:`shardspec.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes."""
+        if isinstance(mesh, Mesh):
+            lm = mesh
+        elif isinstance(mesh, Mapping):
+            lm = Mesh(tuple(mesh), tuple(int(v) for v in mesh.values()))
+        else:
+            names = getattr(mesh, "mesh_dim_names", None)
+            if names is None:
+                raise SpecError("the DeviceMesh has no mesh_dim_names; build it with build_mesh()")
+            lm = Mesh(tuple(names), tuple(int(s) for s in mesh.shape))  # type: ignore[attr-defined]
+        if lm.names != self.axes:
+            raise SpecError(
+                f"the mesh's axes {lm.names} are not the spec's axes {self.axes} (outer to "
+                "inner); build it with build_mesh()"
+            )
+        return lm
+
+    # ----------------------------------------------------------------- lookup
+
+    def is_ignored(self, fqn: str) -> bool:
+        return any(g.regex.match(fqn) for g in self._ignore_globs)
+
+    def match(self, fqn: str) -> tuple[int, dict[str, str]]:
+        """The winning rule's index for ``fqn`` and its captures (by precedence)."""
+        best: list[tuple[int, dict[str, str]]] = []
+        best_key = None
+        for i, g in enumerate(self._globs):
+            caps = g.match(fqn)
+            if caps is None:
+                continue
+            if best_key is None or g.key > best_key:
+                best, best_key = [(i, caps)], g.key
+            elif g.key == best_key:
+                best.append((i, caps))
+        if not best:
+            raise SpecError(f"parameter {fqn!r} is matched by no rule of spec {self.name!r}")
+        if len(best) > 1:
+            pats = " and ".join(repr(self.rules[i].pattern) for i, _ in best)
+            raise SpecError(f"rules {pats} have equal precedence and both match {fqn!r}")
+        return best[0]
+
+    def layout(
+        self,
+        fqn: str,
+        mesh: object,
+        shape: Iterable[int] | None = None,
+        virtual_counts: Mapping[str, int] | None = None,
+    ) -> ParamLayout:
+        """The global layout of ``fqn`` on ``mesh``.
+
+        With a manifest the table gives the rule and the module shape (``shape``, when
+        passed, must agree). Without one, the rule is matched by name and ``shape`` (the
+        module tensor's shape) is required.
+        """
+        lm = self.layout_mesh(mesh)
+        sizes = dict(zip(lm.names, lm.sizes, strict=True))
+        if self.params is not None:
+            p = self.params.get(fqn)
+            if p is None:
+                raise SpecError(f"parameter {fqn!r} is not in spec {self.name!r}'s manifest")
+            if shape is not None and tuple(shape) != p.shape:
+                raise SpecError(
+                    f"parameter {fqn!r} has shape {list(shape)}, but the manifest says "
+                    f"{list(p.shape)}; regenerate the manifest and recompile"
+                )
+            rule, module_shape = p.rule, p.shape
+            counts = self.virtual_counts.get(rule)
+        else:
+            if shape is None:
+                raise SpecError(f"spec {self.name!r} has no manifest: pass the tensor's shape")
+            rule, _ = self.match(fqn)
+            module_shape = tuple(shape)
+            counts = virtual_counts
+        layout = build_layout(self.rules[rule], module_shape, sizes, counts)
+        bad = representable(layout, lm)
+        if bad is not None:
+            raise SpecError(
+                f"parameter {fqn!r}: no DTensor placements describe its layout on mesh "
+                f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)"
+            )
+        return layout
+
+    def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):
+        """Every rank's global indices of ``fqn`` (see :func:`shardspec.layout.rank_table`)."""
+        lm = self.layout_mesh(mesh)
+        return rank_table(self.layout(fqn, lm, shape), lm)
+
+    def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[tuple, ...]:
+        lm = self.layout_mesh(mesh)
+        return dtensor_placements(self.layout(fqn, lm, shape), lm)
+
+    def virtual_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Without a manifest: modules per virtual dim, counted from the model's names."""
+        values: dict[tuple[int, str], set[str]] = defaultdict(set)
+        matched: dict[str, int] = {}
+        for fqn in names:
+            if self.is_ignored(fqn):
+                continue
+            rule, caps = self.match(fqn)
+            matched[fqn] = rule
+            for v in self.rules[rule].virtual:
+                values[(rule, v)].add(caps[v])
+        return {
+            fqn: {v: len(values[(rule, v)]) for v in self.rules[rule].virtual}
+            for fqn, rule in matched.items()
+        }

@@ -44,6 +44,7 @@ class Resolved:
     matches: dict[str, Match]  # fqn -> match, for params and extra state
     virtual_counts: dict[int, dict[str, int]]
     broken: frozenset[int] = frozenset()
+    mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
 
     @property
     def params(self) -> list[tuple[str, Match]]:
@@ -62,11 +63,24 @@ def mesh_of(
     if spec.mesh is None:
         raise LayoutError("the spec declares no mesh", "SS010")
     names = tuple(a.name.text for a in spec.mesh.axes)
+    if not names:
+        raise LayoutError("the mesh has no axes", "SS010")
+    if len(set(names)) != len(names):
+        raise LayoutError("the mesh declares an axis twice", "SS010")
     sizes: list[int | None] = [a.size for a in spec.mesh.axes]
     for name, value in (overrides or {}).items():
+        if name not in names:
+            raise LayoutError(
+                f"-D {name}={value}: the mesh has no axis {name!r} (axes: {', '.join(names)})",
+                "SS004",
+                "-D takes a mesh axis of the spec, or world",
+            )
         sizes[names.index(name)] = value
     w = world if world is not None else spec.mesh.world
-    return Mesh(names, resolve_sizes(names, sizes, w))
+    resolved = resolve_sizes(names, sizes, w)
+    if any(s < 1 for s in resolved):
+        raise LayoutError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
+    return Mesh(names, resolved)
 
 
 def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
@@ -115,13 +129,24 @@ def resolve(
     overrides: dict[str, int] | None = None,
     world: int | None = None,
 ) -> Resolved:
+    """Resolve ``spec`` against ``manifest`` (``None``: rules and mesh only).
+
+    Never raises for a bad spec: a mesh that cannot be sized leaves ``mesh`` ``None`` and
+    says why in ``mesh_error``; rules in ``broken`` get no :class:`RuleSpec` and win no
+    layout.
+    """
     mesh: Mesh | None = None
     mesh_error = None
+    mesh_error_code = "SS010"
     try:
         mesh = mesh_of(spec, overrides, world)
     except LayoutError as e:
         mesh_error = str(e)
-    fsdp = spec.fsdp.text if spec.fsdp else None
+        mesh_error_code = "SS004" if e.code == "SS004" else "SS010"
+    axis_names = {a.name.text for a in spec.mesh.axes} if spec.mesh else set()
+    # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no
+    # layout refers to an axis without a size.
+    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axis_names else None
     globs: dict[int, Glob] = {}
     specs: dict[int, RuleSpec] = {}
     for rule in spec.rules:
@@ -138,7 +163,17 @@ def resolve(
         except PatternError:
             continue
     res = Resolved(
-        spec, manifest, mesh, mesh_error, globs, specs, ignore_globs, {}, {}, frozenset(broken)
+        spec,
+        manifest,
+        mesh,
+        mesh_error,
+        globs,
+        specs,
+        ignore_globs,
+        {},
+        {},
+        frozenset(broken),
+        mesh_error_code,
     )
     if manifest is None:
         return res

@@ -22,6 +22,7 @@ def _more(names: list[str], limit: int = 3) -> str:
 
 
 def check_unmatched(res: Resolved) -> list[Diagnostic]:
+    """SS040: every parameter has a rule or an ignore, every extra state an ignore."""
     out = []
     for fqn, m in sorted(res.matches.items()):
         if m.ignored_by is not None or m.winner is not None:
@@ -51,12 +52,16 @@ def check_unmatched(res: Resolved) -> list[Diagnostic]:
 
 
 def check_unused(res: Resolved) -> list[Diagnostic]:
+    """SS041 for rules and ignores that match nothing, SS042 for rules that never win."""
     out = []
     candidates: set[int] = set()
     winners: dict[int, int] = defaultdict(int)
     beaten_by: dict[int, int] = {}
+    only_ignored: dict[int, int] = {}  # rule -> an ignore that takes a parameter it matches
     for m in res.matches.values():
         if m.ignored_by is not None:
+            for c in m.candidates:
+                only_ignored.setdefault(c, m.ignored_by)
             continue
         candidates.update(m.candidates)
         if m.winner is not None:
@@ -68,7 +73,19 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
     for rule in res.spec.rules:
         if rule.index not in res.globs or rule.index in res.broken:
             continue
-        if rule.index not in candidates:
+        if rule.index not in candidates and rule.index in only_ignored:
+            ig = res.spec.ignores[only_ignored[rule.index]]
+            out.append(
+                diag(
+                    "SS041",
+                    f"rule {rule.pattern.text!r} matches only ignored parameters "
+                    f"(`ignore {ig.pattern.text}`, line {ig.span.line})",
+                    rule.pattern.span,
+                    "an ignore takes precedence over every rule: delete the rule, or "
+                    "narrow the ignore",
+                )
+            )
+        elif rule.index not in candidates:
             out.append(
                 diag(
                     "SS041",
@@ -106,6 +123,7 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
 
 
 def check_ambiguous(res: Resolved) -> list[Diagnostic]:
+    """SS043: no parameter is matched by two best rules of equal precedence."""
     groups: dict[tuple[int, ...], list[str]] = defaultdict(list)
     for fqn, m in sorted(res.matches.items()):
         if m.ignored_by is None and m.winner is not None and m.tied:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from shardspec import ir
 from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic
+from shardspec.diagnostics import Diagnostic, Span
 from shardspec.layout import (
+    Dim,
     Mesh,
     ParamLayout,
     component_indices,
@@ -39,7 +41,7 @@ def _ranks(ranks: list[int], limit: int = 8) -> str:
 
 
 def check_layout_errors(res: Resolved) -> list[Diagnostic]:
-    """Rank, fusion sizes and divisibility problems found while building layouts."""
+    """SS021, SS050, SS051: rank and fusion sizes found wrong while building layouts."""
     seen: dict[tuple[int, str, str], list[str]] = defaultdict(list)
     hints: dict[tuple[int, str, str], str] = {}
     for fqn, m in sorted(res.matches.items()):
@@ -50,32 +52,60 @@ def check_layout_errors(res: Resolved) -> list[Diagnostic]:
     out = []
     for (index, code, message), fqns in sorted(seen.items()):
         rule = res.spec.rules[index]
-        span = rule.span if code != "SS021" else rule.pattern.span
         if code == "SS021":
-            span = _dims_span(rule) or span
+            span = _dims_span(rule) or rule.pattern.span
+        elif rule.fusions:
+            span = _fusion_of(rule, message).span
+        else:
+            span = rule.pattern.span
         out.append(diag(code, f"{_who(fqns)}: {message}", span, hints[(index, code, message)]))
     return out
 
 
-def _dims_span(rule):
+def _fusion_of(rule: ir.Rule, message: str) -> ir.FuseItem:
+    """The fusion a layout error is about: the one whose dimension the message names."""
+    for f in rule.fusions:
+        if repr(f.dim.text) in message:
+            return f
+    return rule.fusions[0]
+
+
+def _dims_span(rule: ir.Rule) -> Span | None:
+    """From the first to the last dimension name of a rule."""
     if not rule.dims:
         return None
-    from shardspec.diagnostics import Span
-
     a, b = rule.dims[0].span, rule.dims[-1].span
     return Span(a.file, a.line, a.col, b.end_line, b.end_col)
 
 
+def _dim_span(rule: ir.Rule, dim: str) -> Span:
+    """Where a rule places ``dim``: its ``shard`` statement, else its name in the list."""
+    for s in rule.shards:
+        if s.dim.text == dim:
+            return s.span
+    for d in rule.dims:
+        if d.text == dim:
+            return d.span
+    return rule.pattern.span
+
+
+def _default_axes(rule: ir.Rule, dim: Dim) -> list[str]:
+    """The axes of ``dim`` that no ``shard`` statement names: the FSDP default."""
+    named = {a.text for s in rule.shards if s.dim.text == dim.name for a in s.axes}
+    return [a for a in dim.axes if a not in named]
+
+
 def check_local_sizes(res: Resolved) -> list[Diagnostic]:
-    """Local axes must have the size the manifest's model was built with."""
+    """SS013: local axes have the size the manifest's model was built with."""
     if res.manifest is None or res.mesh is None:
         return []
     out = []
     args = res.manifest.factory_args
     for rule in res.spec.rules:
         for a in rule.local:
-            if a.text in args and a.text in res.mesh.names:
-                built = args[a.text]
+            built = args.get(a.text)
+            # Only whole numbers record a size (a flag or a name says nothing about it).
+            if isinstance(built, int) and not isinstance(built, bool) and a.text in res.mesh.names:
                 size = res.mesh.size(a.text)
                 if built != size:
                     out.append(
@@ -92,7 +122,7 @@ def check_local_sizes(res: Resolved) -> list[Diagnostic]:
 
 
 def check_shards(res: Resolved) -> list[Diagnostic]:
-    """Uneven, empty, non-contiguous and unrepresentable shards."""
+    """SS023, SS024, SS030, SS031: uneven, empty, non-contiguous and unrepresentable shards."""
     mesh = res.mesh
     if mesh is None:
         return []
@@ -103,42 +133,53 @@ def check_shards(res: Resolved) -> list[Diagnostic]:
     return out
 
 
-def _check_one(rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) -> list[Diagnostic]:
+def _axes_text(dim: Dim, mesh: Mesh, rule: ir.Rule) -> str:
+    default = _default_axes(rule, dim)
+    return " x ".join(
+        f"{a}={mesh.size(a)}" + (" (FSDP default)" if a in default else "") for a in dim.axes
+    )
+
+
+def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) -> list[Diagnostic]:
     out = []
     table = rank_table(layout, mesh)
-    span = rule.span
-    for s in rule.shards:
-        span = s.span
-        break
     # Uneven: a dimension whose local sizes differ between ranks.
     for d, dim in enumerate(layout.dims):
-        if not dim.axes:
+        if not dim.axes or dim.fusion is not None:
             continue
         sizes = {t.shape[d] for t in table}
-        if len(sizes) > 1 and dim.fusion is None:
-            axes = " x ".join(f"{a}={mesh.size(a)}" for a in dim.axes)
+        if len(sizes) > 1:
             out.append(
                 diag(
                     "SS023",
                     f"{_who(fqns)}: dimension {dim.name!r} of size {dim.size} "
-                    f"does not divide over {axes}; local sizes {sorted(sizes)}",
-                    span,
+                    f"does not divide over {_axes_text(dim, mesh, rule)}; "
+                    f"local sizes {sorted(sizes)}",
+                    _dim_span(rule, dim.name),
                     "fine for DTensor (torch.chunk sizes), but check it is intended",
                 )
             )
+    # Empty: name the ranks, and the first dimension that leaves them empty.
     empty = [t.rank for t in table if t.empty]
     if empty:
+        first = table[empty[0]]
+        d = next(i for i, r in enumerate(first.indices) if not r)
+        dim = layout.dims[d]
         out.append(
             diag(
                 "SS024",
-                f"{_who(fqns)}: ranks {_ranks(empty)} hold an empty local shard",
-                span,
+                f"{_who(fqns)}: {'rank' if len(empty) == 1 else 'ranks'} {_ranks(empty)} "
+                f"{'holds' if len(empty) == 1 else 'hold'} an empty local shard: "
+                f"dimension {dim.name!r} of size {dim.size} over "
+                f"{_axes_text(dim, mesh, rule)}",
+                _dim_span(rule, dim.name),
                 "use fewer ranks on the sharded dimension, or accept "
                 "empty shards (save/load handle them)",
             )
         )
     # Storage: each stored unit must be one box per rank.
-    units = [(None, None)] if rule_stored_fused(rule) else storage_units(layout)
+    stored_fused = next((f for f in rule.fusions if f.stored_fused), None)
+    units = [(None, None)] if stored_fused else storage_units(layout)
     found = _first_split_unit(layout, table, units)
     if found is not None:
         rank, comp, dim_name, pieces = found
@@ -149,21 +190,24 @@ def _check_one(rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) -> list[D
                 f"{_who(fqns)}: rank {rank} holds {what}dimension {dim_name!r} "
                 f"as {pieces} separate pieces, which a checkpoint cannot store as one "
                 "chunk",
-                span,
-                "store fused dimensions per component (drop `stored fused`)",
+                stored_fused.span if stored_fused else _dim_span(rule, dim_name),
+                "store fused dimensions per component (drop `stored fused`)"
+                if stored_fused
+                else "shard the dimension over fewer axes",
             )
         )
     bad = representable(layout, mesh)
     if bad is not None:
         rank = mesh.rank_of(bad)
+        dim_name, hint = _representable_hint(layout, rule)
         out.append(
             diag(
                 "SS031",
                 f"{_who(fqns)}: no DTensor placements describe this layout "
                 f"(rank {rank} at {dict(zip(mesh.names, bad, strict=True))} would hold "
                 "other indices)",
-                span,
-                _representable_hint(layout),
+                _dim_span(rule, dim_name) if dim_name else rule.pattern.span,
+                hint,
             )
         )
     return out
@@ -184,16 +228,22 @@ def _first_split_unit(layout, table, units):
     return None
 
 
-def rule_stored_fused(rule) -> bool:
-    return any(f.stored_fused for f in rule.fusions)
-
-
-def _representable_hint(layout: ParamLayout) -> str:
+def _representable_hint(layout: ParamLayout, rule: ir.Rule) -> tuple[str | None, str]:
+    """The dimension that most likely makes a layout unrepresentable, and what to do."""
     for dim in layout.dims:
         if dim.fusion is not None and len(dim.axes) > 1:
-            return (
+            default = _default_axes(rule, dim)
+            others = [d.name for d in layout.tensor_dims() if d.name != dim.name]
+            move = f"`shard {others[0]} over {dim.axes[1]}`" if others else "another dimension"
+            if dim.axes[1] in default:
+                return dim.name, (
+                    f"FSDP shards the first dimension {dim.name!r} over {dim.axes[1]!r} by "
+                    f"default, but {dim.axes[0]!r} already splits it per component; "
+                    f"add {move}"
+                )
+            return dim.name, (
                 f"dimension {dim.name!r} is split per component over {dim.axes[0]!r}; "
-                f"shard a different dimension over {dim.axes[1]!r}"
+                f"shard a different dimension over {dim.axes[1]!r}: {move}"
             )
         if (
             dim.fusion is not None
@@ -201,11 +251,17 @@ def _representable_hint(layout: ParamLayout) -> str:
             and dim.axes
             and len({s for _, s in dim.fusion.components}) > 1
         ):
-            return (
+            return dim.name, (
                 f"components of {dim.name!r} differ in size; use the grouped layout "
-                "(`fuse qkv as N groups of ...`) or make the axis local"
+                f"(`fuse {dim.name} as N groups of ...`) or make the axis local"
             )
-    return "uneven strided sharding: make the dimension divisible by its axes"
+    for dim in layout.dims:
+        if len(dim.axes) > 1:
+            return dim.name, (
+                f"uneven strided sharding of {dim.name!r}: make its size divisible by "
+                f"{' x '.join(dim.axes)}"
+            )
+    return None, "uneven strided sharding: make the dimensions divisible by their axes"
 
 
 LAYOUT_CHECKS = (check_layout_errors, check_local_sizes, check_shards)

@@ -1,8 +1,8 @@
 """The one registry of finding codes.
 
-Each entry is documentation as much as code: the README's check catalogue is generated
-from it (``python -m shardspec.checks.catalogue``) and a test keeps the two in step. Codes
-never change meaning; retired codes are not reused.
+Each entry is documentation as much as code: ``docs/checks.md`` is generated from it
+(``python -m shardspec.checks.catalogue``) and a test keeps the two in step. Codes never
+change meaning; retired codes (``RETIRED``) are not reused.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from shardspec.diagnostics import Diagnostic, Severity, Span
 
 @dataclass(frozen=True)
 class Check:
+    """One finding code: what it means, why it matters, and a bad and a good example."""
+
     code: str
     name: str
     severity: Severity
@@ -33,16 +35,20 @@ CHECKS: tuple[Check, ...] = (
         "syntax-error",
         E,
         "The spec does not parse.",
-        "A spec that does not parse cannot be checked or compiled.",
-        "mesh { tp 2 }",
-        "mesh { tp: 2 }",
+        "A spec that does not parse cannot be checked or compiled. The finding names the "
+        "tokens that were expected, and a hint for the usual mistakes.",
+        "mesh over 8 ranks { dp_shard: *  tp 2 }",
+        "mesh over 8 ranks { dp_shard: *  tp: 2 }",
     ),
     Check(
         "SS002",
         "unreadable-input",
         E,
         "A spec, manifest or output path cannot be read or written.",
-        "Nothing can be checked without the input.",
+        "Nothing can be checked without the input. The manifest path is relative to the "
+        "spec's folder.",
+        'manifest "llama.json"   # no such file next to the spec',
+        'manifest "llama.manifest.json"',
     ),
     Check(
         "SS003",
@@ -50,6 +56,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "The manifest is not valid JSON of the manifest format.",
         "Checks that need shapes would otherwise run on wrong data.",
+        '{"format": "shardspec-manifest/2", "entries": []}',
+        '{"format": "shardspec-manifest/1", "entries": []}',
     ),
     Check(
         "SS004",
@@ -57,8 +65,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "A command-line argument is malformed or unknown.",
         "`-D tpp=4` must not silently do nothing.",
-        "-D tpp=4",
-        "-D tp=4",
+        "shardspec lint -D tpp=4 specs/llama.shard",
+        "shardspec lint -D tp=4 specs/llama.shard",
     ),
     Check(
         "SS005",
@@ -74,11 +82,11 @@ CHECKS: tuple[Check, ...] = (
         "SS010",
         "bad-mesh",
         E,
-        "The mesh is missing, repeats an axis, has several `*` axes or does not fit the "
-        "world size.",
+        "The mesh is missing, has no axes, repeats an axis, has an axis of size 0, has "
+        "several `*` axes, or does not fit the world size.",
         "Every placement and every rank's offset depends on the mesh.",
-        "mesh { dp: *  tp: * }",
-        "mesh over 8 ranks { dp: *  tp: 2 }",
+        "mesh { dp_shard: *  tp: * }",
+        "mesh over 8 ranks { dp_shard: *  tp: 2 }",
     ),
     Check(
         "SS011",
@@ -93,7 +101,8 @@ CHECKS: tuple[Check, ...] = (
         "SS012",
         "axis-reused",
         E,
-        "One axis shards two dimensions, or one dimension twice.",
+        "One axis shards two dimensions, or one dimension twice; or one dimension has two "
+        "`shard` statements; or an axis is both sharding and replicated.",
         "DTensor cannot place one mesh axis on two tensor dims; the layout would be ambiguous.",
         "shard vocab over tp\nshard hidden over tp",
         "shard vocab over tp",
@@ -104,8 +113,10 @@ CHECKS: tuple[Check, ...] = (
         E,
         "A local axis's size differs from the size the manifest's model was built for.",
         "Modules built with local shapes for tp=2 hold the wrong slices under tp=4.",
-        "mesh { tp: 4 }   # manifest built with tp=2",
-        "mesh { tp: 2 }",
+        "mesh over 8 ranks { dp_shard: *  ep: 4 }   # manifest built with ep=2\n"
+        "param local_experts.{e}.w1 [e, ffn, hidden] {\n    local ep\n    shard e over ep\n}",
+        "mesh over 8 ranks { dp_shard: *  ep: 2 }",
+        True,
     ),
     # --- dimensions ----------------------------------------------------------------------
     Check(
@@ -121,10 +132,12 @@ CHECKS: tuple[Check, ...] = (
         "SS021",
         "dims-rank-mismatch",
         E,
-        "The number of named dimensions differs from the parameter's rank.",
-        "Reusing a 2-D layout on a 3-D grouped tensor puts every shard dim off by one.",
-        "param experts.w1 [ffn, hidden]   # w1 is [expert, ffn, hidden]",
-        "param experts.w1 [expert, ffn, hidden]",
+        "The number of named dimensions differs from the parameter's rank, or a rule that "
+        "is not `replicate` names no dimensions.",
+        "Reusing a 2-D layout on a 3-D grouped tensor (TransformerEngine's GroupedLinear "
+        "stores [num_gemms, out, in]) puts every shard dimension off by one.",
+        "param experts.fc1.weight [out, in] { shard out over tp }   # shape [8, 256, 64]",
+        "param experts.fc1.weight [gemm, out, in] { shard out over tp }",
         True,
     ),
     Check(
@@ -133,8 +146,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "A rule names the same dimension twice.",
         "Placements could not tell the two apart.",
-        "[hidden, hidden]",
-        "[out, hidden]",
+        "param w [hidden, hidden] {}",
+        "param w [out, hidden] {}",
     ),
     Check(
         "SS023",
@@ -143,36 +156,27 @@ CHECKS: tuple[Check, ...] = (
         "A dimension is not divisible by the product of its axes; torch.chunk sizes apply.",
         "Uneven shards work with DTensor, but cost padding in collectives and surprise "
         "people reading per-rank shapes.",
-        "",
-        "",
+        "param w [vocab, hidden] { shard vocab over tp }   # vocab 32001, tp 2",
+        "param w [vocab, hidden] { shard vocab over tp }   # vocab padded to 32002",
         True,
     ),
     Check(
         "SS024",
         "empty-shard",
         W,
-        "Some ranks hold an empty local shard of a parameter.",
+        "Some ranks hold an empty local shard of a parameter; the finding names them.",
         "Empty shards are legal but easy to mishandle (seed 000 had to stop them from "
         "forcing full materialization).",
-        "",
-        "",
-        True,
-    ),
-    Check(
-        "SS025",
-        "indivisible-local",
-        E,
-        "A dimension sharded over a local axis is not divisible by that axis.",
-        "Modules built with local shapes hold equal blocks; no rank's offset would be right.",
-        "",
-        "",
+        "param norm.weight [dim] {}   # dim 4, FSDP over dp_shard=8: ranks 4-7 get nothing",
+        "param norm.weight [dim] replicate",
         True,
     ),
     Check(
         "SS026",
         "local-axis-not-outer",
         E,
-        "A local axis comes after a non-local axis on the same dimension.",
+        "A local axis comes after a non-local axis on the same dimension, or shards no "
+        "dimension of the rule.",
         "A module built with a local shard holds a whole block of the local axis; "
         "other axes can only split that block further.",
         "shard ffn over (dp_shard, tp)\nlocal tp",
@@ -183,11 +187,12 @@ CHECKS: tuple[Check, ...] = (
         "virtual-dim",
         E,
         "A dimension indexed by a name capture is misused: it must be sharded over local "
-        "axes only, and captures must be declared dimensions.",
+        "axes only and cannot be fused, and captures must be declared dimensions.",
         "Per-expert modules (`local_experts.{expert}`) exist only on the ranks that own "
         "them; only a local axis says which rank that is.",
         "param local_experts.{expert}.w1.weight [expert, ffn, hidden] { shard expert over ep }",
-        "... { shard expert over ep\n      local ep }",
+        "param local_experts.{expert}.w1.weight [expert, ffn, hidden] {\n"
+        "    local ep\n    shard expert over ep\n}",
     ),
     # --- layout --------------------------------------------------------------------------
     Check(
@@ -196,7 +201,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "Some rank's local shard of a stored tensor is not one contiguous block.",
         "DCP stores each rank's chunk as one box; a strided shard fails with "
-        "'overlapping chunks' or stores wrong bytes.",
+        "'overlapping chunks' or stores wrong bytes. Fused dimensions split per component "
+        "are fine when stored per component (the default), not with `stored fused`.",
         "fuse ffn as gate, up stored fused\nshard ffn over tp",
         "fuse ffn as gate, up\nshard ffn over tp",
         True,
@@ -207,7 +213,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "No DTensor placements describe the layout on every rank.",
         "distribute() could not build a DTensor whose full_tensor() is the parameter "
-        "(for example FSDP on a dimension that TP already splits per component).",
+        "(for example FSDP on a dimension that TP already splits per component, or "
+        "q/k/v of different sizes split per component over tp).",
         "fuse ffn as gate, up\nshard ffn over (tp, dp_shard)",
         "fuse ffn as gate, up\nshard ffn over tp\nshard hidden over dp_shard",
         True,
@@ -217,21 +224,21 @@ CHECKS: tuple[Check, ...] = (
         "SS040",
         "unmatched-parameter",
         E,
-        "A parameter is matched by no rule or ignore.",
+        "A parameter is matched by no rule or ignore, or an extra state by no ignore.",
         "Unmatched parameters would be silently replicated or skipped.",
-        "",
-        "",
+        "param **.weight [out, in] {}   # the model also has attn.fp8._extra_state",
+        "param **.weight [out, in] {}\nignore **._extra_state",
         True,
     ),
     Check(
         "SS041",
         "unused-rule",
         E,
-        "A rule matches no parameter.",
+        "A rule or an ignore matches no parameter (or only ignored ones).",
         "Usually a typo, or a rule for modules that do not exist (bias rules when the "
         "model is built with bias=False).",
         "param **.bias [out] replicate   # model has no biases",
-        "",
+        "(delete the rule)",
         True,
     ),
     Check(
@@ -240,8 +247,8 @@ CHECKS: tuple[Check, ...] = (
         W,
         "A rule matches parameters but never wins any.",
         "Another rule always takes precedence, so this one is dead and misleads readers.",
-        "",
-        "",
+        "param layers.* [out, in] {}\nparam layers.wq [out, in] {}   # the only layers.* param",
+        "param layers.wq [out, in] {}",
         True,
     ),
     Check(
@@ -250,8 +257,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "Two rules of equal precedence match the same parameter.",
         "File order never decides; the spec must say which rule wins.",
-        "param layers.*.w [a, b] ...\nparam *.0.w [a, b] ...",
-        "",
+        "param layers.10.* [a, b] {}\nparam layers.*.w2 [a, b] {}   # both match layers.10.w2",
+        "param layers.10.w2 [a, b] {}\nparam layers.*.w2 [a, b] {}",
         True,
     ),
     Check(
@@ -279,17 +286,19 @@ CHECKS: tuple[Check, ...] = (
         "fusion-indivisible",
         E,
         "A fused component (or the group count) is not divisible by its first axis.",
-        "The requirement is F % TP per component, not 2F % TP for the fused tensor.",
-        "fuse ffn as gate, up   # ffn = 2 x 3, tp = 2",
-        "",
+        "The requirement is F % TP per component, not 2F % TP for the fused tensor: "
+        "ffn = 2 x 3 over tp = 2 cannot give each rank half of gate and half of up.",
+        "fuse ffn as gate, up\nshard ffn over tp   # ffn = 2 x 3, tp = 2",
+        "fuse ffn as gate, up\nshard ffn over tp   # ffn = 2 x 4, tp = 2",
         True,
     ),
     Check(
         "SS052",
         "bad-fusion",
         E,
-        "A fusion is malformed: a dimension fused twice, components named twice, or sizes "
-        "given for some components only.",
+        "A fusion is malformed: a dimension fused twice, two fused dimensions in one rule, "
+        "components named twice, fewer than two components, a group count below 1, or "
+        "sizes given for some components only.",
         "Component layouts must be unambiguous.",
         "fuse ffn as gate 8, up",
         "fuse ffn as gate 8, up 8",
@@ -299,10 +308,10 @@ CHECKS: tuple[Check, ...] = (
         "SS060",
         "unused-suppression",
         W,
-        "A `# shardspec: ignore[...]` comment silences nothing.",
+        "A `# shardspec: ignore[...]` comment silences nothing, or names an unknown code.",
         "Stale suppressions hide the next real finding.",
-        "",
-        "",
+        "param norm.weight [dim] {}   # shardspec: ignore[SS023]   (dim divides evenly)",
+        "param norm.weight [dim] {}",
     ),
     Check(
         "SS061",
@@ -310,10 +319,16 @@ CHECKS: tuple[Check, ...] = (
         W,
         "The spec names no manifest: checks that need shapes did not run.",
         "Without shapes, divisibility and coverage are only checked at run time.",
-        "",
-        "",
+        "mesh over 8 ranks { dp_shard: *  tp: 2 }   # and no manifest statement",
+        'manifest "llama.manifest.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }',
     ),
 )
+
+# Codes that no check reports any more. They stay reserved: a code never changes meaning.
+RETIRED: dict[str, str] = {
+    "SS025": "indivisible-local: local shapes are multiplied up to global ones, so a "
+    "dimension sharded over a local axis always divides by it",
+}
 
 BY_CODE: dict[str, Check] = {c.code: c for c in CHECKS}
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from shardspec import ir
 from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.layouts import LAYOUT_CHECKS
-from shardspec.checks.registry import BY_CODE, diag
+from shardspec.checks.registry import BY_CODE, RETIRED, diag
 from shardspec.checks.structure import STRUCTURE_CHECKS
 from shardspec.diagnostics import Diagnostic, Span
 from shardspec.manifest import Manifest, ManifestError, load_manifest
@@ -16,14 +18,14 @@ def manifest_path(spec: ir.Spec) -> str | None:
     """The manifest's path, relative to the spec's folder."""
     if spec.manifest is None:
         return None
-    import os
-
     if os.path.isabs(spec.manifest):
         return spec.manifest
     return os.path.normpath(os.path.join(os.path.dirname(spec.path) or ".", spec.manifest))
 
 
 def load_spec_manifest(spec: ir.Spec) -> tuple[Manifest | None, list[Diagnostic]]:
+    """The spec's manifest, or ``None`` with an SS002 (unreadable) or SS003 (malformed)
+    diagnostic at the ``manifest`` statement."""
     path = manifest_path(spec)
     if path is None:
         return None, []
@@ -42,12 +44,13 @@ def load_spec_manifest(spec: ir.Spec) -> tuple[Manifest | None, list[Diagnostic]
                     "create it with `shardspec manifest pkg.module:factory -o FILE`",
                 )
             ]
+        where = path if (e.line, e.col) == (1, 1) else f"{path}:{e.line}:{e.col}"
         return None, [
             diag(
                 "SS003",
-                f"{path}:{e.line}:{e.col}: {msg}",
+                f"{where}: {msg}",
                 span,
-                "regenerate it with `shardspec manifest`",
+                "regenerate it with `shardspec manifest MODULE:FUNCTION -o FILE`",
             )
         ]
 
@@ -71,7 +74,16 @@ def check(
         if mdiags:
             use_manifest = False
     res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
-    if res.mesh_error and spec.mesh is not None and not any(d.code == "SS010" for d in diags):
+    if res.mesh_error and res.mesh_error_code == "SS004":
+        diags.append(
+            diag(
+                "SS004",
+                res.mesh_error,
+                Span("<command line>", 1, 1),
+                "-D takes a mesh axis of the spec, or world",
+            )
+        )
+    elif res.mesh_error and spec.mesh is not None and not any(d.code == "SS010" for d in diags):
         diags.append(
             diag(
                 "SS010",
@@ -116,13 +128,25 @@ def apply_suppressions(spec: ir.Spec, diags: list[Diagnostic]) -> list[Diagnosti
             kept.append(d)
     for i, s in enumerate(spec.suppressions):
         unknown = [c for c in s.codes if c not in BY_CODE]
-        if unknown:
+        retired = [c for c in unknown if c in RETIRED]
+        if not s.codes:
             kept.append(
                 diag(
                     "SS060",
-                    f"unknown code(s) {', '.join(unknown)} in suppression",
+                    "the suppression names no code",
                     s.span,
-                    "see the check catalogue for codes",
+                    "write the codes to silence, e.g. `# shardspec: ignore[SS023]`, "
+                    "or delete the comment",
+                )
+            )
+        elif unknown:
+            what = f" ({', '.join(retired)} retired: no check reports it)" if retired else ""
+            kept.append(
+                diag(
+                    "SS060",
+                    f"unknown code(s) {', '.join(unknown)} in suppression{what}",
+                    s.span,
+                    "see docs/checks.md for the codes",
                 )
             )
         elif i not in used:

@@ -10,7 +10,7 @@ from collections import Counter
 
 from shardspec import ir
 from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic
+from shardspec.diagnostics import Diagnostic, Span
 from shardspec.patterns import PatternError, compile_glob
 
 
@@ -25,10 +25,12 @@ def _did_you_mean(name: str, choices: list[str]) -> str:
 
 
 def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS010: a mesh exists, and its axes are distinct, sized at least 1, one `*` at most.
+
+    Sizes against the world size are checked once the mesh is resolved (see ``run``).
+    """
     out: list[Diagnostic] = []
     if spec.mesh is None:
-        from shardspec.diagnostics import Span
-
         out.append(
             diag(
                 "SS010",
@@ -84,6 +86,7 @@ def _axes(spec: ir.Spec) -> list[str]:
 
 
 def check_fsdp(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS011: the FSDP axis is a mesh axis."""
     axes = _axes(spec)
     if spec.fsdp is not None and spec.mesh is not None and spec.fsdp.text not in axes:
         return [
@@ -97,32 +100,25 @@ def check_fsdp(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     return []
 
 
+_PATTERN_SYNTAX = (
+    "segments are separated by single dots; `*` matches one segment, `**` any number, "
+    "`{a,b}` one of the alternatives, `{name}` one segment captured as name"
+)
+
+
 def check_patterns(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS044: every rule and ignore pattern compiles."""
     out = []
-    for rule in spec.rules:
+    patterns = [(rule.pattern, rule.index) for rule in spec.rules]
+    patterns += [(ig.pattern, None) for ig in spec.ignores]
+    for pattern, index in patterns:
         try:
-            compile_glob(rule.pattern.text)
+            compile_glob(pattern.text)
         except PatternError as e:
-            broken.add(rule.index)
+            if index is not None:
+                broken.add(index)
             out.append(
-                diag(
-                    "SS044",
-                    f"bad pattern {rule.pattern.text!r}: {e}",
-                    rule.pattern.span,
-                    "segments are separated by single dots; see the pattern syntax",
-                )
-            )
-    for ig in spec.ignores:
-        try:
-            compile_glob(ig.pattern.text)
-        except PatternError as e:
-            out.append(
-                diag(
-                    "SS044",
-                    f"bad pattern {ig.pattern.text!r}: {e}",
-                    ig.pattern.span,
-                    "segments are separated by single dots; see the pattern syntax",
-                )
+                diag("SS044", f"bad pattern {pattern.text!r}: {e}", pattern.span, _PATTERN_SYNTAX)
             )
     return out
 
@@ -160,7 +156,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         used: dict[str, str] = {}  # axis -> dim it shards
         sharded_dims: set[str] = set()
         for s in rule.shards:
-            if s.dim.text not in dims:
+            if s.dim.text not in dims and rule.dims_given:
                 out.append(
                     diag(
                         "SS020",
@@ -190,16 +186,16 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         )
                     )
                 elif a.text in used:
-                    where = (
-                        f"dimension {used[a.text]!r}"
+                    message = (
+                        f"axis {a.text!r} is used twice in one placement: "
+                        f"it already shards dimension {used[a.text]!r}"
                         if used[a.text] != s.dim.text
-                        else "this dimension already"
+                        else f"axis {a.text!r} is listed twice for dimension {s.dim.text!r}"
                     )
                     out.append(
                         diag(
                             "SS012",
-                            f"axis {a.text!r} is used twice in one placement: "
-                            f"it already shards {where}",
+                            message,
                             a.span,
                             "a mesh axis shards at most one dimension of a tensor once",
                         )
@@ -248,32 +244,36 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         for s in rule.shards:
             names = [a.text for a in s.axes]
             for k, a in enumerate(names):
-                if a in local and any(b not in local for b in names[:k]):
+                before = [b for b in names[:k] if b not in local]
+                if a in local and before:
                     out.append(
                         diag(
                             "SS026",
                             f"local axis {a!r} comes after non-local axis "
-                            f"{names[0]!r} on dimension {s.dim.text!r}",
+                            f"{before[0]!r} on dimension {s.dim.text!r}",
                             s.axes[k].span,
                             "the module holds a whole block of its local axes: list "
                             "them first (outermost)",
                         )
                     )
-        if spec.fsdp is not None and spec.fsdp.text in local:
-            pass  # a rule may hold local FSDP shards; nothing to say
         if len(out) > bad:
             broken.add(rule.index)
     return out
 
 
 def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS020, SS052: fused dimensions exist, are fused once, and name their components well.
+
+    Component sizes against the tensor need shapes; :mod:`shardspec.layout` checks those
+    (SS050, SS051).
+    """
     out: list[Diagnostic] = []
     for rule in spec.rules:
         bad = len(out)
         dims = [d.text for d in rule.dims]
         fused: set[str] = set()
         for f in rule.fusions:
-            if f.dim.text not in dims:
+            if f.dim.text not in dims and rule.dims_given:
                 out.append(
                     diag(
                         "SS020",
@@ -325,10 +325,40 @@ def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     )
                 )
             if f.groups is not None and f.groups < 1:
-                out.append(diag("SS052", "the group count must be at least 1", f.span, ""))
+                out.append(
+                    diag(
+                        "SS052",
+                        "the group count must be at least 1",
+                        f.span,
+                        "write `fuse DIM as N groups of ...` with N >= 1, or leave out "
+                        "`N groups of` for one group",
+                    )
+                )
+        if len({f.dim.text for f in rule.fusions}) > 1:
+            first = rule.fusions[0]
+            other = next(f for f in rule.fusions if f.dim.text != first.dim.text)
+            out.append(
+                diag(
+                    "SS052",
+                    f"dimensions {first.dim.text!r} and {other.dim.text!r} are both fused; "
+                    "a parameter has at most one fused dimension",
+                    other.span,
+                    "a checkpoint stores a fused parameter per component of one dimension; "
+                    "split the parameter, or fuse one dimension only",
+                )
+            )
         if len(out) > bad:
             broken.add(rule.index)
     return out
+
+
+def _sub_span(pattern: ir.Pattern, text: str) -> Span:
+    """The span of ``text`` inside a pattern (the whole pattern if it is not there)."""
+    at = pattern.text.find(text)
+    sp = pattern.span
+    if at < 0:
+        return sp
+    return Span(sp.file, sp.line, sp.col + at, sp.line, sp.col + at + len(text))
 
 
 def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
@@ -348,7 +378,7 @@ def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     diag(
                         "SS027",
                         f"capture {{{cap}}} names no dimension of the rule",
-                        rule.pattern.span,
+                        _sub_span(rule.pattern, "{" + cap + "}"),
                         f"add {cap!r} to the dimension list (it "
                         "indexes the modules), or write `*` to match any segment",
                     )
@@ -374,7 +404,8 @@ def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         "SS027",
                         f"dimension {f.dim.text!r} is indexed by module name and cannot be fused",
                         f.dim.span,
-                        "",
+                        "each module is one index of the dimension, not a component: "
+                        "drop the `fuse`",
                     )
                 )
         if len(out) > bad:

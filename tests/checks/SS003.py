@@ -1,0 +1,47 @@
+"""SS003 bad-manifest: the manifest is not valid JSON of the manifest format. The finding
+points at the `manifest` statement and says where in the manifest the problem is."""
+
+SPEC = """
+    manifest "m.json"
+    mesh over 8 ranks { dp_shard: * }
+    fsdp dp_shard
+    param w [out, in] {}
+    """
+
+CASES = [
+    {
+        "name": "invalid JSON",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/1",\n "entries": [}\n',
+        "expect": [("SS003", 1, "m.json:2:14: manifest is not valid JSON", '"m.json"')],
+    },
+    {
+        "name": "wrong format field",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": []}\n',
+        "expect": [("SS003", 1, "m.json: manifest field format", '"m.json"')],
+    },
+    {
+        "name": "unknown entry kind",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/1", "entries": '
+        '[{"fqn": "w", "kind": "weight", "shape": [8, 8]}]}\n',
+        "expect": [("SS003", 1, "entries.0.kind")],
+    },
+    {
+        "name": "entry listed twice",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/1", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8]},\n'
+        '  {"fqn": "w", "shape": [8, 8]}\n'
+        "]}\n",
+        "expect": [("SS003", 1, "m.json:3:3: manifest lists 'w' twice")],
+    },
+    {
+        "name": "valid manifest",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/1", "entries": '
+        '[{"fqn": "w", "shape": [8, 8]}]}\n',
+        "expect": [],
+    },
+]

@@ -1,0 +1,119 @@
+"""SS010 bad-mesh: no mesh, no axes, a repeated axis, size 0, two `*` axes, or sizes that
+do not fit the world size."""
+
+CASES = [
+    {
+        "name": "no mesh",
+        "spec": """
+            fsdp dp_shard
+            param w [out, in] {}
+            """,
+        "expect": [("SS010", 1, "the spec declares no mesh", "", "mesh over N ranks")],
+    },
+    {
+        "name": "duplicate axis",
+        "spec": """
+            mesh over 8 ranks {
+                dp_shard: *
+                tp: 2
+                tp: 2
+            }
+            """,
+        "expect": [("SS010", 4, "mesh axis 'tp' is declared twice", "tp")],
+    },
+    {
+        "name": "duplicate axis with a manifest builds no layouts",
+        "spec": """
+            manifest "m.json"
+            mesh over 8 ranks { dp_shard: 2  tp: 2  tp: 2 }
+            fsdp dp_shard
+            param w [out, in] {
+                shard out over tp
+            }
+            """,
+        "manifest": {"w": [8, 8]},
+        "expect": [("SS010", 2, "mesh axis 'tp' is declared twice", "tp: 2 }")],
+    },
+    {
+        "name": "two rest axes",
+        "spec": """
+            mesh over 8 ranks {
+                dp_shard: *
+                dp_replicate: *
+            }
+            """,
+        "expect": [("SS010", 3, "'dp_replicate' also takes the rest of the world", "dp_replicate")],
+    },
+    {
+        "name": "world not divisible",
+        "spec": """
+            mesh over 8 ranks { dp_shard: *  tp: 3 }
+            """,
+        "expect": [("SS010", 1, "world size 8 is not divisible by the other mesh axes' product 3")],
+    },
+    {
+        "name": "fixed sizes do not make the world",
+        "spec": """
+            mesh over 8 ranks { dp_shard: 2  tp: 2 }
+            """,
+        "expect": [("SS010", 1, "has 4 ranks, but the world size is 8", "mesh")],
+    },
+    {
+        "name": "rest axis without a world size",
+        "spec": """
+            mesh { dp_shard: *  tp: 2 }
+            """,
+        "expect": [("SS010", 1, "takes the rest, but no world size is known", "", "-D world=N")],
+    },
+    {
+        "name": "rest axis with -D world",
+        "spec": """
+            mesh { dp_shard: *  tp: 2 }
+            """,
+        "args": ["-D", "world=8"],
+        "expect": [],
+    },
+    {
+        "name": "-D makes the world indivisible",
+        "spec": """
+            mesh over 8 ranks { dp_shard: *  tp: 2 }
+            """,
+        "args": ["-D", "tp=3"],
+        "expect": [("SS010", 1, "not divisible by the other mesh axes' product 3")],
+    },
+    {
+        "name": "axis of size 0",
+        "spec": """
+            mesh { dp_shard: 4  tp: 0 }
+            """,
+        "expect": [("SS010", 1, "mesh axis 'tp' has size 0", "tp: 0")],
+    },
+    {
+        "name": "world of 0 ranks",
+        "spec": """
+            mesh over 0 ranks { dp_shard: * }
+            """,
+        "expect": [("SS010", 1, "has an empty axis")],
+    },
+    {
+        "name": "no axes",
+        "spec": """
+            mesh over 8 ranks { }
+            """,
+        "expect": [("SS010", 1, "the mesh has no axes")],
+    },
+    {
+        "name": "mesh that fits",
+        "spec": """
+            mesh over 8 ranks { dp_shard: *  tp: 2 }
+            """,
+        "expect": [],
+    },
+    {
+        "name": "fixed mesh without a world size",
+        "spec": """
+            mesh { dp_shard: 4  tp: 2 }
+            """,
+        "expect": [],
+    },
+]

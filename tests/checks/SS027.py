@@ -1,0 +1,68 @@
+"""SS027 virtual-dim: a dimension indexed by a name capture (per-expert local modules)."""
+
+HEAD = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  ep: 2 }\nfsdp dp_shard\n'
+MANIFEST = {f"local_experts.{j}.w1.weight": [16, 8] for j in range(2)}
+
+CASES = [
+    {
+        "name": "virtual dim over a non-local axis",
+        "spec": HEAD
+        + """\
+param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
+    shard expert over ep
+}
+""",
+        "manifest": MANIFEST,
+        "expect": [
+            (
+                "SS027",
+                5,
+                "dimension 'expert' is indexed by module name, so it can only be sharded "
+                "over local axes, not 'ep'",
+                "ep",
+                "add `local ep`",
+            )
+        ],
+    },
+    {
+        "name": "capture that is no dimension",
+        "spec": HEAD
+        + """\
+param local_experts.{e}.w1.weight [ffn, hidden] {}
+""",
+        "manifest": MANIFEST,
+        "expect": [("SS027", 4, "capture {e} names no dimension of the rule", "{e}.w1")],
+    },
+    {
+        "name": "virtual dim fused",
+        "spec": HEAD
+        + """\
+param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
+    fuse expert as a, b
+}
+""",
+        "manifest": MANIFEST,
+        "expect": [("SS027", 5, "dimension 'expert' is indexed by module name", "expert")],
+    },
+    {
+        "name": "virtual dim over a local axis",
+        "spec": HEAD
+        + """\
+param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
+    local ep
+    shard expert over ep
+}
+""",
+        "manifest": MANIFEST,
+        "expect": [],
+    },
+    {
+        "name": "plain wildcard instead of a capture",
+        "spec": HEAD
+        + """\
+param local_experts.*.w1.weight [ffn, hidden] {}
+""",
+        "manifest": MANIFEST,
+        "expect": [],
+    },
+]

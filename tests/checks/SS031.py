@@ -1,0 +1,139 @@
+"""SS031 not-representable: no DTensor placements describe the layout on every rank."""
+
+HEAD = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }\nfsdp dp_shard\n'
+
+CASES = [
+    {
+        "name": "fused dim split per component over tp, then over dp_shard",
+        "spec": HEAD
+        + """\
+param w13 [ffn, hidden] {
+    fuse ffn as gate, up
+    shard ffn over (tp, dp_shard)
+}
+""",
+        "manifest": {"w13": [16, 8]},
+        "expect": [
+            (
+                "SS031",
+                6,
+                "w13: no DTensor placements describe this layout (rank 0 at "
+                "{'dp_shard': 0, 'tp': 0}",
+                "shard ffn",
+                "`shard hidden over dp_shard`",
+            )
+        ],
+    },
+    {
+        "name": "fused dim over tp, FSDP default on it",
+        "spec": HEAD
+        + """\
+param w13 [ffn, hidden] {
+    fuse ffn as gate, up
+    shard ffn over tp
+}
+""",
+        "manifest": {"w13": [16, 8]},
+        "expect": [
+            (
+                "SS031",
+                6,
+                "no DTensor placements describe this layout",
+                "shard ffn",
+                "FSDP shards the first dimension 'ffn' over 'dp_shard' by default",
+            )
+        ],
+    },
+    {
+        "name": "FSDP moved to hidden",
+        "spec": HEAD
+        + """\
+param w13 [ffn, hidden] {
+    fuse ffn as gate, up
+    shard ffn over tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"w13": [16, 8]},
+        "expect": [],
+    },
+    {
+        "name": "blocked q/k/v of unequal sizes over tp",
+        "spec": HEAD
+        + """\
+param wqkv [qkv, hidden] {
+    fuse qkv as q 64, k 16, v 16
+    shard qkv over tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"wqkv": [96, 8]},
+        "expect": [
+            (
+                "SS031",
+                6,
+                "wqkv: no DTensor placements describe this layout",
+                "shard qkv",
+                "components of 'qkv' differ in size",
+            )
+        ],
+    },
+    {
+        "name": "grouped q/k/v over tp",
+        "spec": HEAD
+        + """\
+param wqkv [qkv, hidden] {
+    fuse qkv as 2 groups of q 32, k 8, v 8
+    shard qkv over tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"wqkv": [96, 8]},
+        "expect": [],
+    },
+    {
+        "name": "blocked q/k/v of equal sizes over tp",
+        "spec": HEAD
+        + """\
+param wqkv [qkv, hidden] {
+    fuse qkv as q, k, v
+    shard qkv over tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"wqkv": [96, 8]},
+        "expect": [],
+    },
+    {
+        "name": "uneven dimension over tp, then over dp_shard",
+        "spec": HEAD
+        + """\
+param w [vocab, hidden] {
+    shard vocab over tp
+}
+""",
+        "manifest": {"w": [9, 8]},
+        "expect": [
+            (
+                "SS031",
+                5,
+                "w: no DTensor placements describe this layout (rank 6 at {'dp_shard': 3, 'tp': 0}",
+                "shard vocab",
+                "make its size divisible by tp x dp_shard",
+            ),
+            ("SS023", 5, "dimension 'vocab' of size 9 does not divide over tp=2 x dp_shard=4"),
+            ("SS024", 5, "w: rank 6 holds an empty local shard"),
+        ],
+    },
+    {
+        "name": "even dimension over tp, then over dp_shard",
+        "spec": HEAD
+        + """\
+param w [vocab, hidden] {
+    shard vocab over tp
+}
+""",
+        "manifest": {"w": [16, 8]},
+        "expect": [],
+    },
+]

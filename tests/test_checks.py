@@ -417,11 +417,29 @@ def test_catalogue_covers_every_code() -> None:
 
 def test_catalogue_check_mode(tmp_path: Path) -> None:
     target = tmp_path / "checks.md"
-    assert catalogue.main(["--check", "--output", str(target)]) == 1
-    assert catalogue.main(["--output", str(target)]) == 0
-    assert catalogue.main(["--check", "--output", str(target)]) == 0
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n<!-- checks:start -->\nold\n<!-- checks:end -->\ntail\n", encoding="utf-8"
+    )
+    args = ["--output", str(target), "--readme", str(readme)]
+    assert catalogue.main(["--check", *args]) == 1
+    assert catalogue.main(args) == 0
+    assert catalogue.main(["--check", *args]) == 0
+    text = readme.read_text(encoding="utf-8")
+    assert "old" not in text and "| [SS001](docs/checks.md#ss001-syntax-error)" in text
+    assert text.startswith("# x\n") and text.endswith("<!-- checks:end -->\ntail\n")
     target.write_text(catalogue.render() + "edited\n", encoding="utf-8")
-    assert catalogue.main(["--check", "--output", str(target)]) == 1
+    assert catalogue.main(["--check", *args]) == 1
+    readme.write_text("no markers\n", encoding="utf-8")
+    assert catalogue.main(["--check", *args]) == 2
+
+
+def test_readme_check_table_is_up_to_date() -> None:
+    """The README's check table is generated from the registry too."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert text == catalogue.sync_readme(text)
+    for c in CHECKS:
+        assert f"[{c.code}](docs/checks.md#" in text
 
 
 def test_registry_is_well_formed() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from shardspec.checks.registry import CHECKS, RETIRED, Check
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
+README_PATH = Path(__file__).resolve().parents[2] / "README.md"
 
 _HEADER = """\
 # Check catalogue
@@ -41,13 +42,27 @@ def _anchor(c: Check) -> str:
     return f"{c.code.lower()}-{c.name}"
 
 
-def render_summary() -> str:
-    """A Markdown table of every code: code, name, severity and summary, one row each."""
+def render_summary(link_prefix: str = "") -> str:
+    """A Markdown table of every code: code, name, severity and summary, one row each.
+    ``link_prefix`` (e.g. ``docs/checks.md``) makes the links point into another file."""
     rows = ["| Code | Name | Severity | Summary |", "| --- | --- | --- | --- |"]
     for c in CHECKS:
         summary = c.summary.replace("|", "\\|")
-        rows.append(f"| [{c.code}](#{_anchor(c)}) | `{c.name}` | {c.severity.value} | {summary} |")
+        link = f"{link_prefix}#{_anchor(c)}"
+        rows.append(f"| [{c.code}]({link}) | `{c.name}` | {c.severity.value} | {summary} |")
     return "\n".join(rows) + "\n"
+
+
+README_START, README_END = "<!-- checks:start -->", "<!-- checks:end -->"
+
+
+def sync_readme(text: str) -> str:
+    """``text`` (the README) with the table between the check markers regenerated."""
+    head, start, rest = text.partition(README_START)
+    _, end, tail = rest.partition(README_END)
+    if not start or not end:
+        raise ValueError(f"the README lacks the {README_START} ... {README_END} markers")
+    return f"{head}{README_START}\n{render_summary('docs/checks.md')}{README_END}{tail}"
 
 
 def render_check(c: Check) -> str:
@@ -90,21 +105,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--output", default=str(DEFAULT_PATH), metavar="FILE", help="default: docs/checks.md"
     )
+    p.add_argument(
+        "--readme",
+        default=str(README_PATH),
+        metavar="FILE",
+        help="README whose check table to keep in step (default: README.md)",
+    )
     args = p.parse_args(argv)
-    path = Path(args.output)
-    text = render()
+    path, readme = Path(args.output), Path(args.readme)
+    try:
+        current_readme = readme.read_text(encoding="utf-8")
+        wanted = {path: render(), readme: sync_readme(current_readme)}
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"{readme}: {e}\n")
+        return 2
     if args.check:
-        try:
-            current = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            current = None
-        if current != text:
-            sys.stderr.write(f"{path} is out of date; run `python -m shardspec.checks.catalogue`\n")
+        stale = []
+        for target, text in wanted.items():
+            try:
+                current = target.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                current = None
+            if current != text:
+                stale.append(str(target))
+        if stale:
+            sys.stderr.write(
+                f"{', '.join(stale)} out of date; run `python -m shardspec.checks.catalogue`\n"
+            )
             return 1
         return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8", newline="\n")
-    sys.stdout.write(f"wrote {path}\n")
+    for target, text in wanted.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8", newline="\n")
+        sys.stdout.write(f"wrote {target}\n")
     return 0
 
 

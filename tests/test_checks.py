@@ -419,14 +419,14 @@ def test_catalogue_check_mode(tmp_path: Path) -> None:
     target = tmp_path / "checks.md"
     readme = tmp_path / "README.md"
     readme.write_text(
-        "# x\n<!-- checks:start -->\nold\n<!-- checks:end -->\ntail\n", encoding="utf-8"
+        "# x\n<!-- checks:start -->\nSTALE-TABLE\n<!-- checks:end -->\ntail\n", encoding="utf-8"
     )
     args = ["--output", str(target), "--readme", str(readme)]
     assert catalogue.main(["--check", *args]) == 1
     assert catalogue.main(args) == 0
     assert catalogue.main(["--check", *args]) == 0
     text = readme.read_text(encoding="utf-8")
-    assert "old" not in text and "| [SS001](docs/checks.md#ss001-syntax-error)" in text
+    assert "STALE-TABLE" not in text and "| [SS001](docs/checks.md#ss001-syntax-error)" in text
     assert text.startswith("# x\n") and text.endswith("<!-- checks:end -->\ntail\n")
     target.write_text(catalogue.render() + "edited\n", encoding="utf-8")
     assert catalogue.main(["--check", *args]) == 1

@@ -5,7 +5,9 @@
     text = emit(res, spec_path, import_name)  # resolved facts -> generated module
 
 ``compile_specs`` strings them together for ``shardspec compile``: it renders everything in
-memory and writes nothing unless every spec passed, replacing files atomically.
+memory (``render_specs``) and writes nothing unless every spec passed, replacing files
+atomically. ``-D`` overrides go to both ``check`` and ``emit``; the generated module takes
+them as its default sizes and records them in its header.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from shardspec.diagnostics import Diagnostic
 from shardspec.parse import parse, parse_file
 from shardspec.resolve import Resolved
 
-__all__ = ["check", "compile_specs", "display_path", "emit", "parse", "parse_file"]
+__all__ = [
+    "check",
+    "compile_specs",
+    "display_path",
+    "emit",
+    "lint_specs",
+    "parse",
+    "parse_file",
+    "render_specs",
+]
 
 INPUT_CODES = frozenset({"SS001", "SS002", "SS003", "SS004"})
 
@@ -37,10 +48,19 @@ def display_path(path: str | Path) -> str:
         return p.as_posix()
 
 
-def emit(res: Resolved, spec_path: str, import_name: str) -> str:
+def emit(
+    res: Resolved,
+    spec_path: str,
+    import_name: str,
+    *,
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+) -> str:
+    """The generated module's text. Pass the ``-D`` values ``res`` was resolved with: they
+    become the module's default sizes and are recorded in its header."""
     from shardspec.codegen import render_module
 
-    return render_module(res, spec_path, import_name)
+    return render_module(res, spec_path, import_name, overrides=overrides, world=world)
 
 
 @dataclass
@@ -65,6 +85,16 @@ def output_path(spec_path: str, out_dir: str) -> Path:
     return Path(out_dir) / f"{stem}.py"
 
 
+def import_name(target: Path) -> str:
+    """The dotted name a trainer imports ``target`` by: its path relative to the working
+    directory (``generated.llama``), or just its stem where that path is not importable
+    (outside the working directory, or not made of identifiers)."""
+    rel = Path(display_path(target)).with_suffix("")
+    if not rel.is_absolute() and all(p.isidentifier() for p in rel.parts):
+        return ".".join(rel.parts)
+    return rel.name
+
+
 def lint_specs(
     paths: list[str], overrides: dict[str, int] | None = None, world: int | None = None
 ) -> tuple[list[tuple[str, Resolved | None]], CompileOutcome]:
@@ -86,7 +116,7 @@ def lint_specs(
         else:
             out.diagnostics.extend(_reroot(d, str(path), shown) for d in diags)
             try:
-                out.sources[shown] = Path(path).read_text(encoding="utf-8")
+                out.sources[shown] = Path(path).read_text(encoding="utf-8-sig")
             except (OSError, UnicodeDecodeError):
                 pass
             results.append((shown, None))
@@ -101,6 +131,70 @@ def _reroot(d: Diagnostic, old: str, new: str) -> Diagnostic:
     return replace(d, span=replace(d.span, file=new))
 
 
+def render_specs(
+    paths: list[str],
+    out_dir: str,
+    *,
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+) -> tuple[CompileOutcome, list[tuple[Path, str]]]:
+    """Check every spec and render each one's module in memory. Renders nothing (an empty
+    list) when any spec has an error."""
+    results, out = lint_specs(paths, overrides, world)
+    out.diagnostics.extend(_colliding_outputs([shown for shown, _ in results], out_dir))
+    if out.errors:
+        return out, []
+    rendered: list[tuple[Path, str]] = []
+    for shown, res in results:
+        assert res is not None
+        target = output_path(shown, out_dir)
+        text = emit(res, shown, import_name(target), overrides=overrides, world=world)
+        rendered.append((target, text))
+    return out, rendered
+
+
+def _colliding_outputs(shown: list[str], out_dir: str) -> list[Diagnostic]:
+    """SS004 for specs that would write the same output file (same name, other folders)."""
+    from shardspec.checks.registry import diag
+    from shardspec.diagnostics import Span
+
+    first: dict[Path, str] = {}
+    found = []
+    for spec in shown:
+        target = output_path(spec, out_dir)
+        if target in first and first[target] != spec:
+            found.append(
+                diag(
+                    "SS004",
+                    f"specs {first[target]} and {spec} would both write {display_path(target)}",
+                    Span("<command line>", 1, 1),
+                    "compile them into different output folders (-o DIR), or rename one",
+                )
+            )
+        first.setdefault(target, spec)
+    return found
+
+
+def stale_diff(target: Path, text: str) -> str | None:
+    """A unified diff from ``target`` on disk to ``text``; ``None`` when they are equal. A
+    missing file diffs as empty."""
+    try:
+        current: str | None = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        current = None
+    if current == text:
+        return None
+    shown = display_path(target)
+    return "".join(
+        difflib.unified_diff(
+            (current or "").splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            f"{shown} (on disk)" if current is not None else f"{shown} (missing)",
+            f"{shown} (from spec)",
+        )
+    )
+
+
 def compile_specs(
     paths: list[str],
     out_dir: str,
@@ -109,33 +203,16 @@ def compile_specs(
     overrides: dict[str, int] | None = None,
     world: int | None = None,
 ) -> CompileOutcome:
-    results, out = lint_specs(paths, overrides, world)
+    """Check every spec; if none has an error, write (or with ``check_only`` compare) each
+    one's module. Writes nothing at all when any spec has an error."""
+    out, rendered = render_specs(paths, out_dir, overrides=overrides, world=world)
     if out.errors:
         return out
-    rendered: list[tuple[Path, str]] = []
-    for shown, res in results:
-        assert res is not None
-        target = output_path(shown, out_dir)
-        import_name = ".".join(Path(display_path(target)).with_suffix("").parts)
-        rendered.append((target, emit(res, shown, import_name)))
     if check_only:
         for target, text in rendered:
-            try:
-                current = target.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                current = None
-            if current != text:
-                diff = "".join(
-                    difflib.unified_diff(
-                        (current or "").splitlines(keepends=True),
-                        text.splitlines(keepends=True),
-                        f"{display_path(target)} (on disk)",
-                        f"{display_path(target)} (from spec)",
-                    )
-                )
-                out.stale.append(
-                    (display_path(target), diff if current is not None else "missing\n")
-                )
+            diff = stale_diff(target, text)
+            if diff is not None:
+                out.stale.append((display_path(target), diff))
         return out
     _write_all(rendered, out)
     return out
@@ -144,13 +221,15 @@ def compile_specs(
 def _write_all(rendered: list[tuple[Path, str]], out: CompileOutcome) -> None:
     """Write every file to a temporary sibling first, then move all into place."""
     temps: list[tuple[str, Path]] = []
+    mode = file_mode()
     try:
         for target, text in rendered:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            temps.append((tmp, target))
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
-            temps.append((tmp, target))
+            os.chmod(tmp, mode)
         for tmp, target in temps:
             os.replace(tmp, target)
             out.written.append(display_path(target))
@@ -158,3 +237,10 @@ def _write_all(rendered: list[tuple[Path, str]], out: CompileOutcome) -> None:
         for tmp, _ in temps:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(..., "w")`` would give a new file (``mkstemp`` gives 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

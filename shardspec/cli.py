@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,21 +18,27 @@ from shardspec import __version__
 DEFAULT_GLOB = "specs/*.shard"
 
 
+def _bad_argument(message: str, hint: str) -> None:
+    """Report a bad command line as an SS004 diagnostic on stderr."""
+    text = f"<command line>:1:1: error SS004 [bad-argument]: {message}\n"
+    if hint:
+        text += f"  hint: {hint}\n"
+    sys.stderr.write(text)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad arguments as an SS004 diagnostic, with exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        sys.stderr.write(
-            f"<command line>:1:1: error SS004 [bad-argument]: {message}\n"
-            f"  hint: run `{self.prog} --help`\n"
-        )
+        _bad_argument(message, f"run `{self.prog} --help`")
         sys.exit(2)
 
 
 def _define(value: str) -> tuple[str, int]:
     name, eq, size = value.partition("=")
-    if not eq or not name.isidentifier() or not size.isdigit() or int(size) < 1:
+    ok_size = size.isascii() and size.isdigit() and int(size) >= 1
+    if not eq or not name.isidentifier() or not ok_size:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not AXIS=N (a mesh axis and a positive whole number)"
         )
@@ -131,8 +138,27 @@ def _split_defines(defines: list[tuple[str, int]]) -> tuple[dict[str, int], int 
     return sizes, world
 
 
+def _repeated_define(defines: list[tuple[str, int]]) -> str | None:
+    seen: dict[str, int] = {}
+    for name, size in defines:
+        if seen.get(name, size) != size:
+            return f"-D {name} is given twice, as {seen[name]} and {size}"
+        seen[name] = size
+    return None
+
+
 def _specs(given: list[str]) -> list[str]:
-    return given or sorted(glob.glob(DEFAULT_GLOB))
+    """The spec paths to work on: those given (each once), or ``specs/*.shard``."""
+    if not given:
+        return sorted(glob.glob(DEFAULT_GLOB))
+    seen: set[str] = set()
+    out = []
+    for path in given:
+        key = os.path.normcase(os.path.abspath(path))
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
 
 
 def _bad_define(spec_axes: dict[str, list[str]], sizes: dict[str, int]) -> str | None:
@@ -160,6 +186,10 @@ def _status(outcome) -> int:
 
 
 def _check_defines(args, paths) -> int | None:
+    twice = _repeated_define(args.defines)
+    if twice:
+        _bad_argument(twice, "give each axis once")
+        return 2
     sizes, _ = _split_defines(args.defines)
     if not sizes:
         return None
@@ -172,10 +202,7 @@ def _check_defines(args, paths) -> int | None:
             axes[p] = [a.name.text for a in spec.mesh.axes]
     bad = _bad_define(axes, sizes)
     if bad:
-        sys.stderr.write(
-            f"<command line>:1:1: error SS004 [bad-argument]: {bad}\n"
-            "  hint: -D takes a mesh axis of every spec given, or world\n"
-        )
+        _bad_argument(bad, "-D takes a mesh axis of every spec given, or world")
         return 2
     return None
 
@@ -185,7 +212,7 @@ def cmd_lint(args) -> int:
 
     paths = _specs(args.specs)
     if not paths:
-        sys.stderr.write(f"shardspec lint: no specs given and none match {DEFAULT_GLOB}\n")
+        _bad_argument(f"no specs given and none match {DEFAULT_GLOB}", "name the spec files")
         return 2
     bad = _check_defines(args, paths)
     if bad is not None:
@@ -201,7 +228,7 @@ def cmd_compile(args) -> int:
 
     paths = _specs(args.specs)
     if not paths:
-        sys.stderr.write(f"shardspec compile: no specs given and none match {DEFAULT_GLOB}\n")
+        _bad_argument(f"no specs given and none match {DEFAULT_GLOB}", "name the spec files")
         return 2
     bad = _check_defines(args, paths)
     if bad is not None:
@@ -212,27 +239,40 @@ def cmd_compile(args) -> int:
             paths, args.out, check_only=args.check, overrides=sizes, world=world
         )
     except OSError as e:
+        where = e.filename or args.out
         sys.stderr.write(
-            f"{args.out}:1:1: error SS002 [unreadable-input]: cannot write "
-            f"output: {e.strerror or e}\n  hint: check the output directory\n"
+            f"{where}:1:1: error SS002 [unreadable-input]: cannot write output: "
+            f"{e.strerror or e}\n  hint: check the output directory\n"
         )
         return 2
     _print_diags(outcome)
     if outcome.errors:
-        sys.stderr.write("shardspec compile: nothing written (fix the errors above)\n")
+        verb = "checked" if args.check else "written"
+        sys.stderr.write(f"shardspec compile: nothing {verb} (fix the errors above)\n")
         return _status(outcome)
     if args.check:
         for path, diff in outcome.stale:
             sys.stdout.write(f"stale: {path}\n{diff}")
         if outcome.stale:
             sys.stderr.write(
-                f"{len(outcome.stale)} generated file(s) out of date; run `shardspec compile`\n"
+                f"{len(outcome.stale)} generated file(s) out of date; run "
+                f"`{_compile_command(args)}`\n"
             )
             return 1
         return 0
     for path in outcome.written:
         sys.stdout.write(f"wrote {path}\n")
     return 0
+
+
+def _compile_command(args) -> str:
+    """The ``shardspec compile`` command that rewrites what ``args`` checked."""
+    parts = ["shardspec", "compile"]
+    if args.out != "generated":
+        parts += ["-o", args.out]
+    for name, size in args.defines:
+        parts += ["-D", f"{name}={size}"]
+    return " ".join(parts + list(args.specs))
 
 
 def cmd_explain(args) -> int:
@@ -253,7 +293,7 @@ def cmd_manifest(args) -> int:
     try:
         n = write_manifest(args.factory, args.output, args.args)
     except ManifestBuildError as e:
-        sys.stderr.write(f"<command line>:1:1: error SS004 [bad-argument]: {e}\n  hint: {e.hint}\n")
+        _bad_argument(str(e), e.hint)
         return 2
     sys.stdout.write(f"wrote {args.output} ({n} entries)\n")
     return 0
@@ -268,7 +308,11 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad argument (already reported)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

@@ -64,9 +64,16 @@ class Diagnostic:
         }
 
 
+def source_lines(text: str) -> list[str]:
+    """``text`` split at ``\\n`` only (as the parser and JSON count lines; unlike
+    ``str.splitlines``, which also splits at form feeds and other separators), without
+    each line's ``\\r``."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def attach_sources(diags: Iterable[Diagnostic], sources: dict[str, str]) -> list[Diagnostic]:
     """Give each diagnostic the text of the line it points at, when the source is known."""
-    lines = {f: text.splitlines() for f, text in sources.items()}
+    lines = {f: source_lines(text) for f, text in sources.items()}
     out = []
     for d in diags:
         src = lines.get(d.span.file)
@@ -75,20 +82,39 @@ def attach_sources(diags: Iterable[Diagnostic], sources: dict[str, str]) -> list
     return out
 
 
+def caret_line(d: Diagnostic) -> str | None:
+    """The marker under ``d.source_line``: carets from the span's start to its end on that
+    line. A span that runs onto later lines is marked to the end of its first line (not
+    counting trailing blanks), followed by ``...``; an empty span, or one that starts past
+    the end of the line (the end of the file), gets one caret. Tabs in the source line are
+    kept in the marker's indent so the carets line up however the tabs are shown."""
+    if d.source_line is None:
+        return None
+    line = d.source_line
+    start = max(1, d.span.col)
+    if start > len(line) + 1:
+        start = len(line) + 1
+    multi = d.span.end_line is not None and d.span.end_line > d.span.line
+    if multi:
+        end = max(start + 1, len(line.rstrip()) + 1)
+    elif d.span.end_col is not None and d.span.end_col > start:
+        end = min(d.span.end_col, max(start + 1, len(line) + 1))
+    else:
+        end = start + 1
+    indent = "".join(ch if ch == "\t" else " " for ch in line[: start - 1])
+    return indent + "^" * (end - start) + (" ..." if multi else "")
+
+
 def render_text(d: Diagnostic) -> str:
     """``file:line:col: severity CODE [name]: message``, the source line, a caret, a hint."""
     head = f"{d.span}: {d.severity.value} {d.code} [{d.name}]: {d.message}"
     parts = [head]
-    if d.source_line is not None:
+    marker = caret_line(d)
+    if d.source_line is not None and marker is not None:
         num = str(d.span.line)
         pad = " " * len(num)
-        line = d.source_line.expandtabs(1)
-        width = 1
-        if d.span.end_line in (None, d.span.line) and d.span.end_col:
-            width = max(1, d.span.end_col - d.span.col)
-        width = min(width, max(1, len(line) - d.span.col + 1))
-        parts.append(f" {num} | {line}")
-        parts.append(f" {pad} | {' ' * (d.span.col - 1)}{'^' * width}")
+        parts.append(f" {num} | {d.source_line}".rstrip())
+        parts.append(f" {pad} | {marker}")
     if d.hint:
         parts.append(f"  hint: {d.hint}")
     return "\n".join(parts)

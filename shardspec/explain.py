@@ -16,15 +16,35 @@ from shardspec.patterns import describe_key
 
 
 def _ptext(p: tuple) -> str:
-    return {"R": "Replicate()", "S": f"Shard({p[1] if len(p) > 1 else ''})"}.get(
-        p[0], f"_StridedShard({p[1]}, sf={p[2] if len(p) > 2 else ''})"
-    )
+    """A placement as DTensor writes it: ``Replicate()``, ``Shard(0)``,
+    ``_StridedShard(0, sf=2)``."""
+    if p[0] == "R":
+        return "Replicate()"
+    if p[0] == "S":
+        return f"Shard({p[1]})"
+    return f"_StridedShard({p[1]}, sf={p[2]})"
 
 
 def _ranges(r) -> str:
     if not r:
         return "-"
     return ",".join(f"{a}:{b}" for a, b in r)
+
+
+def _why(res, winner: int, runner_up: int) -> str:
+    """The first precedence criterion on which the winner beats the runner-up."""
+    a, b = res.globs[winner].key, res.globs[runner_up].key
+    first = res.spec.rules[runner_up].pattern.text
+    labels = (
+        "more literal segments",
+        "fewer '**'",
+        "more partial segments",
+        "more literal characters",
+    )
+    for label, x, y in zip(labels, a, b, strict=True):
+        if x != y:
+            return f"it has {label} than `{first}` (precedence never depends on file order)"
+    return "equal precedence"  # pragma: no cover - ties are reported above
 
 
 def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tuple[str, int]:
@@ -36,16 +56,28 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
     spec = res.spec
     if res.manifest is None:
         return (
-            f"{shown}: explain needs a manifest (the spec names none, or it could not be read)\n"
+            f"{shown}:1:1: error SS004 [bad-argument]: explain needs a manifest, and "
+            f"{shown} names none\n"
+            '  hint: add `manifest "model.json"` (made by `shardspec manifest`)\n'
         ), 2
     m = res.matches.get(fqn)
     if m is None:
         import difflib
 
-        close = difflib.get_close_matches(fqn, list(res.matches), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        return f"{fqn!r} is not in the manifest {display_path(res.manifest.path)}{hint}\n", 1
-    lines.append(f"{fqn}  {list(m.entry.shape)} {m.entry.dtype}".rstrip())
+        close = difflib.get_close_matches(fqn, list(res.matches), n=3, cutoff=0.5)
+        hint = (
+            f"did you mean {', '.join(close)}?"
+            if close
+            else f"the manifest's names are in {display_path(res.manifest.path)}"
+        )
+        return (
+            f"<command line>:1:1: error SS004 [bad-argument]: {fqn!r} is not in the manifest "
+            f"{display_path(res.manifest.path)}\n  hint: {hint}\n"
+        ), 1
+    if m.entry.kind == "extra_state":
+        lines.append(f"{fqn}  (extra state)")
+    else:
+        lines.append(f"{fqn}  {list(m.entry.shape)} {m.entry.dtype}".rstrip())
     if m.ignored_by is not None:
         ig = spec.ignores[m.ignored_by]
         lines.append(
@@ -66,11 +98,10 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         )
     if m.tied:
         lines.append("  equal precedence: this is an error (SS043)")
-    if len(m.candidates) > 1 and not m.tied:
-        lines.append(
-            "  the winner has more literal segments, fewer '**', more partial "
-            "segments or more literal characters, compared in that order"
-        )
+    if len(m.candidates) == 1:
+        lines.append("  why: it is the only rule that matches")
+    elif not m.tied:
+        lines.append(f"  why: {_why(res, m.candidates[0], m.candidates[1])}")
     if m.layout is None or res.mesh is None:
         err = m.layout_error or res.mesh_error
         lines.append(f"  no layout: {err}")

@@ -85,9 +85,11 @@ class ManifestError(ValueError):
 
 
 def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate a manifest. Raises :class:`ManifestError` (with the line of the
+    offending entry where it can be told) when it cannot be read or is malformed."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # tolerate a byte order mark
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(
             f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"
@@ -96,20 +98,82 @@ def load_manifest(path: str | Path) -> Manifest:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
+    except RecursionError:
+        raise ManifestError("manifest is not valid JSON: nested too deeply") from None
+    starts = entry_positions(text)
+
+    def at(i: int) -> tuple[int, int]:
+        return starts[i] if i < len(starts) else (1, 1)
+
     try:
         mf = ManifestFile.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ManifestError(f"manifest field {where or '(root)'}: {first['msg']}") from None
+        loc = first["loc"]
+        where = ".".join(str(x) for x in loc)
+        line, col = (1, 1)
+        if len(loc) >= 2 and loc[0] == "entries" and isinstance(loc[1], int):
+            line, col = at(loc[1])
+        msg = f"manifest field {where or '(root)'}: {first['msg']}"
+        raise ManifestError(msg, line, col) from None
     seen: set[str] = set()
-    for e in mf.entries:
+    for i, e in enumerate(mf.entries):
         if e.fqn in seen:
-            raise ManifestError(f"manifest lists {e.fqn!r} twice")
+            raise ManifestError(f"manifest lists {e.fqn!r} twice", *at(i))
         seen.add(e.fqn)
         if e.kind != "extra_state" and any(s < 0 for s in e.shape):
-            raise ManifestError(f"manifest entry {e.fqn!r} has a negative size")
+            raise ManifestError(f"manifest entry {e.fqn!r} has a negative size", *at(i))
     return Manifest(str(path), mf.factory, dict(mf.factory_args), tuple(mf.entries), text)
+
+
+def entry_positions(text: str) -> list[tuple[int, int]]:
+    """(line, col) of the ``{`` of each object in the top-level ``"entries"`` list, in order.
+
+    A small scanner over JSON text that is known to parse; it tracks strings, nesting and
+    the key being read in the top-level object.
+    """
+    out: list[tuple[int, int]] = []
+    depth = 0
+    line, col = 1, 0
+    in_string = escaped = False
+    key = ""
+    buf: list[str] = []
+    expecting_key = False
+    in_entries = False
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col = line + 1, 0
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if depth == 1 and expecting_key:
+                    key = "".join(buf)
+            else:
+                buf.append(ch)
+            continue
+        if ch == '"':
+            in_string, buf = True, []
+        elif ch in "{[":
+            if ch == "{" and depth == 2 and in_entries:
+                out.append((line, col))
+            depth += 1
+            if depth == 2 and ch == "[":
+                in_entries = key == "entries"
+            expecting_key = depth == 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 1:
+                in_entries = False
+        elif ch == "," and depth == 1:
+            expecting_key = True
+        elif ch == ":" and depth == 1:
+            expecting_key = False
+    return out
 
 
 def dump_manifest(

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shardspec.api import file_mode
 from shardspec.manifest import dump_manifest
 
 
@@ -54,6 +55,11 @@ def load_factory(spec: str):
             f"cannot import {module_name!r}: {e}",
             "run from the directory the module is importable from",
         ) from None
+    except Exception as e:  # a module that fails while importing: report, don't crash
+        raise ManifestBuildError(
+            f"importing {module_name!r} failed: {type(e).__name__}: {e}",
+            "fix the module so that it imports",
+        ) from None
     fn = getattr(module, func, None)
     if not callable(fn):
         raise ManifestBuildError(
@@ -75,8 +81,16 @@ def build_entries(factory: str, kwargs: dict) -> list[dict]:
             f"{factory}({_kw(kwargs)}) failed: {e}",
             "check the --arg names against the factory's keywords",
         ) from None
+    except Exception as e:
+        raise ManifestBuildError(
+            f"{factory}({_kw(kwargs)}) raised {type(e).__name__}: {e}",
+            "check the --arg values; the factory must build the model on the meta device",
+        ) from None
     if not isinstance(model, nn.Module):
-        raise ManifestBuildError(f"{factory} returned {type(model).__name__}, not an nn.Module")
+        raise ManifestBuildError(
+            f"{factory} returned {type(model).__name__}, not an nn.Module",
+            "name a function that returns an nn.Module",
+        )
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     entries = []
     for name, value in model.state_dict(keep_vars=True).items():
@@ -105,12 +119,19 @@ def write_manifest(factory: str, output: str, args: list[str]) -> int:
     entries = build_entries(factory, kwargs)
     text = dump_manifest(entries, factory, kwargs)
     out = Path(output)
+    tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, out)
     except OSError as e:
-        raise ManifestBuildError(f"cannot write {output!r}: {e.strerror or e}") from None
+        raise ManifestBuildError(
+            f"cannot write {output!r}: {e.strerror or e}", "check the output path"
+        ) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
     return len(entries)

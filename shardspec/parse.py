@@ -216,17 +216,23 @@ class _ToIR(Transformer):
         return ("param", rule, None)
 
 
+_STATEMENTS = ("fsdp", "ignore", "manifest", "mesh", "param")
+_BODY_ITEMS = ("fuse", "local", "replicate", "shard")
+
+
 def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
     line, col = err.line or 1, err.column or 1
-    if isinstance(err, UnexpectedEOF) or (
-        isinstance(err, UnexpectedToken) and err.token.type == "$END"
-    ):
-        lines = text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+    width = 1
+    token: Token | None = getattr(err, "token", None)
+    at_end = isinstance(err, UnexpectedEOF) or (token is not None and token.type == "$END")
+    if at_end:
+        line, col = _end_of_text(text)
     expected: set[str] = set()
     if isinstance(err, UnexpectedToken):
         expected = set(err.accepts or err.expected)
-        found = f"unexpected {_describe_token(err.token)}"
+        found = "unexpected end of file" if at_end else f"unexpected {_describe_token(err.token)}"
+        if not at_end:
+            width = max(1, len(str(err.token).split("\n", 1)[0]))
     elif isinstance(err, UnexpectedCharacters):
         expected = set(err.allowed or ())
         ch = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
@@ -234,12 +240,46 @@ def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
     else:
         expected = set(getattr(err, "expected", ()) or ())
         found = "unexpected end of file"
+    expected.discard("COMMENT")
     names = sorted({_token_name(t) for t in expected})
     hint = f"expected {_join_or(names)}" if names else ""
-    friendly = _friendly(text, line, col)
+    word = "" if at_end or token is None else str(token)
+    if isinstance(err, UnexpectedCharacters):
+        word = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+    friendly = _friendly(text, line, col, word, expected, at_end)
     if friendly:
-        hint = f"{friendly}; {hint}" if hint else friendly
-    return diag("SS001", f"syntax error: {found}", Span(path, line, col, line, col + 1), hint)
+        joint = " " if friendly.endswith("?") else "; "
+        hint = f"{friendly}{joint}{hint}" if hint else friendly
+    span = Span(path, line, col, line, col + width)
+    return diag("SS001", f"syntax error: {found}", span, hint)
+
+
+def _end_of_text(text: str) -> tuple[int, int]:
+    """(line, col) just after the last thing that is not blank or a comment."""
+    lines = text.split("\n")
+    for i in range(len(lines) - 1, -1, -1):
+        code = _code_part(lines[i]).rstrip()
+        if code:
+            return i + 1, len(code) + 1
+    return 1, 1
+
+
+def _code_part(line: str) -> str:
+    """``line`` without its comment (a ``#`` outside a string)."""
+    start = _comment_start(line)
+    return line if start is None else line[:start]
+
+
+def _comment_start(line: str) -> int | None:
+    """Index of the ``#`` that starts the comment on ``line``, ``None`` if there is none.
+    Strings cannot span lines, so one line is enough to tell."""
+    in_string = False
+    for i, ch in enumerate(line):
+        if ch == '"':
+            in_string = not in_string
+        elif ch == "#" and not in_string:
+            return i
+    return None
 
 
 def _describe_token(tok: Token) -> str:
@@ -254,20 +294,92 @@ def _join_or(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}"
 
 
-def _friendly(text: str, line: int, col: int) -> str:
+def _closest(word: str, options: tuple[str, ...]) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(word.lower(), options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_end: bool) -> str:
     """Map the mistakes people really make to a sentence."""
-    lines = text.splitlines()
-    src = lines[line - 1] if 0 < line <= len(lines) else ""
+    lines = text.split("\n")
+    src = _code_part(lines[line - 1]) if 0 < line <= len(lines) else ""
     stripped = src.strip()
-    if re.match(r"^[A-Za-z_]\w*\s+(\d+|\*)\s*$", stripped) and "mesh" in text[: text.find(src)]:
+    before = src[: col - 1]
+    if at_end and "RBRACE" in expected:
+        open_line = _unclosed_brace(text)
+        where = f" on line {open_line}" if open_line else ""
+        return f"the `{{`{where} is never closed: add `}}`"
+    if "COLON" in expected and word not in (":", ""):
         return "mesh axes are written `name: size`, for example `tp: 2`"
-    if re.match(r"^shard\s+\w+\s+(on|by|across)\b", stripped):
+    if word == "," and expected == {"NAME", "RBRACE"}:
+        return "mesh axes are separated by spaces or new lines, not commas"
+    if expected & {"INT", "REST"} and not expected & {"NAME", "COMMA"} and word:
+        return "a mesh axis size is a positive whole number, or `*` for the rest of the world"
+    if "OVER" in expected and re.match(r"^shard\s+\w+\s+(on|by|across|along)\b", stripped):
         return "write `shard DIM over AXIS` (or `over (OUTER, INNER)`)"
-    if stripped.startswith("param") and "[" not in stripped:
+    if "OVER" in expected:
+        return "write `shard DIM over AXIS`"
+    if expected == {"COMMA", "RPAR"}:
+        return "separate the axes in parentheses with commas: `over (tp, dp)`"
+    if "AS" in expected:
+        return "write `fuse DIM as a, b` (or `as q 32, k 16, v 16`)"
+    if "OF" in expected:
+        return "write `fuse DIM as N groups of a 32, b 16`"
+    if "FUSED" in expected:
+        return "write `stored fused`"
+    if "RANKS" in expected:
+        return "write `mesh over N ranks { ... }`"
+    if word == ";":
+        return "statements end at the end of the line; there is no `;`"
+    if word == '"' and "STRING" in expected:
+        return 'a string must end with `"` on the same line'
+    if "PATTERN" in expected and word.startswith('"'):
+        return "patterns are written without quotes: `param layers.*.wq.weight [...]`"
+    if re.match(r"^(param|ignore)\s+\S*\{[^}\s]*\s", stripped):
+        return "a pattern has no spaces: write alternatives as `{a,b}`"
+    if expected == {"COMMA", "RSQB"}:
+        return "close the dimension list with `]`"
+    if {"LSQB", "LBRACE"} <= expected and re.match(r"^param\b", stripped):
         return "a rule names the parameter's dimensions: `param PATTERN [dim, ...] { ... }`"
-    if re.match(r"^shard\s+\w+\s+over\s+\w+\s*,", stripped):
-        return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
+    if {"LBRACE", "REPLICATE"} <= expected:
+        return "a rule needs a body: `{ ... }`, or `replicate`"
+    if "PARAM" in expected and word == "}":
+        return "this `}` closes nothing"
+    if "PARAM" in expected and word:
+        if word in _BODY_ITEMS:
+            return f"`{word}` goes inside a rule: `param PATTERN [dims] {{ {word} ... }}`"
+        guess = _closest(word, _STATEMENTS)
+        if guess:
+            return f"did you mean `{guess}`?"
+        return "a statement starts with manifest, mesh, fsdp, ignore or param"
+    if "SHARD" in expected and word and word != "}":
+        if re.search(r"\bshard\s+\w+\s+over\s+\w+\s*$", before):
+            return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
+        guess = _closest(word, _BODY_ITEMS)
+        if guess:
+            return f"did you mean `{guess}`?"
+        return "a rule's body holds shard, fuse, local and replicate lines"
     return ""
+
+
+def _unclosed_brace(text: str) -> int | None:
+    """The line of the last ``{`` that no ``}`` closes (outside strings and comments;
+    the braces of a pattern's ``{a,b}`` pair up among themselves)."""
+    stack: list[int] = []
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        in_string = False
+        for ch in _code_part(line):
+            if ch == '"':
+                in_string = not in_string
+            elif in_string:
+                continue
+            elif ch == "{":
+                stack.append(lineno)
+            elif ch == "}" and stack:
+                stack.pop()
+    return stack[-1] if stack else None
 
 
 def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagnostic]]:
@@ -311,10 +423,15 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
 
 
 def _suppressions(path: str, text: str) -> list[ir.Suppression]:
+    """``# shardspec: ignore[CODE, ...]`` comments; the same words inside a string (such as
+    a manifest path) are not a comment and suppress nothing."""
     out = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        m = _SUPPRESS.search(line)
-        if not m or _in_string(line, m.start()):
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        start = _comment_start(line)
+        if start is None:
+            continue
+        m = _SUPPRESS.search(line, start)
+        if not m:
             continue
         codes = [c.strip().upper() for c in m.group(1).split(",") if c.strip()]
         out.append(
@@ -323,17 +440,22 @@ def _suppressions(path: str, text: str) -> list[ir.Suppression]:
     return out
 
 
-def _in_string(line: str, pos: int) -> bool:
-    return line[:pos].count('"') % 2 == 1
-
-
 def parse_file(path: str | Path) -> tuple[ir.Spec | None, list[Diagnostic]]:
     """Read and parse a spec file; an unreadable file is an ``SS002`` diagnostic."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        text = p.read_text(encoding="utf-8-sig")  # a byte order mark is not part of the text
+    except UnicodeDecodeError as e:
+        return None, [
+            diag(
+                "SS002",
+                f"cannot read spec: byte {e.start} is not UTF-8",
+                Span(str(path), 1, 1),
+                "save the spec as UTF-8 text",
+            )
+        ]
+    except OSError as e:
+        reason = e.strerror or str(e)
         return None, [
             diag("SS002", f"cannot read spec: {reason}", Span(str(path), 1, 1), "check the path")
         ]

@@ -16,7 +16,8 @@ Precedence is by specificity, never by file order. A rule's key is, compared in 
 1. more segments that are fully literal (``layers``, ``hc_head``);
 2. fewer ``**``;
 3. more segments that constrain the text (``w*``, ``w{1,3}``) rather than ``*``, ``{e}``;
-4. more literal characters.
+4. more literal characters (an alternation ``{a,b}`` counts its shortest alternative,
+   so ``w{1,3}`` beats ``w*`` and ``{attn,mlp}_norm`` beats ``*_norm``).
 
 Two matching rules with equal keys are ambiguous: lint reports it, the runtime refuses.
 """
@@ -27,7 +28,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-_SEGMENT_OK = re.compile(r"^(?:[A-Za-z0-9_*]|\{[A-Za-z0-9_,*]+\})+$")
+_SEGMENT_OK = re.compile(r"^(?:[A-Za-z0-9_*]|\{[A-Za-z0-9_,*]+\})+\Z")
 _BRACE = re.compile(r"\{([^}]*)\}")
 
 
@@ -65,6 +66,8 @@ def _segment_regex(seg: str) -> tuple[str, list[str], bool, int]:
                 raise PatternError(f"empty alternative in {{{inner}}}")
             out.append("(?:" + "|".join(_literal(a) for a in alts) + ")")
             constrains = True
+            # An alternation pins at least its shortest alternative's characters.
+            literal += min(len(a.replace("*", "")) for a in alts)
         else:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", inner):
                 raise PatternError(f"capture {{{inner}}} must be a name")
@@ -82,10 +85,37 @@ def _literal(text: str) -> str:
     return "[^.]*".join(re.escape(p) for p in text.split("*")) if text else ""
 
 
+def _check_braces(text: str) -> None:
+    """Braces must pair up, not nest, not be empty and not contain a ``.``."""
+    depth = 0
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth:
+                raise PatternError(f"braces nest at column {i + 1}; write `{{a,b}}` flat")
+            depth, start = 1, i
+        elif ch == "}":
+            if not depth:
+                raise PatternError(f"'}}' at column {i + 1} closes no '{{'")
+            depth = 0
+            inner = text[start + 1 : i]
+            if not inner:
+                raise PatternError("empty braces '{}'")
+            if "." in inner:
+                raise PatternError(
+                    f"'{{{inner}}}' spans a '.'; an alternation or capture is one segment"
+                )
+    if depth:
+        raise PatternError(f"'{{' at column {start + 1} is never closed")
+
+
 @lru_cache(maxsize=4096)
 def compile_glob(text: str) -> Glob:
     """Compile a pattern; raises :class:`PatternError` with a reason when it is malformed."""
-    if not text or text.startswith(".") or text.endswith(".") or ".." in text:
+    if not text:
+        raise PatternError("empty pattern")
+    _check_braces(text)
+    if text.startswith(".") or text.endswith(".") or ".." in text:
         raise PatternError("empty segment (a leading, trailing or doubled '.')")
     segs = text.split(".")
     parts: list[str] = []
@@ -123,7 +153,7 @@ def compile_glob(text: str) -> Glob:
             n_constrain += 1
         n_chars += chars
         parts.append(rx + ("" if last else r"\."))
-    regex = re.compile("^" + "".join(parts) + "$")
+    regex = re.compile("^" + "".join(parts) + r"\Z")  # \Z: "$" would allow a final newline
     return Glob(text, regex, tuple(captures), (n_literal, -n_double, n_constrain, n_chars))
 
 

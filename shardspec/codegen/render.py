@@ -1,11 +1,15 @@
 """Render a generated module from resolved facts.
 
 The output is deterministic (sorted, no timestamps) and already in ``ruff format`` style
-(a test keeps it so), so it reads like a hand-written table.
+(a test keeps it so), so it reads like a hand-written table. Literals are laid out by
+:func:`layout`, which splits them where ruff would: a collection that does not fit goes
+one element per line with a trailing comma; a call first tries all of its arguments on
+one indented line.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,11 +20,12 @@ from shardspec.layout import RuleSpec, dtensor_placements
 from shardspec.resolve import Resolved, rule_spec
 
 LINE = 100
+INDENT = 4
 
 
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
         trim_blocks=True,
         lstrip_blocks=True,
@@ -28,14 +33,44 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["py"] = py
+    return env
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call expression in generated code, such as ``Param(3, (64, 64), "float32")``."""
+
+    func: str
+    args: tuple[object, ...]
+
+
+def py_str(value: str) -> str:
+    """A string literal the way ruff writes it: double quotes unless the text holds more
+    double than single quotes; backslashes and unprintable characters escaped."""
+    quote = "'" if value.count('"') > value.count("'") else '"'
+    out = []
+    for ch in value:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == quote:
+            out.append("\\" + quote)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(repr(ch)[1:-1])
+    return quote + "".join(out) + quote
 
 
 def py(value: object) -> str:
-    """A Python literal in ruff's style: double quotes, tuples with trailing commas."""
+    """A Python literal on one line in ruff's style: double quotes, one-element tuples with
+    a trailing comma."""
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return py_str(value)
     if isinstance(value, bool) or value is None or isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, Call):
+        return f"{value.func}(" + ", ".join(py(a) for a in value.args) + ")"
     if isinstance(value, tuple):
         if len(value) == 1:
             return f"({py(value[0])},)"
@@ -47,6 +82,67 @@ def py(value: object) -> str:
     raise TypeError(type(value))  # pragma: no cover
 
 
+def _brackets(value: object) -> tuple[str, str, list[tuple[str, object]]] | None:
+    """Opening text, closing text and (prefix, element) pairs of a splittable value."""
+    if isinstance(value, Call) and value.args:
+        return f"{value.func}(", ")", [("", a) for a in value.args]
+    if isinstance(value, tuple) and value:
+        return "(", ")", [("", v) for v in value]
+    if isinstance(value, list) and value:
+        return "[", "]", [("", v) for v in value]
+    if isinstance(value, dict) and value:
+        return "{", "}", [(f"{py(k)}: ", v) for k, v in value.items()]
+    return None
+
+
+def layout(value: object, indent: int = 0, head: str = "", tail: str = "") -> list[str]:
+    """The lines of ``head + value + tail`` at ``indent``, split the way ruff formats it."""
+    pad = " " * indent
+    one = pad + head + py(value) + tail
+    parts = _brackets(value)
+    if len(one) <= LINE or parts is None:
+        return [one]
+    open_, close, items = parts
+    inner = indent + INDENT
+    if isinstance(value, Call):
+        hug = " " * inner + ", ".join(py(v) for _, v in items)
+        if len(hug) <= LINE:
+            return [pad + head + open_, hug, pad + close + tail]
+    lines = [pad + head + open_]
+    for prefix, item in items:
+        lines.extend(layout(item, inner, prefix, ","))
+    lines.append(pad + close + tail)
+    return lines
+
+
+def assign(target: str, value: object) -> str:
+    """``target = value`` at the top level. A string that does not fit is wrapped in
+    parentheses when that makes it fit, as ruff does."""
+    one = f"{target} = {py(value)}"
+    if isinstance(value, str) and len(one) > LINE and INDENT + len(py(value)) <= LINE:
+        return f"{target} = (\n{' ' * INDENT}{py(value)}\n)"
+    return "\n".join(layout(value, 0, f"{target} = "))
+
+
+def comment(words: list[str], indent: int = 0, cont: str = "    ") -> str:
+    """``# words`` at ``indent``, filled greedily into lines of at most :data:`LINE`
+    characters; continuation lines are indented by ``cont`` after the ``#``. A word is
+    never split, so a single long word may still overflow."""
+    pad = " " * indent + "# "
+    lines: list[str] = []
+    cur = ""
+    for w in words:
+        first = not lines and not cur
+        lead = pad if not lines else pad + cont
+        if cur and len(lead + cur + " " + w) > LINE:
+            lines.append(lead + cur)
+            cur = w
+        else:
+            cur = w if first or not cur else f"{cur} {w}"
+    lines.append((pad if not lines else pad + cont) + cur)
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def _placement_text(p: tuple) -> str:
     if p[0] == "R":
         return "R"
@@ -56,77 +152,67 @@ def _placement_text(p: tuple) -> str:
 
 
 def _rule_fields(rs: RuleSpec) -> list[str]:
-    fields = [f"pattern={py(rs.pattern)},", f"dims={py(rs.dims)},"]
+    """The keyword arguments of one ``RuleSpec(...)``, each laid out at indent 8."""
+    fields: list[tuple[str, object]] = [("pattern", rs.pattern), ("dims", rs.dims)]
     if rs.shard:
-        fields.append(f"shard={py(rs.shard)},")
+        fields.append(("shard", rs.shard))
     if rs.fuse:
-        fields.append(f"fuse={py(rs.fuse)},")
+        fields.append(("fuse", rs.fuse))
     if rs.local:
-        fields.append(f"local={py(rs.local)},")
+        fields.append(("local", rs.local))
     if rs.virtual:
-        fields.append(f"virtual={py(rs.virtual)},")
+        fields.append(("virtual", rs.virtual))
     if rs.stored_fused:
-        fields.append("stored_fused=True,")
+        fields.append(("stored_fused", True))
     if rs.any_rank:
-        fields.append("any_rank=True,")
-    return [_wrap_field(f, 8) for f in fields]
-
-
-def _wrap_field(field: str, indent: int) -> str:
-    """Keep a ``name=value,`` line within the line length, breaking tuples as ruff does."""
-    if indent + len(field) <= LINE:
-        return field
-    name, _, value = field.partition("=")
-    value = value.rstrip(",")
-    if value.startswith("(") and value.endswith(")"):
-        inner = _split_top(value[1:-1])
-        pad = " " * (indent + 4)
-        body = "".join(f"\n{pad}{_wrap_item(x, indent + 4)}," for x in inner)
-        return f"{name}=({body}\n{' ' * indent}),"
-    return field
-
-
-def _wrap_item(item: str, indent: int) -> str:
-    if indent + len(item) + 1 <= LINE or not (item.startswith("(") and item.endswith(")")):
-        return item
-    inner = _split_top(item[1:-1])
-    pad = " " * (indent + 4)
-    body = "".join(f"\n{pad}{_wrap_item(x, indent + 4)}," for x in inner)
-    return f"({body}\n{' ' * indent})"
-
-
-def _split_top(text: str) -> list[str]:
-    """Split a literal's contents at top-level commas."""
-    out, depth, cur, in_str = [], 0, [], False
-    for ch in text:
-        if ch == '"':
-            in_str = not in_str
-        if not in_str:
-            if ch in "([{":
-                depth += 1
-            elif ch in ")]}":
-                depth -= 1
-            elif ch == "," and depth == 0:
-                out.append("".join(cur).strip())
-                cur = []
-                continue
-        cur.append(ch)
-    if "".join(cur).strip():
-        out.append("".join(cur).strip())
-    return out
+        fields.append(("any_rank", True))
+    return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 
 def _param_line(fqn: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
-    key = py(fqn)
-    args = f"{rule}, {py(tuple(shape))}, {py(dtype)}"
-    one = f"{key}: Param({args}),"
-    if 4 + len(one) <= LINE:
-        return one
-    return f"{key}: Param(\n        {args}\n    ),"
+    """One ``PARAMS`` entry, laid out at indent 4 (the template adds the first indent)."""
+    lines = layout(Call("Param", (rule, tuple(shape), dtype)), 4, f"{py(fqn)}: ", ",")
+    return "\n".join(lines).lstrip()
 
 
-def render_module(res: Resolved, spec_path: str, import_name: str) -> str:
-    """The text of ``generated/<name>.py`` for a spec that passed its checks."""
+def effective_overrides(
+    res: Resolved, overrides: dict[str, int] | None, world: int | None
+) -> list[tuple[str, int]]:
+    """The ``-D`` overrides that change the spec's declared mesh, in axis order, world
+    last. An override equal to the declared value changes nothing and is left out."""
+    spec = res.spec
+    assert spec.mesh is not None
+    declared = {a.name.text: a.size for a in spec.mesh.axes}
+    out = [
+        (name, size)
+        for name, size in ((n, (overrides or {}).get(n)) for n in declared)
+        if size is not None and declared[name] != size
+    ]
+    if world is not None and world != spec.mesh.world:
+        out.append(("world", world))
+    return out
+
+
+def compile_command(spec_path: str, defines: list[tuple[str, int]]) -> str:
+    """The ``shardspec compile`` command line that reproduces a module."""
+    flags = "".join(f"-D {n}={v} " for n, v in defines)
+    return f"shardspec compile {flags}{spec_path}"
+
+
+def render_module(
+    res: Resolved,
+    spec_path: str,
+    import_name: str,
+    *,
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+) -> str:
+    """The text of ``generated/<name>.py`` for a spec that passed its checks.
+
+    ``overrides`` and ``world`` are the ``-D`` values the spec was checked with (the same
+    that :func:`shardspec.resolve.resolve` got): they become the module's default sizes,
+    and the header records them.
+    """
     spec = res.spec
     assert spec.mesh is not None
     fsdp = spec.fsdp.text if spec.fsdp else None
@@ -138,53 +224,75 @@ def render_module(res: Resolved, spec_path: str, import_name: str) -> str:
     rules = []
     for rule in spec.rules:
         rs = res.rule_specs.get(rule.index) or rule_spec(rule, fsdp)
-        placements = ""
+        placements: list[str] = []
         if res.mesh is not None:
             names = [n for n in res.mesh.names if n not in rs.local]
-            layout = first_layout.get(rule.index)
-            if layout is not None:
-                ps = dtensor_placements(layout, res.mesh)  # type: ignore[arg-type]
-                placements = (
-                    "("
-                    + ", ".join(f"{n}={_placement_text(p)}" for n, p in zip(names, ps, strict=True))
-                    + ")"
-                )
-        rules.append(
-            {
-                "index": rule.index,
-                "where": f"{spec_path}:{rule.span.line}",
-                "placements": placements,
-                "fields": _rule_fields(rs),
-            }
-        )
+            layout_ = first_layout.get(rule.index)
+            if layout_ is not None:
+                ps = dtensor_placements(layout_, res.mesh)  # type: ignore[arg-type]
+                items = [f"{n}={_placement_text(p)}" for n, p in zip(names, ps, strict=True)]
+                last = f"{items[-1]})" if items else ")"
+                placements = ["->", *(f"{x}," for x in items[:-1]), last]
+                placements[1] = "(" + placements[1]
+        words = [f"{rule.index}:", f"{spec_path}:{rule.span.line}", *placements]
+        rules.append({"comment": comment(words, 4), "fields": _rule_fields(rs)})
     params = None
     if res.manifest is not None:
         params = [
             _param_line(fqn, m.winner, m.entry.shape, m.entry.dtype)  # type: ignore[arg-type]
             for fqn, m in all_params
         ]
-    mesh_sizes = {a.name.text: a.size for a in spec.mesh.axes}
+    defines = effective_overrides(res, overrides, world)
+    given = dict(defines)
+    mesh_sizes = {a.name.text: given.get(a.name.text, a.size) for a in spec.mesh.axes}
+    default_world = given.get("world", spec.mesh.world)
+    if res.mesh is not None:
+        default_world = res.mesh.world
     size_doc = ", ".join(f"{n}={'rest' if s is None else s}" for n, s in mesh_sizes.items())
+    size_line = f"    mesh = layout.build_mesh()  # sizes: {size_doc}"
+    if len(size_line) > LINE:
+        size_words = ["sizes:", *(f"{w}," for w in size_doc.split(", "))]
+        size_words[-1] = size_words[-1].rstrip(",")
+        size_line = comment(size_words, 4) + "\n    mesh = layout.build_mesh()"
+    command = compile_command(spec_path, defines)
+    do_not_edit = f"# DO NOT EDIT: change the spec and run `{command}`."
+    if len(do_not_edit) > LINE:
+        do_not_edit = f"# DO NOT EDIT: change the spec and run\n#     {command}"
     ctx = {
         "version": __version__,
         "api": RUNTIME_API,
         "spec_path": spec_path,
+        "spec_path_doc": spec_path.replace("\\", "\\\\").replace('"""', '\\"\\"\\"'),
         "sha256": spec.sha256,
+        "defines": comment(
+            [
+                "Compiled",
+                "with",
+                *(f"-D {n}={v}" for n, v in defines[:-1]),
+                f"-D {defines[-1][0]}={defines[-1][1]}:",
+                *"the mesh defaults below are not the spec's own.".split(),
+            ]
+        )
+        if defines
+        else "",
+        "do_not_edit": do_not_edit,
         "import_name": import_name,
-        "size_doc": size_doc,
+        "size_doc": size_line,
         "name": spec.name,
-        "factory": py(res.manifest.factory if res.manifest else None),
-        "factory_args": py(
-            dict(sorted((res.manifest.factory_args if res.manifest else {}).items()))
+        "factory": assign("FACTORY: str | None", res.manifest.factory if res.manifest else None),
+        "factory_args": assign(
+            "FACTORY_ARGS: dict[str, int | float | str | bool]",
+            dict(sorted((res.manifest.factory_args if res.manifest else {}).items())),
         ),
-        "axes": py(tuple(mesh_sizes)),
-        "default_sizes": py(mesh_sizes),
-        "world": py(res.mesh.world if res.mesh is not None else spec.mesh.world),
-        "fsdp": py(fsdp),
+        "axes": assign("AXES: tuple[str, ...]", tuple(mesh_sizes)),
+        "default_sizes": assign("DEFAULT_SIZES: dict[str, int | None]", mesh_sizes),
+        "world": assign("DEFAULT_WORLD: int | None", default_world),
+        "fsdp": assign("FSDP_AXIS: str | None", fsdp),
         "rules": rules,
-        "ignore": py(tuple(ig.pattern.text for ig in spec.ignores)),
-        "virtual_counts": py(
-            {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())}
+        "ignore": assign("IGNORE: tuple[str, ...]", tuple(ig.pattern.text for ig in spec.ignores)),
+        "virtual_counts": assign(
+            "VIRTUAL_COUNTS: dict[int, dict[str, int]]",
+            {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
         ),
         "params": params,
     }

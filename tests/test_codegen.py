@@ -1,0 +1,337 @@
+"""Code generation: golden files, determinism, ruff style, and what a generated module needs.
+
+Golden cases live in ``tests/cases/<name>/``: ``spec.shard``, usually a ``manifest.json``,
+optionally ``defines.txt`` (one ``AXIS=N`` per line, as ``-D`` would pass them) and the
+expected output ``expected.py``. Rewrite the expected files with
+``pytest tests/test_codegen.py --update-golden`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardspec import __version__
+from shardspec.api import check, compile_specs, emit, parse, render_specs
+from shardspec.codegen.render import LINE, Call, assign, comment, layout, py, py_str
+from shardspec.manifest import load_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+CASES_DIR = REPO / "tests" / "cases"
+CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "spec.shard").is_file())
+RUFF = [sys.executable, "-m", "ruff"]
+RUFF_OPTS = ["--isolated", "--line-length", "100"]
+
+
+def case_defines(name: str) -> tuple[dict[str, int], int | None]:
+    """The case's ``-D`` values: axis overrides and the world size."""
+    path = CASES_DIR / name / "defines.txt"
+    sizes: dict[str, int] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").split():
+            axis, _, size = line.partition("=")
+            sizes[axis] = int(size)
+    world = sizes.pop("world", None)
+    return sizes, world
+
+
+def render_case(name: str) -> str:
+    """Render a case the way ``shardspec compile`` would (run from the repo root)."""
+    sizes, world = case_defines(name)
+    outcome, rendered = render_specs(
+        [f"tests/cases/{name}/spec.shard"], "generated", overrides=sizes, world=world
+    )
+    assert not outcome.errors, [str(d) for d in outcome.diagnostics]
+    ((_, text),) = rendered
+    return text
+
+
+# ----------------------------------------------------------------------------- golden files
+
+
+def test_the_required_golden_cases_exist() -> None:
+    assert {"dense", "moe_local", "no_manifest", "long_names", "overrides"} <= set(CASES)
+    assert (CASES_DIR / "overrides" / "defines.txt").is_file()
+    assert not (CASES_DIR / "no_manifest" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden(name: str, in_repo: Path, update_golden: bool) -> None:
+    text = render_case(name)
+    expected = CASES_DIR / name / "expected.py"
+    if update_golden:
+        expected.write_text(text, encoding="utf-8", newline="\n")
+    assert expected.is_file(), f"no {expected}; run pytest --update-golden"
+    assert text == expected.read_bytes().decode("utf-8"), (
+        f"{expected} differs from a fresh render; if the change is intended, run "
+        "`pytest tests/test_codegen.py --update-golden` and review the diff"
+    )
+
+
+def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
+    dense = render_case("dense")
+    assert "PARAMS: dict[str, Param] | None = {" in dense
+    assert '"head.bias": Param(' in dense and "any_rank=True," in dense
+    assert '"rope.cache"' not in dense  # a buffer, not a parameter
+    assert "_extra_state" not in dense.split("IGNORE")[1].split("\n", 1)[1]  # ignored
+    assert 'fuse=(("qkv", (("q", 32), ("k", 16), ("v", 16)), 2),),' in dense
+
+    moe = render_case("moe_local")
+    assert 'VIRTUAL_COUNTS: dict[int, dict[str, int]] = {0: {"expert": 4}, 1: {"expert": 4}}' in moe
+    assert 'virtual=("expert",),' in moe and 'local=("ep",),' in moe
+    assert 'FACTORY_ARGS: dict[str, int | float | str | bool] = {"ep": 2}' in moe
+
+    bare = render_case("no_manifest")
+    assert "PARAMS: dict[str, Param] | None = None" in bare
+    assert "VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}" in bare
+
+    long = render_case("long_names")
+    assert "FACTORY: str | None = (\n" in long  # a long string is parenthesized
+    assert "DEFAULT_SIZES: dict[str, int | None] = {\n" in long  # a long dict is exploded
+    assert ': Param(\n        0, (384, 128), "float32"\n    ),' in long  # a call hugs its args
+    assert "\n    #     " in long  # a long rule comment continues on a second line
+    assert max(len(line) for line in long.splitlines()) <= LINE
+
+    over = render_case("overrides")
+    assert "# Compiled with -D tp=4 -D world=16:" in over
+    assert "#     shardspec compile -D tp=4 -D world=16 tests/cases/overrides/spec.shard" in over
+    assert 'DEFAULT_SIZES: dict[str, int | None] = {"dp_shard": None, "tp": 4}' in over
+    assert "DEFAULT_WORLD: int | None = 16" in over
+    assert "# sizes: dp_shard=rest, tp=4" in over
+
+
+def test_without_overrides_the_header_records_none(in_repo: Path) -> None:
+    outcome, rendered = render_specs(["tests/cases/overrides/spec.shard"], "generated")
+    assert not outcome.errors
+    text = rendered[0][1]
+    assert "Compiled with" not in text
+    assert "# DO NOT EDIT: change the spec and run `shardspec compile " in text
+    assert 'DEFAULT_SIZES: dict[str, int | None] = {"dp_shard": None, "tp": 2}' in text
+
+
+def test_an_override_equal_to_the_spec_is_not_recorded(in_repo: Path) -> None:
+    spec_path = "tests/cases/overrides/spec.shard"
+    _, plain = render_specs([spec_path], "generated")
+    _, same = render_specs([spec_path], "generated", overrides={"tp": 2}, world=8)
+    assert plain[0][1] == same[0][1]
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def _render_with_manifest_order(name: str, tmp_path: Path, seed: int) -> str:
+    case = CASES_DIR / name
+    raw = json.loads((case / "manifest.json").read_text(encoding="utf-8"))
+    random.Random(seed).shuffle(raw["entries"])
+    raw["factory_args"] = dict(reversed(list(raw["factory_args"].items())))
+    shuffled = tmp_path / f"shuffled{seed}.json"
+    shuffled.write_text(json.dumps(raw, indent=1), encoding="utf-8")
+    spec, diags = parse(
+        (case / "spec.shard").read_text(encoding="utf-8"), f"tests/cases/{name}/spec.shard"
+    )
+    assert spec is not None and not diags
+    sizes, world = case_defines(name)
+    res, found = check(spec, manifest=load_manifest(shuffled), overrides=sizes, world=world)
+    assert not [d for d in found if d.is_error]
+    return emit(res, spec.path, "generated.spec", overrides=sizes, world=world)
+
+
+@pytest.mark.parametrize("name", ["dense", "moe_local", "long_names"])
+def test_manifest_entry_order_does_not_matter(name: str, tmp_path: Path, in_repo: Path) -> None:
+    expected = (CASES_DIR / name / "expected.py").read_text(encoding="utf-8")
+    first = _render_with_manifest_order(name, tmp_path, 1)
+    assert first == _render_with_manifest_order(name, tmp_path, 2)
+    assert first == expected
+
+
+def test_rendering_twice_gives_the_same_bytes(in_repo: Path) -> None:
+    for name in CASES:
+        assert render_case(name) == render_case(name)
+
+
+def test_rendering_does_not_depend_on_hash_seeds() -> None:
+    """Set and dict orders of strings vary with PYTHONHASHSEED; the output must not."""
+    code = (
+        "import hashlib, os, sys\n"
+        "from shardspec.api import render_specs\n"
+        "specs = sorted(os.path.join('tests', 'cases', n, 'spec.shard') "
+        "for n in os.listdir('tests/cases') if n != 'overrides')\n"
+        "specs = [s for s in specs if os.path.exists(s)]\n"
+        "texts = []\n"
+        "for spec in specs:\n"
+        "    out, rendered = render_specs([spec], 'generated')\n"
+        "    assert not out.errors, spec\n"
+        "    texts.append(rendered[0][1])\n"
+        "print(len(texts), hashlib.sha256(''.join(texts).encode()).hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        digests.add(run.stdout.strip())
+    assert len(digests) == 1
+    assert digests.pop().startswith(f"{len(CASES) - 1} ")
+
+
+# ----------------------------------------------------------------------------- the header
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_header_names_spec_hash_and_version_and_no_time(name: str) -> None:
+    text = (CASES_DIR / name / "expected.py").read_text(encoding="utf-8")
+    spec_text = (CASES_DIR / name / "spec.shard").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert lines[0] == f"# Generated by shardspec {__version__} from tests/cases/{name}/spec.shard"
+    assert lines[1] == f"# sha256 {hashlib.sha256(spec_text.encode()).hexdigest()}"
+    assert f'SPEC_PATH = "tests/cases/{name}/spec.shard"' in text
+    assert f'COMPILER_VERSION = "{__version__}"' in text
+    assert not re.search(r"\b(19|20)\d\d-\d\d-\d\d\b|\d\d:\d\d:\d\d", text)
+    assert "timestamp" not in text.lower() and "generated at" not in text.lower()
+
+
+# ----------------------------------------------------------------------------- ruff style
+
+
+def _generated_files() -> list[Path]:
+    golden = [CASES_DIR / n / "expected.py" for n in CASES]
+    return golden + sorted((REPO / "generated").glob("*.py"))
+
+
+def test_output_is_ruff_formatted_and_clean() -> None:
+    files = [str(p) for p in _generated_files()]
+    fmt = subprocess.run(
+        [*RUFF, "format", "--check", "--diff", *RUFF_OPTS, *files], capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    lint = subprocess.run([*RUFF, "check", *RUFF_OPTS, *files], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.choice(["str", "int", "none", "tuple", "dict", "call"] if depth < 3 else ["str"])
+    if kind == "str":
+        return "".join(rng.choice("abcdefghij_.*{},") for _ in range(rng.randint(0, 40)))
+    if kind == "int":
+        return rng.randint(0, 10 ** rng.randint(0, 9))
+    if kind == "none":
+        return None
+    n = rng.randint(0, 6)
+    if kind == "tuple":
+        return tuple(_random_value(rng, depth + 1) for _ in range(n))
+    if kind == "dict":
+        return {f"k{i}_{'x' * rng.randint(0, 30)}": _random_value(rng, depth + 1) for i in range(n)}
+    return Call("Param", tuple(_random_value(rng, depth + 1) for _ in range(rng.randint(1, 4))))
+
+
+def test_layout_splits_literals_as_ruff_does(tmp_path: Path) -> None:
+    """Random nested literals at several indents, laid out by ``layout``/``assign``, are
+    left unchanged by ``ruff format``."""
+    rng = random.Random(7)
+    chunks = ["from __future__ import annotations\n\n\ndef Param(*a):\n    return a\n\n\n"]
+    for i in range(300):
+        value = _random_value(rng)
+        if i % 3 == 0:
+            chunks.append(assign(f"X{i}: object", value) + "\n")
+        else:
+            head = f"{py('k' * rng.randint(1, 90))}: "
+            body = "\n".join(layout(value, 4, head, ","))
+            chunks.append(f"Y{i} = {{\n{body}\n}}\n")
+    chunks.append(assign("LONG_STRING", "s" * 95) + "\n")
+    chunks.append(assign("TOO_LONG_STRING", "s" * 120) + "\n")
+    path = tmp_path / "literals.py"
+    text = "".join(chunks)
+    path.write_text(text, encoding="utf-8")
+    run = subprocess.run(
+        [*RUFF, "format", "--diff", *RUFF_OPTS, str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[:4000]
+    ns: dict[str, object] = {}
+    exec(compile(text, str(path), "exec"), ns)  # the literals mean what they say
+    assert ns["LONG_STRING"] == "s" * 95
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["plain", 'a"b', "a'b", "back\\slash", "new\nline", "tab\tx", "é", "\x00", '\'"\'""', ""],
+)
+def test_string_literals_round_trip(value: str) -> None:
+    assert eval(py_str(value)) == value
+    assert "\n" not in py_str(value)
+
+
+def test_comment_wraps_between_words() -> None:
+    words = ["0:", "x" * 30] + [f"axis_{i}=S(0)," for i in range(12)]
+    text = comment(words, 4)
+    lines = text.splitlines()
+    assert len(lines) > 1
+    assert all(len(line) <= LINE for line in lines)
+    assert lines[0].startswith("    # 0: ") and lines[1].startswith("    #     axis_")
+    assert " ".join(line.split("#", 1)[1].strip() for line in lines) == " ".join(words)
+    assert comment(["short", "one"], 4) == "    # short one"
+
+
+# ----------------------------------------------------------------------------- generated modules
+
+
+_IMPORT_CHECK = r"""
+import importlib.abc
+import importlib.util
+import sys
+
+BLOCKED = ("lark", "jinja2", "pydantic")
+
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"a generated module imported {name}")
+        return None
+
+
+sys.meta_path.insert(0, Block())
+for i, path in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"gen{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sizes = mod.SPEC.sizes(world=mod.DEFAULT_WORLD or 16)
+    if mod.PARAMS:
+        fqn = sorted(mod.PARAMS)[0]
+        layout = mod.SPEC.layout(fqn, sizes)
+    else:
+        layout = mod.SPEC.layout("layers.0.attention.wq.weight", sizes, shape=(64, 64))
+    print(path, sizes, [d.size for d in layout.dims])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+assert not loaded, loaded
+print("OK")
+"""
+
+
+def test_generated_modules_import_without_compiler_dependencies() -> None:
+    files = [str(p) for p in _generated_files()]
+    run = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHECK, *files], cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().endswith("OK")
+    assert run.stdout.count("\n") == len(files) + 1
+    # The overrides case's defaults are the -D values: tp=4 on 16 ranks.
+    assert "'dp_shard': 4, 'tp': 4" in run.stdout
+
+
+def test_repo_generated_files_are_fresh(in_repo: Path) -> None:
+    specs = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.shard"))
+    assert specs
+    outcome = compile_specs(specs, "generated", check_only=True)
+    assert not outcome.errors, [str(d) for d in outcome.diagnostics]
+    assert not outcome.stale, "\n".join(diff for _, diff in outcome.stale)

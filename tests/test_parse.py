@@ -1,0 +1,438 @@
+"""The parser (``shardspec.parse``): every statement into the right IR with the right spans,
+comments and suppressions, duplicate statements, and syntax errors that are diagnostics
+with helpful hints, never exceptions."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardspec import ir
+from shardspec.diagnostics import Diagnostic, Span, attach_sources, render_text
+from shardspec.parse import parse, parse_file
+
+FULL = """\
+# A spec that uses every statement and form.
+manifest "model.manifest.json"
+
+mesh over 8 ranks {
+    dp_shard: *     # the rest
+    tp: 2
+}
+
+fsdp dp_shard
+ignore **._extra_state
+
+param tok_embeddings.weight [vocab, hidden] {
+    shard vocab over tp
+}
+param layers.*.attention.wqkv.weight [qkv, hidden] {
+    fuse qkv as 2 groups of q 32, k 16, v 16 stored fused
+    shard qkv over (tp, dp_shard)
+}
+param layers.*.feed_forward.w13.weight [ffn, hidden] {
+    fuse ffn as gate, up
+    shard ffn over tp
+    local ep, cp
+    replicate dp_shard
+}
+param layers.*.moe.local_experts.{expert}.w{1,3}.weight [expert, ffn, hidden] replicate
+param hc_head.* replicate
+param empty.body [] {}
+"""
+
+
+def pos(text: str, needle: str, nth: int = 0) -> tuple[int, int]:
+    """1-based (line, col) of the ``nth`` occurrence of ``needle`` in ``text``."""
+    i = -1
+    for _ in range(nth + 1):
+        i = text.index(needle, i + 1)
+    line = text.count("\n", 0, i) + 1
+    return line, i - (text.rfind("\n", 0, i) + 1) + 1
+
+
+def at(span: Span) -> tuple[int, int]:
+    return span.line, span.col
+
+
+def ok(text: str, path: str = "t.shard") -> ir.Spec:
+    spec, diags = parse(text, path)
+    assert spec is not None, [d.message for d in diags]
+    assert diags == []
+    return spec
+
+
+# ----------------------------------------------------------------------------- statements
+
+
+def test_full_spec_top_level() -> None:
+    spec = ok(FULL, "specs/full.shard")
+    assert spec.path == "specs/full.shard"
+    assert spec.name == "full"
+    assert spec.source == FULL
+    assert spec.sha256 == hashlib.sha256(FULL.encode()).hexdigest()
+    assert spec.manifest == "model.manifest.json"
+    assert spec.manifest_span is not None
+    assert at(spec.manifest_span) == pos(FULL, '"model.manifest.json"')
+    assert spec.manifest_span.end_col == spec.manifest_span.col + len('"model.manifest.json"')
+    assert spec.fsdp is not None and spec.fsdp.text == "dp_shard"
+    line, col = pos(FULL, "fsdp dp_shard")
+    assert at(spec.fsdp.span) == (line, col + len("fsdp "))
+    assert [ig.pattern.text for ig in spec.ignores] == ["**._extra_state"]
+    assert at(spec.ignores[0].span) == pos(FULL, "ignore")
+    assert at(spec.ignores[0].pattern.span) == pos(FULL, "**._extra_state")
+    assert len(spec.rules) == 6
+    assert [r.index for r in spec.rules] == list(range(6))
+    assert spec.suppressions == []
+
+
+def test_mesh() -> None:
+    spec = ok(FULL)
+    mesh = spec.mesh
+    assert mesh is not None
+    assert mesh.world == 8
+    assert at(mesh.span) == pos(FULL, "mesh over")
+    assert (mesh.span.end_line, mesh.span.end_col) == (pos(FULL, "}")[0], 2)
+    assert [(a.name.text, a.size) for a in mesh.axes] == [("dp_shard", None), ("tp", 2)]
+    assert at(mesh.axes[0].name.span) == pos(FULL, "dp_shard")
+    assert at(mesh.axes[1].span) == pos(FULL, "tp: 2")
+    assert mesh.axes[1].span.end_col == pos(FULL, "tp: 2")[1] + len("tp: 2")
+
+
+def test_mesh_without_world_and_on_one_line() -> None:
+    spec = ok("mesh { dp: * tp: 2 cp: 4 }")
+    assert spec.mesh is not None and spec.mesh.world is None
+    assert [(a.name.text, a.size) for a in spec.mesh.axes] == [("dp", None), ("tp", 2), ("cp", 4)]
+    assert ok("mesh {}").mesh == ir.MeshDecl(span=Span("t.shard", 1, 1, 1, 8), axes=[])
+
+
+def test_rule_with_shard() -> None:
+    spec = ok(FULL)
+    r = spec.rules[0]
+    assert r.pattern.text == "tok_embeddings.weight"
+    assert at(r.span) == pos(FULL, "param tok_embeddings")
+    assert r.span.end_line == pos(FULL, "shard vocab")[0] + 1  # the closing brace
+    assert at(r.pattern.span) == pos(FULL, "tok_embeddings.weight")
+    assert r.pattern.span.end_col == r.pattern.span.col + len("tok_embeddings.weight")
+    assert [d.text for d in r.dims] == ["vocab", "hidden"]
+    assert r.dims_given and not r.replicate_all
+    assert [at(d.span) for d in r.dims] == [pos(FULL, "vocab"), pos(FULL, "hidden")]
+    (s,) = r.shards
+    assert s.dim.text == "vocab" and [a.text for a in s.axes] == ["tp"]
+    assert at(s.span) == pos(FULL, "shard vocab")
+    assert at(s.dim.span) == pos(FULL, "vocab", 1)
+    assert at(s.axes[0].span) == pos(FULL, "tp", 1)
+    assert r.fusions == [] and r.local == [] and r.replicate == []
+
+
+def test_rule_with_grouped_fusion_and_axis_tuple() -> None:
+    spec = ok(FULL)
+    r = spec.rules[1]
+    (f,) = r.fusions
+    assert f.dim.text == "qkv" and f.groups == 2 and f.stored_fused
+    assert [(c.name.text, c.size) for c in f.components] == [("q", 32), ("k", 16), ("v", 16)]
+    assert at(f.span) == pos(FULL, "fuse qkv")
+    assert at(f.components[1].span) == pos(FULL, "k 16")
+    assert f.components[1].span.end_col == pos(FULL, "k 16")[1] + 4
+    (s,) = r.shards
+    assert [a.text for a in s.axes] == ["tp", "dp_shard"]  # outer to inner
+    assert at(s.axes[1].span) == pos(FULL, "dp_shard)")
+
+
+def test_rule_with_plain_fusion_local_and_replicate() -> None:
+    spec = ok(FULL)
+    r = spec.rules[2]
+    (f,) = r.fusions
+    assert f.groups is None and not f.stored_fused
+    assert [(c.name.text, c.size) for c in f.components] == [("gate", None), ("up", None)]
+    assert [a.text for a in r.local] == ["ep", "cp"]
+    assert [a.text for a in r.replicate] == ["dp_shard"]
+    assert at(r.local[1].span) == pos(FULL, "cp")
+    assert at(r.replicate[0].span) == pos(FULL, "dp_shard\n}")
+
+
+def test_replicate_rules_with_and_without_dims() -> None:
+    spec = ok(FULL)
+    with_dims, without, empty = spec.rules[3], spec.rules[4], spec.rules[5]
+    assert with_dims.replicate_all and with_dims.dims_given
+    assert with_dims.pattern.text == "layers.*.moe.local_experts.{expert}.w{1,3}.weight"
+    assert [d.text for d in with_dims.dims] == ["expert", "ffn", "hidden"]
+    assert without.replicate_all and not without.dims_given and without.dims == []
+    assert without.pattern.text == "hc_head.*"
+    assert at(without.span) == pos(FULL, "param hc_head")
+    assert without.span.end_col == pos(FULL, "param hc_head")[1] + len("param hc_head.* replicate")
+    assert empty.dims_given and empty.dims == [] and not empty.replicate_all
+    assert empty.shards == [] and empty.fusions == []
+
+
+def test_keywords_can_be_names_and_patterns() -> None:
+    text = (
+        "mesh { over: 2 ranks: * }\nfsdp ranks\nignore mesh.param\n"
+        "param shard.over [replicate, fuse] { shard replicate over over }"
+    )
+    spec = ok(text)
+    assert spec.mesh is not None
+    assert [a.name.text for a in spec.mesh.axes] == ["over", "ranks"]
+    assert spec.fsdp is not None and spec.fsdp.text == "ranks"
+    assert spec.ignores[0].pattern.text == "mesh.param"
+    r = spec.rules[0]
+    assert r.pattern.text == "shard.over"
+    assert [d.text for d in r.dims] == ["replicate", "fuse"]
+    assert r.shards[0].dim.text == "replicate" and r.shards[0].axes[0].text == "over"
+
+
+@pytest.mark.parametrize(
+    "pattern", ["*", "**", "**.w", "w{1,3}", "{a,b}.x", "x.{e}.y", "a*b.*c*", "layers.10.w2"]
+)
+def test_pattern_forms_are_kept_verbatim(pattern: str) -> None:
+    spec = ok(f"param {pattern} [x] {{}}\nignore {pattern}")
+    assert spec.rules[0].pattern.text == pattern
+    assert spec.ignores[0].pattern.text == pattern
+
+
+def test_statements_may_share_a_line_and_order_is_free() -> None:
+    spec = ok('param a [x] {} fsdp dp mesh { dp: 2 } manifest "m.json" param b [y] {}')
+    assert [r.pattern.text for r in spec.rules] == ["a", "b"]
+    assert [r.index for r in spec.rules] == [0, 1]
+    assert spec.manifest == "m.json" and spec.fsdp is not None
+
+
+def test_empty_and_comment_only_specs() -> None:
+    for text in ["", "\n\n", "# only a comment", "# a\n\n   # b\n"]:
+        spec = ok(text)
+        assert spec.mesh is None and spec.rules == [] and spec.manifest is None
+
+
+def test_windows_line_ends() -> None:
+    text = FULL.replace("\n", "\r\n")
+    spec = ok(text)
+    assert len(spec.rules) == 6
+    assert at(spec.rules[1].pattern.span) == pos(FULL, "layers.*.attention.wqkv.weight")
+
+
+# ----------------------------------------------------------------------------- comments
+
+
+def test_comments_are_ignored_everywhere() -> None:
+    text = (
+        "# head\nmesh { # open\n  tp: 2 # size\n} # close\n"
+        "param a [x, # dims\n y] { # body\n shard x over tp # item\n }\n"
+    )
+    spec = ok(text)
+    assert spec.mesh is not None and spec.mesh.axes[0].size == 2
+    assert [d.text for d in spec.rules[0].dims] == ["x", "y"]
+
+
+def test_hash_inside_a_string_is_not_a_comment() -> None:
+    spec = ok('manifest "models/#1.json"')
+    assert spec.manifest == "models/#1.json"
+
+
+def test_suppression_comments() -> None:
+    text = (
+        "param a [x] {}  # shardspec: ignore[SS041]\n"
+        "param b [x] {}\n"
+        "#shardspec:ignore[ss021, SS040 ,SS041]\n"
+        "# note: nothing to see  # shardspec: ignore[SS030]\n"
+    )
+    spec = ok(text)
+    assert [(s.codes, s.span.line) for s in spec.suppressions] == [
+        (["SS041"], 1),
+        (["SS021", "SS040", "SS041"], 3),
+        (["SS030"], 4),
+    ]
+    first = spec.suppressions[0]
+    assert first.span.col == text.index("# shardspec") + 1
+    assert first.span.end_col == len("param a [x] {}  # shardspec: ignore[SS041]") + 1
+
+
+def test_suppression_words_inside_a_string_suppress_nothing() -> None:
+    text = 'manifest "a # shardspec: ignore[SS002].json"\n'
+    spec = ok(text)
+    assert spec.suppressions == []
+    both = 'manifest "x # shardspec: ignore[SS001]" # shardspec: ignore[SS041]\n'
+    spec = ok(both)
+    assert [s.codes for s in spec.suppressions] == [["SS041"]]
+    assert spec.suppressions[0].span.col == both.index("# shardspec: ignore[SS041]") + 1
+
+
+def test_a_plain_comment_is_not_a_suppression() -> None:
+    assert ok("# shardspec ignores nothing here\n# ignore[SS041]\n").suppressions == []
+
+
+# ----------------------------------------------------------------------------- duplicates
+
+
+def test_duplicate_statements_are_ss005() -> None:
+    text = (
+        'mesh { tp: 2 }\nfsdp tp\nmanifest "a.json"\nfsdp dp\nmesh { dp: 2 }\nmanifest "b.json"\n'
+    )
+    spec, diags = parse(text, "t.shard")
+    assert spec is not None
+    assert [(d.code, d.span.line) for d in diags] == [("SS005", 4), ("SS005", 5), ("SS005", 6)]
+    assert all(d.is_error and d.name == "duplicate-statement" for d in diags)
+    assert "`fsdp` appears more than once" in diags[0].message
+    assert "line 2" in diags[0].hint
+    # the first one holds
+    assert spec.fsdp is not None and spec.fsdp.text == "tp"
+    assert spec.manifest == "a.json"
+    assert spec.mesh is not None and spec.mesh.axes[0].name.text == "tp"
+
+
+def test_repeated_rules_and_ignores_are_not_duplicates() -> None:
+    spec = ok("param a [x] {}\nparam a [x] {}\nignore b\nignore b\n")
+    assert len(spec.rules) == 2 and len(spec.ignores) == 2
+
+
+# ----------------------------------------------------------------------------- syntax errors
+
+
+def syntax_error(text: str) -> Diagnostic:
+    spec, diags = parse(text, "t.shard")
+    assert spec is None
+    (d,) = diags
+    assert d.code == "SS001" and d.name == "syntax-error" and d.is_error
+    assert d.message.startswith("syntax error: ")
+    assert d.span.file == "t.shard"
+    return d
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "found", "hint"),
+    [
+        ("mesh { tp 2 }", (1, 11), "unexpected '2'", "mesh axes are written `name: size`"),
+        ("mesh {\n  dp: *\n  tp 2\n}", (3, 6), "unexpected '2'", "`name: size`"),
+        ("mesh { tp = 2 }", (1, 11), "unexpected character '='", "`name: size`"),
+        ("mesh { tp: 2, dp: 4 }", (1, 13), "unexpected ','", "not commas"),
+        ("mesh { dp: rest }", (1, 12), "unexpected 'rest'", "`*` for the rest"),
+        ("mesh { tp: -2 }", (1, 12), "unexpected character '-'", "positive whole number"),
+        ("mesh over 8 { tp: 2 }", (1, 13), "unexpected '{'", "`mesh over N ranks"),
+        ("param a [x, y] {\n  shard x on tp\n}", (2, 11), "unexpected 'on'", "over AXIS"),
+        ("param a [x] {\n  shard x over tp, dp\n}", (2, 18), "unexpected ','", "parentheses"),
+        ("param a [x] { shard x over tp dp }", (1, 31), "unexpected 'dp'", "parentheses"),
+        ("param a [x] { shard x over (tp dp) }", (1, 32), "unexpected 'dp'", "with commas"),
+        ("param a [x] { shard x }", (1, 23), "unexpected '}'", "`shard DIM over AXIS`"),
+        ("param a [x] { fuse x gate, up }", (1, 22), "unexpected 'gate'", "`fuse DIM as"),
+        ("param a [x] { fuse x as 2 groups q 32 }", (1, 34), "unexpected 'q'", "groups of"),
+        ("param a [x] { fuse x as a, b stored }", (1, 37), "unexpected '}'", "`stored fused`"),
+        ("param a [x] { shrd x over tp }", (1, 15), "unexpected 'shrd'", "did you mean `shard`?"),
+        ("parm a [x] {}", (1, 1), "unexpected 'parm'", "did you mean `param`?"),
+        ("shard x over tp", (1, 1), "unexpected 'shard'", "`shard` goes inside a rule"),
+        ("param a x {}", (1, 9), "unexpected 'x'", "names the parameter's dimensions"),
+        ("param a [x]", (1, 12), "unexpected end of file", "needs a body"),
+        ("param a [x, y {\n}", (1, 15), "unexpected '{'", "close the dimension list with `]`"),
+        ("param a.{b, c} [x] {}", (1, 10), "unexpected 'b'", "no spaces"),
+        ('param "a.b" [x] {}', (1, 7), "unexpected '\"a.b\"'", "without quotes"),
+        ('manifest "abc\nmesh { tp: 2 }', (1, 10), "unexpected character '\"'", "same line"),
+        ("fsdp dp;", (1, 8), "unexpected character ';'", "no `;`"),
+        ("mesh { tp: 2 } }", (1, 16), "unexpected '}'", "closes nothing"),
+        ("param a [x] {\n  shard x over tp\n", (2, 18), "unexpected end of file", "line 1"),
+        ("param a [x] {\n  local ep\n\n# the end\n", (2, 11), "unexpected end of file", "`}`"),
+        ("fsdp", (1, 5), "unexpected end of file", "expected a name"),
+    ],
+)
+def test_common_mistakes(text: str, where: tuple[int, int], found: str, hint: str) -> None:
+    d = syntax_error(text)
+    assert at(d.span) == where
+    assert d.message == f"syntax error: {found}"
+    assert hint in d.hint
+
+
+def test_hints_list_the_expected_tokens() -> None:
+    d = syntax_error("mesh { tp 2 }")
+    assert d.hint.endswith("expected ':'")
+    d = syntax_error("param a [x] { bogus }")
+    assert "expected 'fuse', 'local', 'replicate', 'shard' or '}'" in d.hint
+    d = syntax_error("param a [x] { fuse x as }")
+    assert d.hint == "expected a name or a whole number"
+    d = syntax_error("}")
+    assert "expected 'fsdp', 'ignore', 'manifest', 'mesh', 'param' or the end of the file" in (
+        d.hint
+    )
+
+
+def test_error_span_covers_the_offending_token() -> None:
+    d = syntax_error("param a [x] { shrd x over tp }")
+    assert (d.span.line, d.span.col, d.span.end_line, d.span.end_col) == (1, 15, 1, 19)
+    rendered = render_text(attach_sources([d], {"t.shard": "param a [x] { shrd x over tp }"})[0])
+    assert rendered.splitlines()[2] == "   |               ^^^^"
+
+
+def test_only_the_first_syntax_error_is_reported() -> None:
+    spec, diags = parse("mesh { tp 2 }\nparam a x {}\n", "t.shard")
+    assert spec is None and len(diags) == 1 and diags[0].span.line == 1
+
+
+def test_a_byte_order_mark_in_text_is_a_syntax_error_but_not_in_a_file(tmp_path: Path) -> None:
+    d = syntax_error("\ufeffmesh { tp: 2 }")
+    assert at(d.span) == (1, 1)
+    path = tmp_path / "bom.shard"
+    path.write_bytes("\ufeffmesh { tp: 2 }\n".encode())
+    spec, diags = parse_file(path)
+    assert diags == [] and spec is not None and spec.mesh is not None
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_parse_file_reads_and_names_the_spec(tmp_path: Path) -> None:
+    path = tmp_path / "model.shard"
+    path.write_text(FULL, encoding="utf-8")
+    spec, diags = parse_file(path)
+    assert diags == [] and spec is not None
+    assert spec.path == str(path) and spec.name == "model"
+    assert spec.rules[0].span.file == str(path)
+
+
+def test_unreadable_file_is_ss002(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.shard"
+    spec, diags = parse_file(missing)
+    assert spec is None
+    (d,) = diags
+    assert d.code == "SS002" and d.is_error
+    assert "cannot read spec" in d.message and "No such file" in d.message
+    assert d.span == Span(str(missing), 1, 1)
+
+    spec, diags = parse_file(tmp_path)  # a directory
+    assert spec is None and diags[0].code == "SS002"
+
+    binary = tmp_path / "bin.shard"
+    binary.write_bytes(b"mesh { tp: 2 }\n\xff\xfe")
+    spec, diags = parse_file(binary)
+    assert spec is None and diags[0].code == "SS002"
+    assert "UTF-8" in diags[0].hint and "byte 15" in diags[0].message
+
+
+# ----------------------------------------------------------------------------- robustness
+
+_WORDS = [
+    "mesh", "over", "8", "ranks", "{", "}", "dp", ":", "*", "tp", "2", "fsdp", "ignore",
+    "param", "a.b", "**", "[", "]", ",", "shard", "(", ")", "fuse", "as", "groups", "of",
+    "stored", "fused", "local", "replicate", "manifest", '"m.json"', "\n", "# c\n", "{x}",
+    "w{1,3}", "=", ";", '"', "é", "\t", "0", "\r\n", "\ufeff",
+]  # fmt: skip
+
+
+def _never_raises(text: str) -> None:
+    spec, diags = parse(text, "f.shard")
+    assert (spec is None) == any(d.code == "SS001" for d in diags)
+    assert all(d.code in ("SS001", "SS005") for d in diags)
+    for d in attach_sources(diags, {"f.shard": text}):
+        assert d.span.line >= 1 and d.span.col >= 1
+        render_text(d)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(min_codepoint=1, max_codepoint=0x2FFF), max_size=80))
+def test_random_text_never_raises(text: str) -> None:
+    _never_raises(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_WORDS), max_size=30))
+def test_random_token_soup_never_raises(words: list[str]) -> None:
+    _never_raises(" ".join(words))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,10 @@ class CompileOutcome:
 def output_path(spec_path: str, out_dir: str) -> Path:
     name = Path(spec_path).name
     stem = name[: -len(".shard")] if name.endswith(".shard") else Path(name).stem
+    # The output is imported by name: make it a Python identifier (my-model -> my_model).
+    stem = re.sub(r"\W", "_", stem)
+    if not stem or stem[0].isdigit():
+        stem = f"_{stem}"
     return Path(out_dir) / f"{stem}.py"
 
 

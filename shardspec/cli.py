@@ -18,8 +18,19 @@ from shardspec import __version__
 DEFAULT_GLOB = "specs/*.shard"
 
 
+# Set by main() when the command line asks for JSON, so that even argument errors (found
+# before or while parsing) come out as JSON diagnostics on stdout.
+_JSON_OUTPUT = False
+
+
 def _bad_argument(message: str, hint: str) -> None:
-    """Report a bad command line as an SS004 diagnostic on stderr."""
+    """Report a bad command line as an SS004 diagnostic (text on stderr, or JSON)."""
+    if _JSON_OUTPUT:
+        from shardspec.checks.registry import diag
+        from shardspec.diagnostics import Span, render_json
+
+        sys.stdout.write(render_json([diag("SS004", message, Span("<command line>", 1, 1), hint)]))
+        return
     text = f"<command line>:1:1: error SS004 [bad-argument]: {message}\n"
     if hint:
         text += f"  hint: {hint}\n"
@@ -309,6 +320,11 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    global _JSON_OUTPUT
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    _JSON_OUTPUT = "--format=json" in tokens or any(
+        t == "--format" and nxt == "json" for t, nxt in zip(tokens, tokens[1:], strict=False)
+    )
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (already reported)

@@ -572,3 +572,33 @@ def test_sources_are_split_only_at_newlines() -> None:
     d = Diagnostic("SS041", "unused-rule", Severity.ERROR, "m", Span("f", 3, 1))
     (d,) = attach_sources([d], {"f": src})
     assert d.source_line == "third"
+
+
+# ------------------------------------------------------------------ later additions
+
+
+def test_json_format_reports_bad_arguments_as_json(tmp_path, capsys) -> None:
+    """With --format json, even an argument error is a JSON diagnostic on stdout."""
+    spec = tmp_path / "s.shard"
+    spec.write_text("mesh over 4 ranks { dp: *  tp: 2 }\n", encoding="utf-8")
+    for argv in (
+        ["lint", "--format", "json", "-D", "tpp=2", str(spec)],
+        ["lint", "--format=json", "--bogus", str(spec)],
+    ):
+        assert main(argv) == 2
+        out = json.loads(capsys.readouterr().out)
+        assert [d["code"] for d in out] == ["SS004"] and out[0]["file"] == "<command line>"
+
+
+def test_compile_makes_importable_module_names(tmp_path) -> None:
+    """A spec named my-model.shard compiles to my_model.py, which Python can import."""
+    spec = tmp_path / "my-model.shard"
+    spec.write_text(
+        "mesh { dp: *  tp: 2 }  # shardspec: ignore[SS061]\nfsdp dp\n"
+        "param **.weight [out, in] { shard out over tp }\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "gen"
+    assert main(["compile", str(spec), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["my_model.py"]
+    assert "DEFAULT_WORLD: int | None = None" in (out / "my_model.py").read_text()

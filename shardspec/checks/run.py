@@ -83,7 +83,12 @@ def check(
                 "-D takes a mesh axis of the spec, or world",
             )
         )
-    elif res.mesh_error and spec.mesh is not None and not any(d.code == "SS010" for d in diags):
+    elif (
+        res.mesh_error
+        and spec.mesh is not None
+        and not any(d.code == "SS010" for d in diags)
+        and not (manifest is None and _only_world_missing(spec, world))
+    ):
         diags.append(
             diag(
                 "SS010",
@@ -108,6 +113,14 @@ def check(
             )
         )
     return res, apply_suppressions(spec, diags)
+
+
+def _only_world_missing(spec: ir.Spec, world: int | None) -> bool:
+    """True when the mesh is fine but for an unknown world size, which only checks that
+    compute layouts need (a spec without a manifest runs none; the runtime knows the world)."""
+    assert spec.mesh is not None
+    rest = [a for a in spec.mesh.axes if a.size is None]
+    return len(rest) == 1 and spec.mesh.world is None and world is None
 
 
 def apply_suppressions(spec: ir.Spec, diags: list[Diagnostic]) -> list[Diagnostic]:

@@ -59,11 +59,23 @@ CASES = [
         "expect": [("SS010", 1, "has 4 ranks, but the world size is 8", "mesh")],
     },
     {
-        "name": "rest axis without a world size",
+        "name": "rest axis without a world size, with a manifest to check",
         "spec": """
+            manifest "m.json"
             mesh { dp_shard: *  tp: 2 }
+            fsdp dp_shard
+            param w [out, in] {}
             """,
-        "expect": [("SS010", 1, "takes the rest, but no world size is known", "", "-D world=N")],
+        "manifest": {"w": [8, 8]},
+        "expect": [("SS010", 2, "takes the rest, but no world size is known", "", "-D world=N")],
+    },
+    {
+        # Without a manifest no check computes a layout; the runtime knows the world size.
+        "name": "rest axis without a world size and no manifest",
+        "spec": """
+            mesh { dp_shard: *  tp: 2 }  # shardspec: ignore[SS061]
+            """,
+        "expect": [],
     },
     {
         "name": "rest axis with -D world",

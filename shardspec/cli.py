@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import os
 import sys
 from collections.abc import Sequence
@@ -323,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _JSON_OUTPUT
     tokens = list(sys.argv[1:] if argv is None else argv)
     _JSON_OUTPUT = "--format=json" in tokens or any(
-        t == "--format" and nxt == "json" for t, nxt in zip(tokens, tokens[1:], strict=False)
+        t == "--format" and nxt == "json" for t, nxt in itertools.pairwise(tokens)
     )
     try:
         args = build_parser().parse_args(argv)

@@ -217,6 +217,7 @@ def build_layout(
     if rule.any_rank:
         names = tuple(f"dim{i}" for i in range(len(module_shape)))
         return ParamLayout(tuple(Dim(n, s) for n, s in zip(names, module_shape, strict=True)))
+    _check_axes(rule, sizes)
     tensor_dims = [d for d in rule.dims if d not in rule.virtual]
     if len(tensor_dims) != len(module_shape):
         raise LayoutError(
@@ -242,6 +243,34 @@ def build_layout(
             fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
         dims.append(Dim(name, size, axes, fusion, name in rule.virtual))
     return ParamLayout(tuple(dims), local)
+
+
+def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
+    """What the compiler's structural checks guarantee, checked again for rules that reach
+    the runtime by another road (hand-written or edited ``RULES``)."""
+    local = frozenset(rule.local)
+    used: dict[str, str] = {}
+    for dim, axes in rule.shard:
+        if dim not in rule.dims:
+            raise LayoutError(f"unknown dimension {dim!r}", "SS020")
+        for k, a in enumerate(axes):
+            if a not in sizes:
+                raise LayoutError(f"unknown mesh axis {a!r}", "SS011")
+            if a in used:
+                raise LayoutError(
+                    f"axis {a!r} shards dimension {dim!r} and already {used[a]!r}", "SS012"
+                )
+            used[a] = dim
+            if a in local and any(b not in local for b in axes[:k]):
+                raise LayoutError(
+                    f"local axis {a!r} comes after a non-local axis on dimension {dim!r}",
+                    "SS026",
+                )
+        if dim in rule.virtual and any(a not in local for a in axes):
+            raise LayoutError(
+                f"dimension {dim!r} is indexed by module name, so only local axes can shard it",
+                "SS027",
+            )
 
 
 def _fusion(

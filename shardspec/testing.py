@@ -20,11 +20,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str) -> None:
+def _entry(
+    rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str, timeout: float
+) -> None:
     import pickle
+    from datetime import timedelta
 
     import torch.distributed as dist
 
+    # CPU ranks: hide GPUs so that code choosing a device (build_mesh) picks cpu + gloo.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -34,7 +39,9 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: 
     )
     result: Any
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout)
+        )
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # report everything to the parent, including assertion errors
         result = ("error", traceback.format_exc())
@@ -45,11 +52,13 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: 
         pickle.dump(result, f)
 
 
-def run_ranks(fn: Callable, world: int, *args: Any) -> list[Any]:
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return each rank's result.
 
-    ``fn`` must be importable (module level). Raises ``RuntimeError`` with every failing
-    rank's traceback if any rank fails.
+    ``fn`` must be importable (module level). Ranks see no GPU. A collective that waits
+    longer than ``timeout`` seconds (say, because another rank failed before joining it)
+    fails instead of hanging. Raises ``RuntimeError`` with every failing rank's traceback if
+    any rank fails.
     """
     import pickle
 
@@ -58,7 +67,7 @@ def run_ranks(fn: Callable, world: int, *args: Any) -> list[Any]:
     with tempfile.TemporaryDirectory() as outdir:
         mp.start_processes(
             _entry,
-            args=(world, free_port(), fn, args, outdir),
+            args=(world, free_port(), fn, args, outdir, timeout),
             nprocs=world,
             join=True,
             start_method="spawn",

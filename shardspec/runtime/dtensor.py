@@ -44,12 +44,17 @@ def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh:
     takes what is left of the world size. Initializes the default process group (NCCL on
     GPUs, gloo on CPU) from the usual environment variables if nothing did yet."""
     dev = device_type()
+    if dev == "cuda":
+        # Pick this rank's GPU before NCCL starts, so its communicators use the right one.
+        if "LOCAL_RANK" in os.environ:
+            local_rank = int(os.environ["LOCAL_RANK"])
+        elif dist.is_initialized():
+            local_rank = dist.get_rank() % max(1, torch.cuda.device_count())
+        else:
+            local_rank = int(os.environ.get("RANK", "0")) % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev == "cuda" else "gloo")
-    if dev == "cuda":
-        torch.cuda.set_device(
-            int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
-        )
     resolved = spec.sizes(world=dist.get_world_size(), **sizes)
     return init_device_mesh(dev, tuple(resolved.values()), mesh_dim_names=spec.axes)
 
@@ -107,8 +112,10 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     Works for a full model (each rank cuts its shard locally, no communication), a
     meta-device model (meta DTensors; then ``to_empty`` and initialise, torchtitan style),
     and modules that already hold local model-parallel shards (Megatron style: only the
-    remaining axes become DTensor placements). Ignored parameters are left alone. Every
-    parameter is planned before any is replaced, so an error leaves the model untouched.
+    remaining axes become DTensor placements). Ignored parameters, and parameters whose
+    every mesh axis is local to them, are left alone. Tied parameters (one tensor under
+    several names) stay tied, and their names must agree on the layout. Every parameter is
+    planned and converted before any is replaced, so an error leaves the model untouched.
     """
     lmesh = spec.layout_mesh(mesh)
     coord = mesh.get_coordinate()
@@ -117,17 +124,31 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     named = list(model.named_parameters(remove_duplicate=False))
     counts = spec.virtual_counts_of(f for f, _ in named) if spec.params is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
-    errors = []
+    errors: list[str] = []
+    codes: set[str] = set()
     for fqn, p in named:
-        if spec.is_ignored(fqn) or id(p) in plans:
+        if spec.is_ignored(fqn):
             continue
-        if isinstance(p, DTensor) or isinstance(getattr(p, "data", None), DTensor):
+        tied = plans.get(id(p))
+        if tied is not None and spec.params is not None and fqn not in spec.params:
+            continue  # a tied alias the manifest leaves out (state dicts hold it once)
+        if tied is None and (
+            isinstance(p, DTensor) or isinstance(getattr(p, "data", None), DTensor)
+        ):
             errors.append(f"{fqn}: already a DTensor")
             continue
         try:
             layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
         except SpecError as e:
             errors.append(str(e))
+            codes.add(e.code)
+            continue
+        if tied is not None:
+            if layout != tied[2]:
+                errors.append(
+                    f"{fqn} is the same tensor as {tied[0]} (tied), but the spec gives the "
+                    "two names different layouts"
+                )
             continue
         plans[id(p)] = (fqn, p, layout)
     if spec.params is not None:
@@ -138,10 +159,18 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
                 f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"
             )
     if errors:
-        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors))
+        # One kind of problem keeps its check code (e.g. SS021 for a rule that does not fit).
+        code = codes.pop() if len(codes) == 1 and len(errors) == 1 else "SS031"
+        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code)
     new: dict[int, nn.Parameter] = {}
+    meshes: dict[tuple[str, ...], DeviceMesh] = {}
     for key, (_fqn, p, layout) in plans.items():
-        sub = submesh(mesh, dtensor_mesh(layout, lmesh).names)
+        names = dtensor_mesh(layout, lmesh).names
+        if not names:
+            continue  # every axis is local to it: the module already holds its only copy
+        if names not in meshes:
+            meshes[names] = submesh(mesh, names)
+        sub = meshes[names]
         local = shard_for_rank(layout, lmesh, coord, p.detach())
         if not local.is_meta and mesh.device_type != local.device.type:
             local = local.to(mesh.device_type)

@@ -87,7 +87,13 @@ class CompiledSpec:
             )
         merged = [overrides.get(a, self.default_sizes[a]) for a in self.axes]
         w = world if world is not None else self.default_world
-        return dict(zip(self.axes, resolve_sizes(self.axes, merged, w), strict=True))
+        try:
+            resolved = resolve_sizes(self.axes, merged, w)
+        except SpecError:
+            raise
+        except LayoutError as e:
+            raise SpecError(str(e), e.code, e.hint) from None
+        return dict(zip(self.axes, resolved, strict=True))
 
     def layout_mesh(self, mesh: object) -> Mesh:
         """A :class:`shardspec.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes."""
@@ -163,12 +169,16 @@ class CompiledSpec:
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
             counts = virtual_counts
-        layout = build_layout(self.rules[rule], module_shape, sizes, counts)
+        try:
+            layout = build_layout(self.rules[rule], module_shape, sizes, counts)
+        except LayoutError as e:  # name the parameter; distribute collects SpecErrors
+            raise SpecError(f"parameter {fqn!r}: {e}", e.code, e.hint) from None
         bad = representable(layout, lm)
         if bad is not None:
             raise SpecError(
                 f"parameter {fqn!r}: no DTensor placements describe its layout on mesh "
-                f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)"
+                f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)",
+                "SS031",
             )
         return layout
 

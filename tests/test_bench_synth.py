@@ -1,0 +1,59 @@
+"""The benchmark's synthetic model (bench/synth.py) stays a valid, lint-clean spec and
+manifest, so ``python -m bench.bench_compiler`` measures clean runs and cannot rot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import synth  # noqa: E402
+from shardspec.cli import main  # noqa: E402
+from shardspec.manifest import load_manifest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[synth.Config, Path]:
+    cfg = synth.config_for(200)
+    return cfg, synth.write(cfg, tmp_path_factory.mktemp("synth"))
+
+
+def test_manifest_is_valid_and_sized(small: tuple[synth.Config, Path]) -> None:
+    cfg, spec = small
+    m = load_manifest(spec.with_name("moe.manifest.json"))
+    assert len(m.params) == cfg.n_params
+    assert 150 <= cfg.n_params <= 300
+    assert m.factory_args == {"ep": cfg.ep}
+    names = {e.fqn for e in m.entries}
+    last = cfg.layers - 1
+    for proj in ("gate", "up", "down"):
+        fqn = f"model.layers.{last}.mlp.experts.{cfg.experts_per_rank - 1}.{proj}_proj.weight"
+        assert fqn in names
+    assert {e.kind for e in m.entries} == {"param", "buffer", "extra_state"}
+
+
+def test_lints_clean(small: tuple[synth.Config, Path], capsys: pytest.CaptureFixture) -> None:
+    _, spec = small
+    assert main(["lint", "--format", "json", str(spec)]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_compiles(small: tuple[synth.Config, Path], tmp_path: Path) -> None:
+    cfg, spec = small
+    assert main(["compile", str(spec), "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "moe.py").read_text(encoding="utf-8")
+    assert f'"model.layers.{cfg.layers - 1}.mlp.experts.0.down_proj.weight"' in text
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000, 100_000])
+def test_config_sizes(n: int) -> None:
+    cfg = synth.config_for(n)
+    assert abs(cfg.n_params - n) / n < 0.05
+    assert len(synth.manifest_entries(cfg)) > cfg.n_params  # plus buffers and extra state
+    assert cfg.dp_shard * cfg.ep * cfg.tp == cfg.world

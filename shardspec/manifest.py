@@ -94,20 +94,16 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(
             f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"
         ) from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
-    except RecursionError:
-        raise ManifestError("manifest is not valid JSON: nested too deeply") from None
-    starts = entry_positions(text)
-
     def at(i: int) -> tuple[int, int]:
+        # Positions are only needed for an error message: scan the text only then.
+        starts = entry_positions(text)
         return starts[i] if i < len(starts) else (1, 1)
 
     try:
-        mf = ManifestFile.model_validate(raw)
+        mf = ManifestFile.model_validate_json(text)
     except ValidationError as e:
+        if any(err["type"] == "json_invalid" for err in e.errors()):
+            _raise_json_error(text)
         first = e.errors()[0]
         loc = first["loc"]
         where = ".".join(str(x) for x in loc)
@@ -124,6 +120,17 @@ def load_manifest(path: str | Path) -> Manifest:
         if e.kind != "extra_state" and any(s < 0 for s in e.shape):
             raise ManifestError(f"manifest entry {e.fqn!r} has a negative size", *at(i))
     return Manifest(str(path), mf.factory, dict(mf.factory_args), tuple(mf.entries), text)
+
+
+def _raise_json_error(text: str) -> None:
+    """Re-parse invalid JSON with the standard library, for its line and column."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
+    except RecursionError:
+        raise ManifestError("manifest is not valid JSON: nested too deeply") from None
+    raise ManifestError("manifest is not valid JSON")
 
 
 def entry_positions(text: str) -> list[tuple[int, int]]:

@@ -37,6 +37,9 @@ def _parser() -> Lark:
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        # Cache the built parser (a pickle in the temp directory, keyed by the grammar's
+        # hash): saves rebuilding the LALR tables on every lint.
+        cache=True,
     )
 
 

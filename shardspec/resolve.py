@@ -186,27 +186,31 @@ def resolve(
 def _match_all(res: Resolved) -> None:
     assert res.manifest is not None
     ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
+    rules = [(index, g.regex.match, g.key) for index, g in ordered]
+    ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
+    matches = res.matches
     for entry in res.manifest.entries:
         if entry.kind == "buffer":
             continue
+        fqn = entry.fqn
         m = Match(entry, [])
-        for i, g in res.ignore_globs.items():
-            if g.regex.match(entry.fqn):
+        for i, match in ignores:
+            if match(fqn):
                 m.ignored_by = i
                 break
         if entry.kind == "param":
             best_key = None
-            for index, g in ordered:
-                caps = g.match(entry.fqn)
-                if caps is None:
+            for index, match, key in rules:
+                found = match(fqn)
+                if found is None:
                     continue
                 m.candidates.append(index)
                 if best_key is None:
-                    best_key = g.key
-                    m.winner, m.captures = index, caps
-                elif g.key == best_key:
+                    best_key = key
+                    m.winner, m.captures = index, found.groupdict()
+                elif key == best_key:
                     m.tied.append(index)
-        res.matches[entry.fqn] = m
+        matches[fqn] = m
 
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:
@@ -220,14 +224,24 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
             values[m.winner][v].add(m.captures.get(v, ""))
     for index, per_dim in values.items():
         res.virtual_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
+    # Parameters of one rule with one shape share a layout object: build it once.
+    built: dict[tuple[int, tuple[int, ...]], ParamLayout | LayoutError] = {}
     for m in res.matches.values():
         if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
             continue
-        rs = res.rule_specs[m.winner]
-        try:
-            m.layout = build_layout(rs, m.entry.shape, sizes, res.virtual_counts.get(m.winner))
-        except LayoutError as e:
-            m.layout_error = e
+        key = (m.winner, m.entry.shape)
+        got = built.get(key)
+        if got is None:
+            rs = res.rule_specs[m.winner]
+            try:
+                got = build_layout(rs, m.entry.shape, sizes, res.virtual_counts.get(m.winner))
+            except LayoutError as e:
+                got = e
+            built[key] = got
+        if isinstance(got, LayoutError):
+            m.layout_error = got
+        else:
+            m.layout = got
 
 
 def virtual_index(res: Resolved, rule_index: int, dim: str) -> list[str]:

@@ -24,10 +24,16 @@ from shardspec.resolve import Resolved
 
 
 def _groups(res: Resolved) -> dict[tuple[int, ParamLayout], list[str]]:
-    out: dict[tuple[int, ParamLayout], list[str]] = defaultdict(list)
+    # Resolution builds one layout object per (rule, shape): group by identity, which is
+    # much cheaper than hashing the nested layout for every parameter.
+    by_id: dict[tuple[int, int], tuple[ParamLayout, list[str]]] = {}
     for fqn, m in res.params:
         if m.layout is not None:
-            out[(m.winner, m.layout)].append(fqn)  # type: ignore[index]
+            entry = by_id.setdefault((m.winner, id(m.layout)), (m.layout, []))  # type: ignore[arg-type]
+            entry[1].append(fqn)
+    out: dict[tuple[int, ParamLayout], list[str]] = defaultdict(list)
+    for (winner, _), (layout, fqns) in by_id.items():
+        out[(winner, layout)].extend(fqns)
     return out
 
 

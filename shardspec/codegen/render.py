@@ -48,6 +48,8 @@ class Call:
 def py_str(value: str) -> str:
     """A string literal the way ruff writes it: double quotes unless the text holds more
     double than single quotes; backslashes and unprintable characters escaped."""
+    if '"' not in value and "\\" not in value and value.isprintable():
+        return f'"{value}"'  # the common case, without a per-character loop
     quote = "'" if value.count('"') > value.count("'") else '"'
     out = []
     for ch in value:
@@ -171,6 +173,9 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
 
 def _param_line(fqn: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
     """One ``PARAMS`` entry, laid out at indent 4 (the template adds the first indent)."""
+    one = f"{py_str(fqn)}: Param({rule}, {py(tuple(shape))}, {py_str(dtype)}),"
+    if 4 + len(one) <= LINE:
+        return one  # fits on one line: what the general layout would produce too
     lines = layout(Call("Param", (rule, tuple(shape), dtype)), 4, f"{py(fqn)}: ", ",")
     return "\n".join(lines).lstrip()
 

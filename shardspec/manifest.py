@@ -94,6 +94,7 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ManifestError(
             f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"
         ) from None
+
     def at(i: int) -> tuple[int, int]:
         # Positions are only needed for an error message: scan the text only then.
         starts = entry_positions(text)

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
 from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 
 require(api=1, compiler="0.1.0")
@@ -185,3 +186,47 @@ def placements(
 def distribute(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Convert ``model``'s parameters to DTensors on this layout, in place."""
     return _dtensor.distribute(SPEC, model, mesh)
+
+
+class SavePlanner(_checkpoint.ShardspecSavePlanner):
+    """DCP save planner: the canonical, topology-independent layout of this spec, with
+    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
+    cached under a fingerprint of the structure and the mesh (per ``role``)."""
+
+    def __init__(
+        self,
+        mesh: DeviceMesh | None = None,
+        *,
+        role: str = "state",
+        enable_plan_caching: bool = True,
+    ) -> None:
+        super().__init__(SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching)
+
+
+class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
+    validates every key, shape and dtype before reading; ``partial=True`` allows missing
+    and extra keys."""
+
+    def __init__(
+        self,
+        mesh: DeviceMesh | None = None,
+        *,
+        partial: bool = False,
+        staging: bool = False,
+    ) -> None:
+        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+
+def save(state: dict, path: str, *, mesh: DeviceMesh | None = None) -> SavePlanner:
+    """``dcp.save`` with :class:`SavePlanner`, atomically: the checkpoint appears at
+    ``path``, marked complete, only once every rank has written its part."""
+    return _checkpoint.save(SPEC, state, path, mesh=mesh, planner=SavePlanner(mesh))
+
+
+def load(
+    state: dict, path: str, *, mesh: DeviceMesh | None = None, partial: bool = False
+) -> LoadPlanner:
+    """``dcp.load`` with :class:`LoadPlanner` into ``state`` in place; the live tensors
+    change only after every rank has read all its bytes."""
+    return _checkpoint.load(SPEC, state, path, mesh=mesh, partial=partial)

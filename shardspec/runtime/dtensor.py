@@ -56,7 +56,9 @@ def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev == "cuda" else "gloo")
     resolved = spec.sizes(world=dist.get_world_size(), **sizes)
-    return init_device_mesh(dev, tuple(resolved.values()), mesh_dim_names=spec.axes)
+    mesh = init_device_mesh(dev, tuple(resolved.values()), mesh_dim_names=spec.axes)
+    spec.last_mesh = mesh
+    return mesh
 
 
 def submesh(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
@@ -121,6 +123,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     coord = mesh.get_coordinate()
     if coord is None:
         raise SpecError("this rank is not part of the mesh")
+    spec.last_mesh = mesh
     named = list(model.named_parameters(remove_duplicate=False))
     counts = spec.virtual_counts_of(f for f, _ in named) if spec.params is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}

@@ -73,6 +73,8 @@ class CompiledSpec:
         self.ignore = ignore
         self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
         self._globs = [compile_glob(r.pattern) for r in rules]
+        # The mesh the model was last built or distributed on: the default for planners.
+        self.last_mesh: object | None = None
         self._ignore_globs = [compile_glob(p) for p in ignore]
 
     # ----------------------------------------------------------------- sizes and meshes
@@ -114,6 +116,10 @@ class CompiledSpec:
         return lm
 
     # ----------------------------------------------------------------- lookup
+
+    def glob(self, rule: int):
+        """The compiled pattern of rule ``rule``."""
+        return self._globs[rule]
 
     def is_ignored(self, fqn: str) -> bool:
         return any(g.regex.match(fqn) for g in self._ignore_globs)

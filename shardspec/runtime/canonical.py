@@ -1,0 +1,207 @@
+"""The canonical checkpoint layout: what a rank stores of each state-dict entry, and where.
+
+Every parameter is stored under its global name and global shape, whatever its runtime form
+(a DTensor on the full mesh, or a Megatron-style local shard wrapped by FSDP2 on the
+data-parallel mesh only). Fused dimensions are stored as their components
+(``<fqn>.<component>``), so the bytes do not depend on the TP degree; per-expert modules
+indexed by a name capture (``local_experts.{expert}``) are stored under their global index.
+
+This module is pure computation over :mod:`shardspec.layout`: for one rank and one
+state-dict entry it yields :class:`Unit` objects (a key, a global shape, this rank's chunk,
+how to cut it from the local tensor, and the replicas that hold the same chunk). Writers are
+chosen statically from these, balanced by bytes, so no rank needs to ask another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from shardspec.layout import (
+    Mesh,
+    ParamLayout,
+    Ranges,
+    component_indices,
+    ranges_len,
+    rank_table,
+    storage_units,
+)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One stored tensor's chunk held by this rank."""
+
+    key: str  # the storage key (the flat state-dict key with the canonical name)
+    source: str  # the flat key in the caller's state dict
+    shape: tuple[int, ...]  # canonical global shape
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    # How to cut the chunk out of the local tensor: (dim, ((start, length), ...)) runs along
+    # one dim, concatenated; None when the chunk is the whole local tensor.
+    runs: tuple[int, tuple[tuple[int, int], ...]] | None
+    replicas: tuple[int, ...]  # ranks that hold the same chunk (this rank included)
+    itemsize: int = 4
+    # For a component: (tensor dim, ((start, length), ...)) where it lies in the fused
+    # tensor, per group; and the fused tensor's global shape. Lets a fused tensor saved
+    # whole (by DCP's default planner) still load.
+    fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return any(s == 0 for s in self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.sizes) * self.itemsize
+
+
+@dataclass
+class CanonicalPlan:
+    """All of one rank's units, and the writer of every chunk it holds."""
+
+    units: list[Unit] = field(default_factory=list)
+    writer: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)  # non-tensor source key -> stored key
+    paths: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # key -> name span
+    dtypes: dict[str, object] = field(default_factory=dict)  # key -> torch dtype
+    fingerprint: str = ""
+
+
+def _local_runs(ranges: Ranges, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """Positions, in local order, of the held indices that lie in ``[lo, hi)``."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for a, b in ranges:
+        s, e = max(a, lo), min(b, hi)
+        if s < e:
+            start = pos + s - a
+            if out and out[-1][0] + out[-1][1] == start:
+                out[-1] = (out[-1][0], out[-1][1] + e - s)
+            else:
+                out.append((start, e - s))
+        pos += b - a
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A storage unit of a parameter as one rank holds it (no key names yet)."""
+
+    component: str | None
+    shape: tuple[int, ...]  # canonical shape, virtual dims removed
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    runs: tuple[int, tuple[tuple[int, int], ...]] | None
+    virtual_start: tuple[int, ...]  # first global index of each virtual dim on this rank
+    fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
+
+
+@lru_cache(maxsize=4096)
+def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ...]:
+    """For every rank (in rank order), its storage pieces of a parameter with ``layout``."""
+    table = rank_table(layout, mesh)
+    units = storage_units(layout)
+    out = []
+    for t in table:
+        pieces = []
+        for comp, d in units:
+            shape, offsets, sizes = [], [], []
+            runs = None
+            fused = None
+            vstart = []
+            for i, (dim, r) in enumerate(zip(layout.dims, t.indices, strict=True)):
+                if dim.virtual:
+                    vstart.append(r[0][0] if r else 0)
+                    continue
+                if comp is not None and i == d:
+                    fusion = dim.fusion
+                    assert fusion is not None
+                    ci = component_indices(fusion, r, comp)
+                    size = dict(fusion.components)[comp] * fusion.groups
+                    if len(ci) > 1:
+                        raise ValueError(f"component {comp!r} is not one block on rank {t.rank}")
+                    local_pos = []
+                    for lo, hi in fusion.component_ranges(comp):
+                        local_pos.extend(_local_runs(r, lo, hi))
+                    tensor_dim = sum(1 for x in layout.dims[:i] if not x.virtual)
+                    runs = (tensor_dim, tuple(local_pos))
+                    where = tuple((lo, hi - lo) for lo, hi in fusion.component_ranges(comp))
+                    full = tuple(x.size for x in layout.dims if not x.virtual)
+                    fused = (tensor_dim, where, full)
+                    shape.append(size)
+                    offsets.append(ci[0][0] if ci else 0)
+                    sizes.append(ranges_len(ci))
+                else:
+                    if len(r) > 1:
+                        raise ValueError(
+                            f"dimension {dim.name!r} is not one block on rank {t.rank}"
+                        )
+                    shape.append(dim.size)
+                    offsets.append(r[0][0] if r else 0)
+                    sizes.append(ranges_len(r))
+            pieces.append(
+                _Piece(comp, tuple(shape), tuple(offsets), tuple(sizes), runs, tuple(vstart), fused)
+            )
+        out.append(tuple(pieces))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def replica_groups(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """For every rank and each of its pieces: the ranks holding the identical chunk."""
+    per_rank = rank_pieces(layout, mesh)
+    groups: dict[tuple, list[int]] = {}
+    keys = []
+    for rank, pieces in enumerate(per_rank):
+        row = []
+        for p in pieces:
+            k = (p.component, p.offsets, p.sizes, p.virtual_start)
+            groups.setdefault(k, []).append(rank)
+            row.append(k)
+        keys.append(row)
+    return tuple(tuple(tuple(groups[k]) for k in row) for row in keys)
+
+
+def assign_writers(
+    chunks: Iterable[tuple[tuple[str, tuple[int, ...]], tuple[int, ...], int]], world: int
+) -> dict[tuple[str, tuple[int, ...]], int]:
+    """Choose one writer per chunk: ``chunks`` are ``((key, offsets), replicas, nbytes)``.
+
+    Chunks with one holder go to it; then replicated chunks, largest first, go to whichever
+    replica has written the fewest bytes so far (lowest rank on ties). Deterministic, so every
+    rank computes the same answer from the same state-dict structure without communication.
+    """
+    load = [0] * world
+    out: dict[tuple[str, tuple[int, ...]], int] = {}
+    shared = []
+    for ident, replicas, nbytes in chunks:
+        if ident in out:
+            continue
+        if len(replicas) == 1:
+            out[ident] = replicas[0]
+            load[replicas[0]] += nbytes
+        else:
+            shared.append((ident, replicas, nbytes))
+    seen = set(out)
+    shared.sort(key=lambda c: (-c[2], c[0]))
+    for ident, replicas, nbytes in shared:
+        if ident in seen:
+            continue
+        seen.add(ident)
+        w = min(replicas, key=lambda r: (load[r], r))
+        out[ident] = w
+        load[w] += nbytes
+    return out
+
+
+def fingerprint(entries: Mapping[str, tuple], mesh: Mesh, extra: str = "") -> str:
+    """A short hash of the state dict's structure (keys, shapes, dtypes, chunks) and mesh."""
+    h = hashlib.sha256()
+    h.update(repr((mesh.names, mesh.sizes, extra)).encode())
+    for key in sorted(entries):
+        h.update(repr((key, entries[key])).encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,715 @@
+"""DCP planners generated modules expose, and ``save``/``load`` helpers around them.
+
+``SavePlanner`` and ``LoadPlanner`` subclass DCP's default planners. They replace every
+parameter-shaped entry of the state dict (parameters, and optimizer states that follow them)
+by its canonical units (see :mod:`shardspec.runtime.canonical`); everything else (scalars,
+param groups, other objects) goes through DCP's default handling.
+
+* Writers are chosen statically, balanced by bytes: a replicated chunk is written once.
+* Plans are cached under a fingerprint of the structure and the mesh, in a cache key of
+  their own (per spec, planner role and fingerprint), so a new item, a dtype change or a
+  new mesh re-plans, and model and optimizer planners never share a cache.
+* Loading validates the whole checkpoint before a byte is read and reports every missing,
+  unexpected or mismatched key in one error. ``load`` reads into staging buffers and
+  changes the live tensors only after every rank's reads succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_local_load_plan,
+    create_default_local_save_plan,
+)
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor import DTensor
+
+from shardspec.layout import Mesh, ParamLayout, dtensor_placements, module_shape
+from shardspec.runtime.canonical import (
+    CanonicalPlan,
+    Unit,
+    assign_writers,
+    fingerprint,
+    rank_pieces,
+    replica_groups,
+)
+from shardspec.runtime.spec import CompiledSpec, SpecError
+
+MARKER = ".shardspec.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved or loaded as asked; names every key or file."""
+
+
+# ----------------------------------------------------------------------------- mapping
+
+
+def _flat(state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    return flatten_state_dict(state_dict)  # type: ignore[arg-type]
+
+
+def _dot_starts(key: str) -> list[int]:
+    return [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
+
+
+def _describe(value: Any) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    return ("object", type(value).__name__)
+
+
+def rename_path(path: tuple, key: str, start: int, stop: int, new: str) -> tuple:
+    """The object path of ``key`` with the characters ``key[start:stop]`` (a parameter
+    name inside one path element) replaced by ``new``."""
+    out, pos = [], 0
+    for element in path:
+        text = str(element)
+        lo, hi = pos, pos + len(text)
+        if lo <= start and stop <= hi:
+            text = text[: start - lo] + new + text[stop - lo :]
+            out.append(text)
+        else:
+            out.append(element)
+        pos = hi + 1
+    return tuple(out)
+
+
+class _Names:
+    """Finds parameter names inside flat state-dict keys, and their canonical names."""
+
+    def __init__(self, spec: CompiledSpec) -> None:
+        self.spec = spec
+        self.names = set(spec.params) if spec.params is not None else None
+
+    def split(self, key: str) -> tuple[int, int] | None:
+        """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
+        starts = _dot_starts(key)
+        stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+        for a in starts:
+            for b in reversed(stops):
+                if b > a and self._is_param(key[a:b]):
+                    return a, b
+        return None
+
+    def _is_param(self, name: str) -> bool:
+        if self.names is not None:
+            return name in self.names
+        try:
+            self.spec.match(name)
+        except SpecError:
+            return False
+        return True
+
+    def canonical(self, fqn: str, layout: ParamLayout, virtual_start: tuple[int, ...]) -> str:
+        """``fqn`` with each name-indexed capture replaced by its global index."""
+        virtual = [d for d in layout.dims if d.virtual]
+        if not virtual:
+            return fqn
+        if self.spec.params is not None and fqn in self.spec.params:
+            rule = self.spec.params[fqn].rule
+        else:
+            rule, _ = self.spec.match(fqn)
+        m = self.spec.glob(rule).regex.match(fqn)
+        assert m is not None
+        out, last = [], 0
+        for (s, e), k in sorted((m.span(d.name), k) for k, d in enumerate(virtual)):
+            out += [fqn[last:s], str(virtual_start[k] + int(fqn[s:e]))]
+            last = e
+        out.append(fqn[last:])
+        return "".join(out)
+
+
+def canonical_plan(
+    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any]
+) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
+    """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
+
+    Returns the plan, the entries left for DCP's default handling (under their stored
+    names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
+    entries are dropped. Parameter-shaped entries must be on the spec's layout.
+    """
+    from shardspec.runtime.dtensor import to_torch
+
+    names = _Names(spec)
+    plan = CanonicalPlan()
+    rest: dict[str, Any] = {}
+    local: dict[str, tuple[Unit, torch.Tensor]] = {}
+    structure: dict[str, tuple] = {}
+    chunks = []
+    counts = _virtual_counts(spec, names, flat)
+    for key in sorted(flat):
+        value = flat[key]
+        span = names.split(key)
+        if span is None:
+            if any(spec.is_ignored(key[i:]) for i in _dot_starts(key)):
+                continue
+            rest[key] = value
+            structure[key] = _describe(value)
+            continue
+        a, b = span
+        fqn = key[a:b]
+        if spec.is_ignored(fqn):
+            continue
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+        layout = spec.layout(fqn, mesh, shape if spec.params is None else None, counts.get(fqn))
+        pieces = rank_pieces(layout, mesh)
+        if shape != module_shape(layout, mesh):
+            # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
+            vstart = pieces[rank][0].virtual_start if pieces[rank] else ()
+            new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
+            rest[new_key] = value
+            plan.renamed[key] = new_key
+            structure[new_key] = _describe(value)
+            continue
+        placements = tuple(to_torch(p) for p in dtensor_placements(layout, mesh))
+        tensor = _local_of(value, placements, key)
+        groups = replica_groups(layout, mesh)
+        itemsize = tensor.element_size()
+        for r, row in enumerate(pieces):
+            for k, piece in enumerate(row):
+                name = names.canonical(fqn, layout, piece.virtual_start)
+                if piece.component is not None:
+                    name = f"{name}.{piece.component}"
+                skey = key[:a] + name + key[b:]
+                if r == rank:
+                    unit = Unit(
+                        skey,
+                        key,
+                        piece.shape,
+                        piece.offsets,
+                        piece.sizes,
+                        piece.runs,
+                        groups[r][k],
+                        itemsize,
+                        piece.fused,
+                    )
+                    plan.units.append(unit)
+                    plan.paths[skey] = (a, b, name)
+                    local[skey] = (unit, tensor)
+                    plan.dtypes[skey] = tensor.dtype
+                    structure[skey] = (piece.shape, str(tensor.dtype), piece.offsets, piece.sizes)
+                if not any(s == 0 for s in piece.sizes):
+                    nbytes = math.prod(piece.sizes) * itemsize
+                    chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
+    plan.writer = assign_writers(chunks, mesh.world)
+    plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
+    return plan, rest, local
+
+
+def _virtual_counts(spec: CompiledSpec, names: _Names, flat: Mapping[str, Any]):
+    """Without a manifest: modules per name-indexed dim, counted from the state dict."""
+    if spec.params is not None:
+        return {}
+    fqns = set()
+    for key in flat:
+        span = names.split(key)
+        if span is not None:
+            fqns.add(key[span[0] : span[1]])
+    return spec.virtual_counts_of(sorted(fqns))
+
+
+def _local_of(value: Any, placements: tuple, key: str) -> torch.Tensor:
+    if isinstance(value, DTensor):
+        got = tuple(value.placements)
+        if got != placements:
+            raise CheckpointError(
+                f"{key}: its DTensor placements {got} differ from the spec's {placements}; "
+                "the model is not on the spec's layout (was it distributed with this spec?)"
+            )
+        return value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value
+    raise CheckpointError(f"{key}: expected a tensor, got {type(value).__name__}")
+
+
+def unit_data(unit: Unit, tensor: torch.Tensor) -> torch.Tensor:
+    """The unit's chunk cut from the local tensor (a view when it is the whole tensor)."""
+    if unit.runs is None:
+        return tensor
+    dim, runs = unit.runs
+    if len(runs) == 1:
+        return tensor.narrow(dim, runs[0][0], runs[0][1])
+    return torch.cat([tensor.narrow(dim, s, n) for s, n in runs], dim=dim)
+
+
+def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
+    """Copy a unit's chunk back into the local tensor."""
+    if unit.runs is None:
+        if data.data_ptr() != tensor.data_ptr():
+            tensor.copy_(data)
+        return
+    dim, runs = unit.runs
+    pos = 0
+    for s, n in runs:
+        tensor.narrow(dim, s, n).copy_(data.narrow(dim, pos, n))
+        pos += n
+
+
+def _mesh_and_rank(spec: CompiledSpec, mesh: Any) -> tuple[Mesh, int]:
+    mesh = mesh if mesh is not None else spec.last_mesh
+    if mesh is None:
+        raise CheckpointError(
+            "no mesh: pass mesh=... to the planner, or build it with build_mesh()/distribute()"
+        )
+    lm = spec.layout_mesh(mesh)
+    coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
+    rank = lm.rank_of(coord) if coord is not None else dist.get_rank()
+    return lm, rank
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[str, tuple]:
+    """DCP's flat-key -> object-path mappings for the stored (canonical) keys."""
+    out = dict(mappings)
+    for old, new in plan.renamed.items():
+        if old in out:
+            out[new] = out.pop(old)
+    for unit in plan.units:
+        path = mappings.get(unit.source)
+        if path is not None:
+            a, b, name = plan.paths[unit.key]
+            out[unit.key] = rename_path(path, unit.source, a, b, name)
+    for unit in plan.units:
+        out.pop(unit.source, None)
+    return out
+
+
+class ShardspecSavePlanner(DefaultSavePlanner):
+    """Saves a state dict in the spec's canonical, topology-independent layout.
+
+    ``role`` names the cache: give the model and the optimizer planners different roles
+    if they are used for separate saves (their fingerprints differ anyway).
+    """
+
+    def __init__(
+        self,
+        spec: CompiledSpec,
+        mesh: Any = None,
+        *,
+        role: str = "state",
+        enable_plan_caching: bool = True,
+    ) -> None:
+        super().__init__(enable_plan_caching=enable_plan_caching)
+        self.spec = spec
+        self.role = role
+        self._mesh_arg = mesh
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
+        flat, mappings = _flat(state_dict)
+        self.lmesh, self.rank = _mesh_and_rank(self.spec, self._mesh_arg)
+        self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
+        self.mappings = _stored_mappings(self.canon, mappings)
+        self.state_dict = rest
+        self.is_coordinator = is_coordinator
+        # A cache of its own: spec, role and structure fingerprint (keys, shapes, dtypes,
+        # chunk offsets, mesh). DCP's default key is the class name, shared by every
+        # instance, and its plan comparison ignores dtypes.
+        self._cached_plans_key = f"shardspec:{self.spec.name}:{self.role}:{self.canon.fingerprint}"
+
+    def create_local_plan(self) -> SavePlan:
+        items: list[WriteItem] = []
+        for unit in self.canon.units:
+            if unit.empty or self.canon.writer.get((unit.key, unit.offsets)) != self.rank:
+                continue
+            _, tensor = self.local[unit.key]
+            items.append(
+                WriteItem(
+                    index=MetadataIndex(unit.key, torch.Size(unit.offsets)),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=ChunkStorageMetadata(
+                            offsets=torch.Size(unit.offsets), sizes=torch.Size(unit.sizes)
+                        ),
+                        properties=TensorProperties(dtype=tensor.dtype),
+                        size=torch.Size(unit.shape),
+                    ),
+                )
+            )
+        rest = create_default_local_save_plan(self.state_dict, self.is_coordinator)
+        plan = SavePlan(items + list(rest.items), planner_data=self.mappings)
+        self.plan = plan
+        if self._enable_plan_caching:
+            from torch.distributed.checkpoint.planner_helpers import _compare_save_plans
+
+            cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)
+            if cached is not None and _compare_save_plans(plan, cached):
+                return SavePlan([], usable=False)
+            self._pending_local_plan = plan
+        return plan
+
+    def resolve_data(self, write_item: WriteItem):
+        hit = self.local.get(write_item.index.fqn)
+        if hit is not None:
+            unit, tensor = hit
+            return unit_data(unit, tensor)
+        return super().resolve_data(write_item)
+
+    def bytes_written(self) -> int:
+        """Bytes of tensor data this rank writes under the current plan."""
+        return sum(
+            u.nbytes
+            for u in self.canon.units
+            if not u.empty and self.canon.writer.get((u.key, u.offsets)) == self.rank
+        )
+
+
+# ----------------------------------------------------------------------------- load
+
+
+class ShardspecLoadPlanner(DefaultLoadPlanner):
+    """Loads a canonical checkpoint into any mesh the spec allows, validating first.
+
+    ``partial=True`` allows keys missing from the checkpoint (they keep their values; see
+    ``skipped``) and keys the state dict does not ask for. ``staging=True`` reads every
+    chunk into a separate buffer, and ``commit()`` then copies them into the live tensors
+    (``load`` does this once every rank's reads succeeded). With ``staging=False`` (a plain
+    ``dcp.load(..., planner=LoadPlanner())``) chunks land in the live tensors as they arrive.
+    """
+
+    def __init__(
+        self,
+        spec: CompiledSpec,
+        mesh: Any = None,
+        *,
+        partial: bool = False,
+        staging: bool = False,
+    ) -> None:
+        super().__init__(allow_partial_load=partial)
+        self.spec = spec
+        self._mesh_arg = mesh
+        self.partial = partial
+        self.staging = staging
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._rest_buffers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.skipped: list[str] = []
+
+    def set_up_planner(self, state_dict, metadata: Metadata | None = None, is_coordinator=False):
+        if metadata is None:
+            raise CheckpointError("the checkpoint has no metadata")
+        self.original_state_dict = state_dict
+        flat, self.flat_mappings = _flat(state_dict)
+        self.lmesh, self.rank = _mesh_and_rank(self.spec, self._mesh_arg)
+        self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
+        self.stored_to_own = {new: old for old, new in self.canon.renamed.items()}
+        self.state_dict = rest  # keyed by stored names
+        self.metadata = metadata
+        self.is_coordinator = is_coordinator
+        self._legacy, self.skipped = validate(
+            self.canon, rest, metadata, self.spec, partial=self.partial
+        )
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        md = self.metadata.state_dict_metadata
+        items: list[ReadItem] = []
+        skipped = set(self.skipped)
+        for unit in self.canon.units:
+            if unit.empty or unit.key in skipped:
+                continue
+            chunk = ChunkStorageMetadata(torch.Size(unit.offsets), torch.Size(unit.sizes))
+            if unit.key in md:
+                items.extend(create_read_items_for_chunk_list(unit.key, md[unit.key], [chunk]))
+            else:
+                items.extend(self._legacy_reads(unit))
+        present = {k: v for k, v in self.state_dict.items() if k in md}
+        rest_plan = create_default_local_load_plan(present, self.metadata, False)
+        return LoadPlan(items + list(rest_plan.items))
+
+    def _legacy_reads(self, unit: Unit) -> list[ReadItem]:
+        """Read a component out of a fused tensor that DCP's default planner saved whole
+        under the parameter's own key: one read per group the chunk touches."""
+        assert unit.fused is not None and self.metadata is not None
+        source = self._legacy[unit.key]
+        md = self.metadata.state_dict_metadata[source]
+        dim, where, _ = unit.fused
+        items = []
+        pos = 0  # position in the component's own numbering
+        for start, length in where:
+            lo = max(unit.offsets[dim], pos)
+            hi = min(unit.offsets[dim] + unit.sizes[dim], pos + length)
+            if lo < hi:
+                offs, sizes = list(unit.offsets), list(unit.sizes)
+                offs[dim], sizes[dim] = start + lo - pos, hi - lo
+                chunk = ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes))
+                for it in create_read_items_for_chunk_list(source, md, [chunk]):
+                    dest = list(it.dest_offsets)
+                    dest[dim] += lo - unit.offsets[dim]
+                    items.append(
+                        dataclasses.replace(
+                            it,
+                            dest_index=MetadataIndex(unit.key, torch.Size(unit.offsets)),
+                            dest_offsets=torch.Size(dest),
+                        )
+                    )
+            pos += length
+        return items
+
+    def _buffer(self, key: str) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None:
+            unit, tensor = self.local[key]
+            if self.staging or unit.runs is not None:
+                buf = torch.empty(unit.sizes, dtype=tensor.dtype, device=tensor.device)
+            else:
+                buf = tensor
+            self._buffers[key] = buf
+        return buf
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        if index.fqn in self.local:
+            return self._buffer(index.fqn)
+        from torch.distributed.checkpoint.utils import find_state_dict_object
+
+        target = find_state_dict_object(self.state_dict, index)
+        if not self.staging:
+            return target
+        hit = self._rest_buffers.get(index.fqn)
+        if hit is None:
+            hit = (torch.empty_like(target), target)
+            self._rest_buffers[index.fqn] = hit
+        return hit[0]
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        key = read_item.dest_index.fqn
+        if key in self.local and not self.staging:
+            unit, live = self.local[key]
+            if unit.runs is not None:
+                unit_commit(unit, live, self._buffers[key])
+
+    def load_bytes(self, read_item: ReadItem, value) -> None:
+        from torch.distributed.checkpoint._nested_dict import set_element
+
+        stored = read_item.dest_index.fqn
+        own = self.stored_to_own.get(stored, stored)
+        obj = torch.load(value, weights_only=False)
+        path = self.flat_mappings.get(own)
+        if path is None:
+            self.state_dict[stored] = obj
+        else:
+            set_element(self.original_state_dict, path, obj)
+
+    def commit(self) -> None:
+        """Copy staged chunks into the live tensors (after every rank's reads succeeded)."""
+        for key, buf in self._buffers.items():
+            unit, live = self.local[key]
+            unit_commit(unit, live, buf)
+        for buf, target in self._rest_buffers.values():
+            target.copy_(buf)
+        self._buffers.clear()
+        self._rest_buffers.clear()
+
+
+def validate(
+    canon: CanonicalPlan,
+    rest: Mapping[str, Any],
+    metadata: Metadata,
+    spec: CompiledSpec,
+    *,
+    partial: bool,
+) -> tuple[dict[str, str], list[str]]:
+    """Compare what the state dict asks for with the checkpoint's metadata, before any
+    read. Returns fused-tensor fallbacks (stored key -> key saved whole) and the keys that
+    a partial load skips. Raises one :class:`CheckpointError` naming every problem."""
+    md = metadata.state_dict_metadata
+    problems: list[str] = []
+    legacy: dict[str, str] = {}
+    skipped: list[str] = []
+    expected: set[str] = set()
+    seen: set[str] = set()
+    for unit in canon.units:
+        if unit.key in seen:
+            continue
+        seen.add(unit.key)
+        have = md.get(unit.key)
+        if have is None and unit.fused is not None:
+            whole = md.get(unit.source)
+            if isinstance(whole, TensorStorageMetadata) and tuple(whole.size) == unit.fused[2]:
+                legacy[unit.key] = unit.source
+                expected.add(unit.source)
+                have = whole
+        else:
+            expected.add(unit.key)
+        if have is None:
+            (skipped if partial else problems).append(
+                unit.key if partial else f"missing: {unit.key} (global shape {list(unit.shape)})"
+            )
+            continue
+        if not isinstance(have, TensorStorageMetadata):
+            problems.append(f"{unit.key}: stored as bytes, but the state dict has a tensor")
+            continue
+        want_shape = unit.fused[2] if unit.key in legacy and unit.fused else unit.shape
+        if tuple(have.size) != tuple(want_shape):
+            problems.append(
+                f"{unit.key}: global shape {list(have.size)} in the checkpoint, "
+                f"{list(want_shape)} in the state dict"
+            )
+        dtype = _unit_dtype(unit, canon)
+        if dtype is not None and have.properties.dtype != dtype:
+            problems.append(
+                f"{unit.key}: dtype {have.properties.dtype} in the checkpoint, "
+                f"{dtype} in the state dict"
+            )
+    for key, value in rest.items():
+        expected.add(key)
+        have = md.get(key)
+        if have is None:
+            if not partial:
+                problems.append(f"missing: {key}")
+            continue
+        if isinstance(value, torch.Tensor) and isinstance(have, TensorStorageMetadata):
+            if tuple(have.size) != tuple(value.shape):
+                problems.append(
+                    f"{key}: shape {list(have.size)} in the checkpoint, "
+                    f"{list(value.shape)} in the state dict"
+                )
+            elif have.properties.dtype != value.dtype:
+                problems.append(
+                    f"{key}: dtype {have.properties.dtype} in the checkpoint, "
+                    f"{value.dtype} in the state dict"
+                )
+    if not partial:
+        for key in sorted(md):
+            if key in expected or any(spec.is_ignored(key[i:]) for i in _dot_starts(key)):
+                continue
+            problems.append(f"unexpected: {key} (in the checkpoint, not in the state dict)")
+    if problems:
+        raise CheckpointError(
+            f"the checkpoint does not match the state dict ({len(problems)} problem(s)); "
+            "nothing was read:\n  " + "\n  ".join(problems)
+        )
+    return legacy, skipped
+
+
+def _unit_dtype(unit: Unit, canon: CanonicalPlan) -> torch.dtype | None:
+    return canon.dtypes.get(unit.key)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(
+    spec: CompiledSpec,
+    state: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    mesh: Any = None,
+    planner: ShardspecSavePlanner | None = None,
+) -> ShardspecSavePlanner:
+    """Save ``state`` to ``path`` atomically: written to ``<path>.partial`` first, marked
+    complete (``.shardspec.json``), then moved into place. A save that fails on any rank
+    leaves ``path`` as it was, and the partial directory unmarked."""
+    path = os.fspath(path)
+    tmp = path + ".partial"
+    if _rank0() and os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    _barrier()
+    planner = planner or ShardspecSavePlanner(spec, mesh)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
+    _barrier()
+    if _rank0():
+        marker = {
+            "format": "shardspec-checkpoint/1",
+            "spec": spec.name,
+            "fingerprint": planner.canon.fingerprint,
+            "mesh": dict(zip(planner.lmesh.names, planner.lmesh.sizes, strict=True)),
+        }
+        with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
+            json.dump(marker, f, indent=1, sort_keys=True)
+        old = path + ".old"
+        if os.path.exists(old):
+            shutil.rmtree(old)
+        if os.path.exists(path):
+            os.rename(path, old)
+        os.rename(tmp, path)
+        if os.path.exists(old):
+            shutil.rmtree(old)
+    _barrier()
+    return planner
+
+
+def load(
+    spec: CompiledSpec,
+    state: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    mesh: Any = None,
+    partial: bool = False,
+) -> ShardspecLoadPlanner:
+    """Load ``path`` into ``state`` in place. Validates everything before reading, reads
+    into staging buffers, and changes the live tensors only after every rank's reads
+    succeeded: a failed load leaves the model as it was."""
+    path = os.fspath(path)
+    meta = os.path.join(path, ".metadata")
+    if not os.path.isfile(meta):
+        partial_dir = os.path.exists(path + ".partial")
+        more = f" ({path}.partial is an unfinished save)" if partial_dir else ""
+        raise CheckpointError(f"{meta} is missing: {path} is not a complete DCP checkpoint{more}")
+    planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
+    try:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=planner)
+    except CheckpointError:
+        raise
+    except Exception as e:  # DCP wraps per-rank failures; name the checkpoint
+        found = _first_checkpoint_error(e)
+        if found is not None:
+            raise found from None
+        raise CheckpointError(f"reading {path} failed; the model was not changed:\n{e}") from e
+    planner.commit()
+    return planner
+
+
+def _first_checkpoint_error(e: BaseException) -> CheckpointError | None:
+    """DCP re-raises rank failures wrapped; find our own validation error inside."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        for exc in failures.values():
+            if isinstance(exc, CheckpointError):
+                return exc
+            inner = getattr(exc, "exc", None) or getattr(exc, "__cause__", None)
+            if isinstance(inner, CheckpointError):
+                return inner
+    if isinstance(e.__cause__, CheckpointError):
+        return e.__cause__
+    return None

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner,
     DefaultSavePlanner,
@@ -81,6 +82,14 @@ def _flat(state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tupl
 
 def _dot_starts(key: str) -> list[int]:
     return [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
+
+
+def ignored_key(spec: CompiledSpec, key: str) -> bool:
+    """Whether a flat key lies inside an ignored entry: an ignore pattern matches some
+    dot-bounded part of it (``model.x._extra_state.scale`` is inside ``x._extra_state``)."""
+    starts = _dot_starts(key)
+    stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+    return any(spec.is_ignored(key[a:b]) for a in starts for b in stops if b > a)
 
 
 def _describe(value: Any) -> tuple:
@@ -172,7 +181,7 @@ def canonical_plan(
         value = flat[key]
         span = names.split(key)
         if span is None:
-            if any(spec.is_ignored(key[i:]) for i in _dot_starts(key)):
+            if ignored_key(spec, key):
                 continue
             rest[key] = value
             structure[key] = _describe(value)
@@ -602,7 +611,7 @@ def validate(
                 )
     if not partial:
         for key in sorted(md):
-            if key in expected or any(spec.is_ignored(key[i:]) for i in _dot_starts(key)):
+            if key in expected or ignored_key(spec, key):
                 continue
             problems.append(f"unexpected: {key} (in the checkpoint, not in the state dict)")
     if problems:
@@ -646,7 +655,18 @@ def save(
         shutil.rmtree(tmp)
     _barrier()
     planner = planner or ShardspecSavePlanner(spec, mesh)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
+    try:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+        found = _first_checkpoint_error(e)
+        if found is not None:
+            raise found from None
+        ranks = sorted(getattr(e, "failures", {}) or [])
+        where = f" on rank(s) {ranks}" if ranks else ""
+        raise CheckpointError(
+            f"saving {path} failed{where}: {path} is unchanged, and {tmp} is not marked "
+            f"complete:\n{e}"
+        ) from e
     _barrier()
     if _rank0():
         marker = {
@@ -691,7 +711,7 @@ def load(
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=planner)
     except CheckpointError:
         raise
-    except Exception as e:  # DCP wraps per-rank failures; name the checkpoint
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException: name it all
         found = _first_checkpoint_error(e)
         if found is not None:
             raise found from None
@@ -704,12 +724,11 @@ def _first_checkpoint_error(e: BaseException) -> CheckpointError | None:
     """DCP re-raises rank failures wrapped; find our own validation error inside."""
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict):
-        for exc in failures.values():
+        for wrapped in failures.values():
+            # DCP keeps each rank's failure as (exception, traceback summary).
+            exc = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
             if isinstance(exc, CheckpointError):
                 return exc
-            inner = getattr(exc, "exc", None) or getattr(exc, "__cause__", None)
-            if isinstance(inner, CheckpointError):
-                return inner
     if isinstance(e.__cause__, CheckpointError):
         return e.__cause__
     return None

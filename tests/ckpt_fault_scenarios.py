@@ -1,0 +1,411 @@
+"""Multi-rank scenarios for ``tests/test_checkpoint_faults.py``: plan caching, validation,
+empty shards, bad checkpoints and failed saves, on gloo CPU ranks.
+
+Each scenario appends failure strings instead of raising (so no rank is left waiting in a
+collective) and counts what it checked; :func:`run_all` runs them all in one spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from examples.models import llama, moe
+from shardspec.runtime import CompiledSpec, RuleSpec
+from shardspec.runtime import checkpoint as ck
+from shardspec.runtime.dtensor import distribute
+
+Failures = list[str]
+CHECKED: dict[str, int] = {}
+
+
+def _count(tag: str, n: int = 1) -> None:
+    CHECKED[tag] = CHECKED.get(tag, 0) + n
+
+
+def _llama(mod: Any, mesh: Any, seed: int) -> nn.Module:
+    model = llama.tiny()
+    llama.init_weights(model, seed)
+    mod.distribute(model, mesh)
+    return model
+
+
+def _locals(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def _expect_error(fn: Callable[[], Any], *needles: str) -> str | None:
+    """Run ``fn``; return None if it raised CheckpointError containing every needle."""
+    try:
+        fn()
+    except ck.CheckpointError as e:
+        missing = [n for n in needles if n not in str(e)]
+        return f"error lacks {missing}: {e}" if missing else None
+    except Exception as e:  # noqa: BLE001 - report the wrong kind of error
+        return f"expected CheckpointError, got {type(e).__name__}: {e}"
+    return "no error raised"
+
+
+class _Recording(ck.ShardspecSavePlanner):
+    """Records whether its local plan came from the cache."""
+
+    def create_local_plan(self):
+        plan = super().create_local_plan()
+        self.cache_hit = not plan.usable
+        return plan
+
+
+# ----------------------------------------------------------------------------- caching
+
+
+def plan_caching(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    tag = "[caching]"
+    model = _llama(mod, mesh, 1)
+    msd = model.state_dict()
+    # Save 1 without X, save 2 with X (state that only a later save has): X must be there.
+    p1 = ck.save(mod.SPEC, {"model": msd}, f"{root}/c1", mesh=mesh)
+    x = torch.arange(6.0) + rank * 0  # same on every rank
+    p2 = ck.save(mod.SPEC, {"model": msd, "fault": {"x": x}}, f"{root}/c2", mesh=mesh)
+    if p1._cached_plans_key == p2._cached_plans_key:
+        fail.append(f"{tag} adding an item kept the cache key {p1._cached_plans_key}")
+    target = {"model": _llama(mod, mesh, 2).state_dict(), "fault": {"x": torch.zeros(6)}}
+    ck.load(mod.SPEC, target, f"{root}/c2", mesh=mesh)
+    if not torch.equal(target["fault"]["x"], x):
+        fail.append(f"{tag} item added on the second save came back as {target['fault']['x']}")
+    _count(tag)
+    # The same structure again: a cache hit, and still a correct checkpoint.
+    again = _Recording(mod.SPEC, mesh)
+    ck.save(mod.SPEC, {"model": msd, "fault": {"x": x}}, f"{root}/c3", mesh=mesh, planner=again)
+    if not again.cache_hit:
+        fail.append(f"{tag} an unchanged structure did not reuse the cached plan")
+    fresh = _llama(mod, mesh, 3)
+    ck.load(mod.SPEC, {"model": fresh.state_dict(), "fault": {"x": torch.zeros(6)}},
+            f"{root}/c3", mesh=mesh)
+    bad = _same(_locals(model), _locals(fresh))
+    if bad:
+        fail.append(f"{tag} checkpoint saved from a cached plan differs: {bad[:3]}")
+    _count(tag)
+    # A dtype change re-plans (DCP's own plan comparison ignores dtypes).
+    half = {k: v.to(torch.bfloat16) for k, v in msd.items()}
+    p4 = _Recording(mod.SPEC, mesh)
+    ck.save(mod.SPEC, {"model": half, "fault": {"x": x}}, f"{root}/c4", mesh=mesh, planner=p4)
+    if p4.cache_hit or p4._cached_plans_key == again._cached_plans_key:
+        fail.append(f"{tag} a dtype change did not re-plan")
+    md = dcp.FileSystemReader(f"{root}/c4").read_metadata().state_dict_metadata
+    if md["model.norm.weight"].properties.dtype != torch.bfloat16:
+        fail.append(f"{tag} bf16 save stored {md['model.norm.weight'].properties.dtype}")
+    _count(tag)
+    # Model and optimizer planners never share a cache, even with one structure.
+    a = ck.ShardspecSavePlanner(mod.SPEC, mesh, role="model")
+    b = ck.ShardspecSavePlanner(mod.SPEC, mesh, role="optim")
+    for p in (a, b):
+        p.set_up_planner({"model": msd})
+    if a._cached_plans_key == b._cached_plans_key:
+        fail.append(f"{tag} model and optimizer planners share cache key {a._cached_plans_key}")
+    # A new mesh re-plans.
+    other = mod.build_mesh(tp=1)
+    c = ck.ShardspecSavePlanner(mod.SPEC, other)
+    c.set_up_planner({"model": _llama(mod, other, 1).state_dict()})
+    if c._cached_plans_key == a._cached_plans_key.replace(":model:", ":state:"):
+        fail.append(f"{tag} a different mesh kept the cache key")
+    if c.canon.fingerprint == a.canon.fingerprint:
+        fail.append(f"{tag} a different mesh kept the fingerprint")
+    _count(tag)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validation(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    tag = "[validation]"
+    model = _llama(mod, mesh, 1)
+    msd = model.state_dict()
+    extra = {"a": torch.arange(5.0), "b": torch.ones(2)}
+    ck.save(mod.SPEC, {"model": msd, "extra": extra}, f"{root}/v", mesh=mesh)
+    target_model = _llama(mod, mesh, 9)
+    before = _locals(target_model)
+    tsd = target_model.state_dict()
+    dropped = "layers.1.ffn_norm.weight"
+    tsd.pop(dropped)
+    target = {"model": tsd, "extra": {"a": torch.zeros(4), "c": torch.zeros(1)}}
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, target, f"{root}/v", mesh=mesh),
+        f"unexpected: model.{dropped}",
+        "unexpected: extra.b",
+        "extra.a: shape [5] in the checkpoint, [4]",
+        "missing: extra.c",
+        "4 problem(s)",
+    )
+    if err:
+        fail.append(f"{tag} mismatches: {err}")
+    if _same(before, _locals(target_model)):
+        fail.append(f"{tag} a rejected load changed the model")
+    _count(tag)
+    # dtype: every parameter chunk is named.
+    half = {k: v.to(torch.bfloat16) for k, v in _llama(mod, mesh, 9).state_dict().items()}
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": half, "extra": extra}, f"{root}/v", mesh=mesh),
+        "model.norm.weight: dtype torch.float32 in the checkpoint, torch.bfloat16",
+        "model.layers.0.feed_forward.w13.weight.gate: dtype",
+    )
+    if err:
+        fail.append(f"{tag} dtype: {err}")
+    _count(tag)
+    # A partial load only when asked: a checkpoint of some parameters.
+    some = {k: v for k, v in msd.items() if k.startswith("layers.0.")}
+    ck.save(mod.SPEC, {"model": some}, f"{root}/some", mesh=mesh)
+    fresh = _llama(mod, mesh, 5)
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": fresh.state_dict()}, f"{root}/some", mesh=mesh),
+        "missing: model.norm.weight",
+        "missing: model.layers.1.feed_forward.w13.weight.up",
+    )
+    if err:
+        fail.append(f"{tag} strict load of a partial checkpoint: {err}")
+    kept = _locals(fresh)
+    planner = ck.load(mod.SPEC, {"model": fresh.state_dict()}, f"{root}/some", mesh=mesh,
+                      partial=True)
+    now = _locals(fresh)
+    orig = _locals(model)
+    for k in now:
+        want = orig[k] if k.startswith("layers.0.") else kept[k]
+        if not torch.equal(now[k], want):
+            fail.append(f"{tag} partial load: {k} is wrong")
+    if "model.norm.weight" not in planner.skipped:
+        fail.append(f"{tag} partial load did not report skipped keys: {planner.skipped[:5]}")
+    _count(tag)
+    # A checkpoint of another model: every difference named, nothing read.
+    mmesh = _moe_mesh()
+    m = moe.tiny()
+    moe.init_weights(m, 0)
+    import generated.deepseek_moe as mo
+
+    mo.distribute(m, mmesh)
+    err = _expect_error(
+        lambda: ck.load(mo.SPEC, {"model": m.state_dict()}, f"{root}/v", mesh=mmesh),
+        "missing: model.embed.weight",
+        "unexpected: model.tok_embeddings.weight",
+    )
+    if err:
+        fail.append(f"{tag} different model: {err}")
+    _count(tag)
+
+
+def _moe_mesh():
+    import generated.deepseek_moe as mo
+
+    return mo.build_mesh(ep=2)
+
+
+def ignored_entries(root: str, rank: int, fail: Failures) -> None:
+    """``ignore **._extra_state``: never saved by shardspec, and not unexpected when a
+    default-planner checkpoint has it."""
+    tag = "[ignore]"
+    import generated.deepseek_moe as mo
+
+    mesh = _moe_mesh()
+    m = moe.tiny()
+    moe.init_weights(m, 0)
+    mo.distribute(m, mesh)
+    sd = m.state_dict()
+    if not any("_extra_state" in k for k in sd):
+        fail.append(f"{tag} the model has no extra state to test with")
+    ck.save(mo.SPEC, {"model": sd}, f"{root}/i1", mesh=mesh)
+    md = dcp.FileSystemReader(f"{root}/i1").read_metadata().state_dict_metadata
+    leaked = [k for k in md if "_extra_state" in k]
+    if leaked:
+        fail.append(f"{tag} ignored entries were saved: {leaked}")
+    dcp.save({"model": sd}, checkpoint_id=f"{root}/i2")
+    md = dcp.FileSystemReader(f"{root}/i2").read_metadata().state_dict_metadata
+    if not any("_extra_state" in k for k in md):
+        fail.append(f"{tag} the default planner did not save extra state (test premise)")
+    m2 = moe.tiny()
+    moe.init_weights(m2, 7)
+    mo.distribute(m2, mesh)
+    try:
+        ck.load(mo.SPEC, {"model": m2.state_dict()}, f"{root}/i2", mesh=mesh)
+    except Exception as e:  # noqa: BLE001
+        fail.append(f"{tag} a default-planner checkpoint with extra state failed: {e}")
+    bad = _same(_locals(m), _locals(m2))
+    if bad:
+        fail.append(f"{tag} default-planner checkpoint loaded wrong values: {bad[:3]}")
+    _count(tag)
+
+
+# ----------------------------------------------------------------------------- bad files
+
+
+def bad_checkpoints(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    tag = "[bad-files]"
+    model = _llama(mod, mesh, 1)
+    ck.save(mod.SPEC, {"model": model.state_dict()}, f"{root}/b", mesh=mesh)
+    dist.barrier()
+    # No .metadata.
+    if rank == 0:
+        shutil.copytree(f"{root}/b", f"{root}/nometa")
+        os.remove(f"{root}/nometa/.metadata")
+    dist.barrier()
+    target = _llama(mod, mesh, 4)
+    before = _locals(target)
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": target.state_dict()}, f"{root}/nometa", mesh=mesh),
+        f"{root}/nometa/.metadata is missing",
+    )
+    if err:
+        fail.append(f"{tag} missing .metadata: {err}")
+    _count(tag)
+    # A truncated data file: an error naming the checkpoint, and no rank's model changed.
+    if rank == 0:
+        shutil.copytree(f"{root}/b", f"{root}/trunc")
+        victim = f"{root}/trunc/__1_0.distcp"
+        size = os.path.getsize(victim)
+        with open(victim, "r+b") as f:
+            f.truncate(size // 2)
+    dist.barrier()
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": target.state_dict()}, f"{root}/trunc", mesh=mesh),
+        f"{root}/trunc",
+        "the model was not changed",
+    )
+    if err:
+        fail.append(f"{tag} truncated file: {err}")
+    if _same(before, _locals(target)):
+        fail.append(f"{tag} a failed load changed the model on rank {rank}")
+    _count(tag)
+
+
+def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    """One rank fails while writing: the previous checkpoint stays intact and loadable, and
+    the new one is not marked complete."""
+    tag = "[failed-save]"
+    model = _llama(mod, mesh, 1)
+    first = _locals(model)
+    path = f"{root}/fs"
+    ck.save(mod.SPEC, {"model": model.state_dict()}, path, mesh=mesh)
+    before = sorted(os.listdir(path))
+    changed = _llama(mod, mesh, 2)
+
+    class Failing(ck.ShardspecSavePlanner):
+        def resolve_data(self, write_item):
+            if self.rank == 1:
+                raise OSError("simulated: no space left on device")
+            return super().resolve_data(write_item)
+
+    err = _expect_error(
+        lambda: ck.save(mod.SPEC, {"model": changed.state_dict()}, path, mesh=mesh,
+                        planner=Failing(mod.SPEC, mesh)),
+        f"saving {path} failed on rank(s) [1]",
+        "no space left on device",
+        "is not marked complete",
+    )
+    if err:
+        fail.append(f"{tag} on rank {rank}: {err}")
+    dist.barrier()
+    if sorted(os.listdir(path)) != before:
+        fail.append(f"{tag} the previous checkpoint's files changed")
+    if os.path.exists(os.path.join(path + ".partial", ck.MARKER)):
+        fail.append(f"{tag} the failed save was marked complete")
+    target = _llama(mod, mesh, 3)
+    ck.load(mod.SPEC, {"model": target.state_dict()}, path, mesh=mesh)
+    bad = _same(first, _locals(target))
+    if bad:
+        fail.append(f"{tag} the previous checkpoint no longer loads its values: {bad[:3]}")
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": target.state_dict()}, path + ".missing", mesh=mesh),
+        ".metadata is missing",
+    )
+    if err:
+        fail.append(f"{tag} {err}")
+    _count(tag)
+
+
+# ----------------------------------------------------------------------------- empty shards
+
+
+class _Uneven(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.arange(12.0).reshape(3, 4))
+        self.v = nn.Parameter(torch.arange(5.0))
+
+
+def empty_shards(mesh1d: Any, rank: int, root: str, fail: Failures) -> None:
+    """Rank 3 owns 0 rows of ``w`` (3 rows over 4 ranks): it writes nothing for it, no rank
+    materializes the full tensor, and the round trip is exact."""
+    tag = "[empty]"
+    spec = CompiledSpec(
+        name="uneven",
+        axes=("dp",),
+        sizes={"dp": None},
+        world=None,
+        rules=(
+            RuleSpec(pattern="w", dims=("rows", "cols"), shard=(("rows", ("dp",)),)),
+            RuleSpec(pattern="v", dims=("n",), shard=(("n", ("dp",)),)),
+        ),
+        params=None,
+    )
+    model = _Uneven()
+    distribute(spec, model, mesh1d)
+    if rank == 3 and model.w.to_local().numel() != 0:
+        fail.append(f"{tag} rank 3 holds {model.w.to_local().shape} of w, expected nothing")
+    planner = ck.save(spec, {"m": model.state_dict()}, f"{root}/e", mesh=mesh1d)
+    units = [u for u in planner.canon.units if u.key == "m.w"]
+    if rank == 3 and (len(units) != 1 or not units[0].empty):
+        fail.append(f"{tag} rank 3's unit of w is {units}")
+    if any(u.sizes == u.shape for u in planner.canon.units if u.key == "m.w"):
+        fail.append(f"{tag} rank {rank} cut the full w")
+    fresh = _Uneven()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    distribute(spec, fresh, mesh1d)
+    ck.load(spec, {"m": fresh.state_dict()}, f"{root}/e", mesh=mesh1d)
+    for name in ("w", "v"):
+        got = getattr(fresh, name).full_tensor()
+        want = getattr(_Uneven(), name).detach()
+        if not torch.equal(got, want):
+            fail.append(f"{tag} {name} came back as {got}")
+    _count(tag)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]:
+    import generated.llama as mod
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fail: Failures = []
+    mesh = mod.build_mesh(tp=2)
+    mesh1d = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("caching", lambda: plan_caching(mod, mesh, rank, root, fail)),
+        ("validation", lambda: validation(mod, mesh, rank, root, fail)),
+        ("ignore", lambda: ignored_entries(root, rank, fail)),
+        ("bad-files", lambda: bad_checkpoints(mod, mesh, rank, root, fail)),
+        ("failed-save", lambda: failed_save(mod, mesh, rank, root, fail)),
+        ("empty", lambda: empty_shards(mesh1d, rank, root, fail)),
+    ]
+    for name, step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - report, and keep the ranks in step
+            fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
+        dist.barrier()
+    return fail, dict(CHECKED)

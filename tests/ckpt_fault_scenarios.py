@@ -57,7 +57,7 @@ def _expect_error(fn: Callable[[], Any], *needles: str) -> str | None:
     except ck.CheckpointError as e:
         missing = [n for n in needles if n not in str(e)]
         return f"error lacks {missing}: {e}" if missing else None
-    except Exception as e:  # noqa: BLE001 - report the wrong kind of error
+    except Exception as e:
         return f"expected CheckpointError, got {type(e).__name__}: {e}"
     return "no error raised"
 
@@ -95,8 +95,12 @@ def plan_caching(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> N
     if not again.cache_hit:
         fail.append(f"{tag} an unchanged structure did not reuse the cached plan")
     fresh = _llama(mod, mesh, 3)
-    ck.load(mod.SPEC, {"model": fresh.state_dict(), "fault": {"x": torch.zeros(6)}},
-            f"{root}/c3", mesh=mesh)
+    ck.load(
+        mod.SPEC,
+        {"model": fresh.state_dict(), "fault": {"x": torch.zeros(6)}},
+        f"{root}/c3",
+        mesh=mesh,
+    )
     bad = _same(_locals(model), _locals(fresh))
     if bad:
         fail.append(f"{tag} checkpoint saved from a cached plan differs: {bad[:3]}")
@@ -179,8 +183,9 @@ def validation(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> Non
     if err:
         fail.append(f"{tag} strict load of a partial checkpoint: {err}")
     kept = _locals(fresh)
-    planner = ck.load(mod.SPEC, {"model": fresh.state_dict()}, f"{root}/some", mesh=mesh,
-                      partial=True)
+    planner = ck.load(
+        mod.SPEC, {"model": fresh.state_dict()}, f"{root}/some", mesh=mesh, partial=True
+    )
     now = _locals(fresh)
     orig = _locals(model)
     for k in now:
@@ -240,7 +245,7 @@ def ignored_entries(root: str, rank: int, fail: Failures) -> None:
     mo.distribute(m2, mesh)
     try:
         ck.load(mo.SPEC, {"model": m2.state_dict()}, f"{root}/i2", mesh=mesh)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         fail.append(f"{tag} a default-planner checkpoint with extra state failed: {e}")
     bad = _same(_locals(m), _locals(m2))
     if bad:
@@ -308,8 +313,13 @@ def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> No
             return super().resolve_data(write_item)
 
     err = _expect_error(
-        lambda: ck.save(mod.SPEC, {"model": changed.state_dict()}, path, mesh=mesh,
-                        planner=Failing(mod.SPEC, mesh)),
+        lambda: ck.save(
+            mod.SPEC,
+            {"model": changed.state_dict()},
+            path,
+            mesh=mesh,
+            planner=Failing(mod.SPEC, mesh),
+        ),
         f"saving {path} failed on rank(s) [1]",
         "no space left on device",
         "is not marked complete",
@@ -388,8 +398,9 @@ def empty_shards(mesh1d: Any, rank: int, root: str, fail: Failures) -> None:
 
 
 def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]:
-    import generated.llama as mod
     from torch.distributed.device_mesh import init_device_mesh
+
+    import generated.llama as mod
 
     fail: Failures = []
     mesh = mod.build_mesh(tp=2)
@@ -405,7 +416,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]
     for name, step in steps:
         try:
             step()
-        except Exception:  # noqa: BLE001 - report, and keep the ranks in step
+        except Exception:
             fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
         dist.barrier()
     return fail, dict(CHECKED)

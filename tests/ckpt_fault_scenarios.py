@@ -394,6 +394,57 @@ def empty_shards(mesh1d: Any, rank: int, root: str, fail: Failures) -> None:
     _count(tag)
 
 
+# ----------------------------------------------------------------------------- locality
+
+
+class _RecordingReader(dcp.FileSystemReader):
+    """Records which data files this rank's reads touch."""
+
+    def read_data(self, plan, planner):
+        self.opened = sorted({self.storage_data[i.storage_index].relative_path for i in plan.items})
+        return super().read_data(plan, planner)
+
+
+def file_locality(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    """Same mesh, same structure: each rank reads only the file it wrote, replicas get
+    their chunks from the writer. Another mesh: ordinary resharding reads."""
+    tag = "[locality]"
+    model = _llama(mod, mesh, 1)
+    extra = {"step": torch.tensor(7.0), "groups": [{"lr": 0.5}]}
+    ck.save(mod.SPEC, {"model": model.state_dict(), "extra": extra}, f"{root}/loc", mesh=mesh)
+    target = _llama(mod, mesh, 2)
+    state = {
+        "model": target.state_dict(),
+        "extra": {"step": torch.tensor(0.0), "groups": [{"lr": 0.0}]},
+    }
+    reader = _RecordingReader(f"{root}/loc")
+    planner = ck.load(mod.SPEC, state, f"{root}/loc", mesh=mesh, storage_reader=reader)
+    if not getattr(planner, "active", False):
+        fail.append(f"{tag} same-topology load did not use file locality")
+    if reader.opened != [f"__{rank}_0.distcp"]:
+        fail.append(f"{tag} rank {rank} opened {reader.opened}")
+    bad = _same(_locals(model), _locals(target))
+    if bad:
+        fail.append(f"{tag} file-local load gave wrong values: {bad[:3]}")
+    if float(state["extra"]["step"]) != 7.0 or state["extra"]["groups"] != [{"lr": 0.5}]:
+        fail.append(f"{tag} replicated entries came back as {state['extra']}")
+    _count(tag)
+    other = mod.build_mesh(tp=1)
+    target = _llama(mod, other, 3)
+    state = {
+        "model": target.state_dict(),
+        "extra": {"step": torch.tensor(0.0), "groups": [{"lr": 0.0}]},
+    }
+    planner = ck.load(mod.SPEC, state, f"{root}/loc", mesh=other)
+    if getattr(planner, "active", True):
+        fail.append(f"{tag} locality was used on a different mesh")
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    bad = [n for n, p in target.named_parameters() if not torch.equal(p.full_tensor(), full[n])]
+    if bad:
+        fail.append(f"{tag} resharded load after a locality save is wrong: {bad[:3]}")
+    _count(tag)
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -412,6 +463,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]
         ("bad-files", lambda: bad_checkpoints(mod, mesh, rank, root, fail)),
         ("failed-save", lambda: failed_save(mod, mesh, rank, root, fail)),
         ("empty", lambda: empty_shards(mesh1d, rank, root, fail)),
+        ("locality", lambda: file_locality(mod, mesh, rank, root, fail)),
     ]
     for name, step in steps:
         try:

@@ -17,6 +17,7 @@ EXPECTED = {
     "[bad-files]": 2,
     "[failed-save]": 1,
     "[empty]": 1,
+    "[locality]": 2,
 }
 
 

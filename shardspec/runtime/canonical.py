@@ -68,6 +68,9 @@ class CanonicalPlan:
     renamed: dict[str, str] = field(default_factory=dict)  # non-tensor source key -> stored key
     paths: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # key -> name span
     dtypes: dict[str, object] = field(default_factory=dict)  # key -> torch dtype
+    # Every stored key of every rank (per-expert modules give each rank other keys): a
+    # checkpoint key in here is expected even if this rank does not read it.
+    keys: set[str] = field(default_factory=set)
     fingerprint: str = ""
 
 

@@ -199,18 +199,25 @@ def canonical_plan(
             new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
             rest[new_key] = value
             plan.renamed[key] = new_key
-            structure[new_key] = _describe(value)
+            for row in pieces:  # other ranks' names of the same entry (per-expert modules)
+                if row:
+                    other = names.canonical(fqn, layout, row[0].virtual_start)
+                    plan.keys.add(key[:a] + other + key[b:])
+            structure[key] = _describe(value)  # the caller's key: the same on every rank
             continue
         placements = tuple(to_torch(p) for p in dtensor_placements(layout, mesh))
         tensor = _local_of(value, placements, key)
         groups = replica_groups(layout, mesh)
         itemsize = tensor.element_size()
+        # The same on every rank: the layout fixes every rank's chunk offsets.
+        structure[key] = ("param", shape, str(tensor.dtype), layout)
         for r, row in enumerate(pieces):
             for k, piece in enumerate(row):
                 name = names.canonical(fqn, layout, piece.virtual_start)
                 if piece.component is not None:
                     name = f"{name}.{piece.component}"
                 skey = key[:a] + name + key[b:]
+                plan.keys.add(skey)
                 if r == rank:
                     unit = Unit(
                         skey,
@@ -227,7 +234,6 @@ def canonical_plan(
                     plan.paths[skey] = (a, b, name)
                     local[skey] = (unit, tensor)
                     plan.dtypes[skey] = tensor.dtype
-                    structure[skey] = (piece.shape, str(tensor.dtype), piece.offsets, piece.sizes)
                 if not any(s == 0 for s in piece.sizes):
                     nbytes = math.prod(piece.sizes) * itemsize
                     chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
@@ -611,7 +617,7 @@ def validate(
                 )
     if not partial:
         for key in sorted(md):
-            if key in expected or ignored_key(spec, key):
+            if key in expected or key in canon.keys or ignored_key(spec, key):
                 continue
             problems.append(f"unexpected: {key} (in the checkpoint, not in the state dict)")
     if problems:
@@ -696,19 +702,36 @@ def load(
     *,
     mesh: Any = None,
     partial: bool = False,
+    locality: bool = True,
+    storage_reader: Any = None,
 ) -> ShardspecLoadPlanner:
     """Load ``path`` into ``state`` in place. Validates everything before reading, reads
     into staging buffers, and changes the live tensors only after every rank's reads
-    succeeded: a failed load leaves the model as it was."""
+    succeeded: a failed load leaves the model as it was.
+
+    With ``locality`` (the default), a checkpoint saved on this very mesh with this very
+    structure is read file-locally: each rank opens only the files it wrote, and replicas
+    receive their copies from the writer (see :mod:`shardspec.runtime.locality`)."""
     path = os.fspath(path)
     meta = os.path.join(path, ".metadata")
     if not os.path.isfile(meta):
         partial_dir = os.path.exists(path + ".partial")
         more = f" ({path}.partial is an unfinished save)" if partial_dir else ""
         raise CheckpointError(f"{meta} is missing: {path} is not a complete DCP checkpoint{more}")
-    planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
+    marker = _read_marker(path) if locality else None
+    planner: ShardspecLoadPlanner
+    if marker is not None:
+        from shardspec.runtime.locality import LocalityLoadPlanner
+
+        planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial)
+    else:
+        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
+    reader = storage_reader if storage_reader is not None else dcp.FileSystemReader(path)
     try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=planner)
+        dcp.load(state, storage_reader=reader, planner=planner)
+        exchange = getattr(planner, "exchange", None)
+        if exchange is not None:
+            exchange()
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException: name it all
@@ -718,6 +741,16 @@ def load(
         raise CheckpointError(f"reading {path} failed; the model was not changed:\n{e}") from e
     planner.commit()
     return planner
+
+
+def _read_marker(path: str) -> dict | None:
+    """The checkpoint's ``.shardspec.json``, or None (a default-planner checkpoint)."""
+    try:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def _first_checkpoint_error(e: BaseException) -> CheckpointError | None:

@@ -67,6 +67,10 @@ class Rule(Node):
     fusions: list[FuseItem] = []
     local: list[Name] = []
     replicate: list[Name] = []  # axes this rule explicitly keeps replicated (opts out of fsdp)
+    # `checkpoint shard DIM over AXIS`: stored chunks split further over axes the parameter
+    # is replicated on at run time; `checkpoint replicate`: the runtime chunks (the default).
+    checkpoint_shards: list[ShardItem] = []
+    checkpoint_replicate: Span | None = None
 
 
 class IgnoreRule(Node):

@@ -197,6 +197,9 @@ class RuleSpec:
     virtual: tuple[str, ...] = ()  # dims indexed by a name capture
     stored_fused: bool = False
     any_rank: bool = False  # `param p replicate` without dimension names
+    # Checkpoint-only splits: (dim, axes) cutting stored chunks further over axes the
+    # parameter is replicated on at run time.
+    ckpt_shard: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def axes_of(self, dim: str) -> tuple[str, ...]:
         return dict(self.shard).get(dim, ())

@@ -182,6 +182,16 @@ class _ToIR(Transformer):
             stored_fused="stored" in children[2:],
         )
 
+    @v_args(meta=True)
+    def checkpoint_shard(self, meta, children):
+        dim, axes = children
+        item = ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
+        return ("checkpoint", item)
+
+    @v_args(meta=True)
+    def checkpoint_replicate(self, meta, children):
+        return ("checkpoint", _span(self.path, meta))
+
     def param_body(self, children):
         return list(children)
 
@@ -193,6 +203,8 @@ class _ToIR(Transformer):
         tok, body = children[0], children[-1]
         dims = children[1] if len(children) == 3 else None
         shards, fusions, local, replicate = [], [], [], []
+        ckpt_shards: list[ir.ShardItem] = []
+        ckpt_replicate: list[Span] = []
         if body != "replicate":
             for item in body:
                 if isinstance(item, ir.ShardItem):
@@ -201,6 +213,11 @@ class _ToIR(Transformer):
                     fusions.append(item)
                 elif item[0] == "local":
                     local.extend(item[1])
+                elif item[0] == "checkpoint":
+                    if isinstance(item[1], ir.ShardItem):
+                        ckpt_shards.append(item[1])
+                    else:
+                        ckpt_replicate.append(item[1])
                 else:
                     replicate.extend(item[1])
         rule = ir.Rule(
@@ -214,13 +231,15 @@ class _ToIR(Transformer):
             fusions=fusions,
             local=local,
             replicate=replicate,
+            checkpoint_shards=ckpt_shards,
+            checkpoint_replicate=ckpt_replicate[0] if ckpt_replicate else None,
         )
         self.rule_index += 1
         return ("param", rule, None)
 
 
 _STATEMENTS = ("fsdp", "ignore", "manifest", "mesh", "param")
-_BODY_ITEMS = ("fuse", "local", "replicate", "shard")
+_BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard")
 
 
 def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
@@ -363,7 +382,7 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         guess = _closest(word, _BODY_ITEMS)
         if guess:
             return f"did you mean `{guess}`?"
-        return "a rule's body holds shard, fuse, local and replicate lines"
+        return "a rule's body holds shard, fuse, local, replicate and checkpoint lines"
     return ""
 
 

@@ -115,6 +115,9 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         virtual=virtual,
         stored_fused=any(f.stored_fused for f in rule.fusions),
         any_rank=not rule.dims_given,
+        ckpt_shard=tuple(
+            (s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards
+        ),
     )
 
 

@@ -194,6 +194,21 @@ CHECKS: tuple[Check, ...] = (
         "param local_experts.{expert}.w1.weight [expert, ffn, hidden] {\n"
         "    local ep\n    shard expert over ep\n}",
     ),
+    Check(
+        "SS028",
+        "bad-checkpoint-placement",
+        E,
+        "A checkpoint placement uses an axis the parameter is already sharded over (or a "
+        "local one), shards a name-indexed dimension, or contradicts `checkpoint replicate`.",
+        "A checkpoint split cuts a rank's stored chunk further over axes on which the "
+        "parameter is replicated at run time, so that its replicas write different parts; "
+        "over any other axis there is nothing to split, and the stored chunks would not tile "
+        "the tensor.",
+        "param embed.weight [vocab, hidden] {   # fsdp dp_shard shards vocab\n"
+        "    checkpoint shard vocab over dp_shard\n}",
+        "param embed.weight [vocab, hidden] {\n    shard vocab over dp_shard\n"
+        "    checkpoint shard hidden over tp   # replicated over tp at run time\n}",
+    ),
     # --- layout --------------------------------------------------------------------------
     Check(
         "SS030",

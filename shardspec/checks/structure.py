@@ -413,7 +413,7 @@ def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     return out
 
 
-STRUCTURE_CHECKS = (
+STRUCTURE_CHECKS_BASE = (
     check_mesh,
     check_fsdp,
     check_patterns,
@@ -421,3 +421,106 @@ STRUCTURE_CHECKS = (
     check_fusions,
     check_virtual,
 )
+
+
+def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """``checkpoint shard DIM over AXIS``: only over axes the parameter is replicated on at
+    run time (the FSDP default counts), never a local axis or a name-indexed dimension."""
+    from shardspec.resolve import rule_spec
+
+    out: list[Diagnostic] = []
+    axes = _axes(spec)
+    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axes else None
+    for rule in spec.rules:
+        if not rule.checkpoint_shards:
+            continue
+        bad = len(out)
+        dims = [d.text for d in rule.dims]
+        if rule.checkpoint_replicate is not None:
+            out.append(
+                diag(
+                    "SS028",
+                    "`checkpoint replicate` and `checkpoint shard` contradict each other",
+                    rule.checkpoint_replicate,
+                    "keep one: `checkpoint replicate` keeps the runtime chunks",
+                )
+            )
+        try:
+            runtime = rule_spec(rule, fsdp)
+        except PatternError:
+            continue
+        used = {a: d for d, ax in runtime.shard for a in ax}
+        local = {a.text for a in rule.local}
+        seen: set[str] = set()
+        for s in rule.checkpoint_shards:
+            if s.dim.text not in dims:
+                out.append(
+                    diag(
+                        "SS020",
+                        f"unknown dimension {s.dim.text!r}",
+                        s.dim.span,
+                        _did_you_mean(s.dim.text, dims),
+                    )
+                )
+            elif s.dim.text in runtime.virtual:
+                out.append(
+                    diag(
+                        "SS028",
+                        f"dimension {s.dim.text!r} is indexed by module name; "
+                        "a checkpoint cannot split it",
+                        s.dim.span,
+                        "split another dimension",
+                    )
+                )
+            for a in s.axes:
+                if spec.mesh is not None and a.text not in axes:
+                    out.append(
+                        diag(
+                            "SS011",
+                            f"unknown mesh axis {a.text!r}",
+                            a.span,
+                            _did_you_mean(a.text, axes),
+                        )
+                    )
+                elif a.text in local:
+                    out.append(
+                        diag(
+                            "SS028",
+                            f"axis {a.text!r} is local to this parameter",
+                            a.span,
+                            "a checkpoint split uses axes the parameter is replicated on",
+                        )
+                    )
+                elif a.text in used:
+                    how = (
+                        " (the fsdp default)"
+                        if a.text == fsdp
+                        and not any(a.text in [x.text for x in sh.axes] for sh in rule.shards)
+                        else ""
+                    )
+                    out.append(
+                        diag(
+                            "SS028",
+                            f"axis {a.text!r} already shards dimension "
+                            f"{used[a.text]!r} at run time{how}",
+                            a.span,
+                            "a checkpoint split uses axes the parameter is replicated "
+                            "on at run time",
+                        )
+                    )
+                elif a.text in seen:
+                    out.append(
+                        diag(
+                            "SS012",
+                            f"axis {a.text!r} is used twice in the checkpoint placement",
+                            a.span,
+                            "use each axis once",
+                        )
+                    )
+                seen.add(a.text)
+        if len(out) > bad:
+            broken.add(rule.index)
+    return out
+
+
+STRUCTURE_CHECKS = (*STRUCTURE_CHECKS_BASE, check_checkpoint_placements)

@@ -168,6 +168,8 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
         fields.append(("stored_fused", True))
     if rs.any_rank:
         fields.append(("any_rank", True))
+    if rs.ckpt_shard:
+        fields.append(("ckpt_shard", rs.ckpt_shard))
     return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 

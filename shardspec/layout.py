@@ -96,6 +96,9 @@ class ParamLayout:
 
     dims: tuple[Dim, ...]
     local: frozenset[str] = field(default_factory=frozenset)
+    # Per dim, axes that only checkpoints split further (outer to inner), inside each
+    # rank's runtime block: the parameter is replicated over them at run time.
+    ckpt: tuple[tuple[str, ...], ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -245,7 +248,9 @@ def build_layout(
         if name in fusions:
             fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
         dims.append(Dim(name, size, axes, fusion, name in rule.virtual))
-    return ParamLayout(tuple(dims), local)
+    ckpt_of = dict(rule.ckpt_shard)
+    ckpt = tuple(ckpt_of.get(d.name, ()) for d in dims) if ckpt_of else ()
+    return ParamLayout(tuple(dims), local, ckpt)
 
 
 def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
@@ -614,6 +619,23 @@ def component_indices(fusion: Fusion, ranges: Ranges, name: str) -> Ranges:
                 base = g * comp_size - cs
                 out.append((lo + base, hi + base))
     return _merge(out)
+
+
+def checkpoint_indices(
+    layout: ParamLayout, mesh: Mesh, coord: Sequence[int], held: tuple[Ranges, ...]
+) -> tuple[Ranges, ...]:
+    """The part of a rank's ``held`` indices that it stores in a checkpoint: its runtime
+    block, cut further over the dims' checkpoint-only axes (torch.chunk, outer to inner)."""
+    if not layout.ckpt:
+        return held
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    c = dict(zip(mesh.names, coord, strict=True))
+    out = []
+    for r, axes in zip(held, layout.ckpt, strict=True):
+        for axis in axes:
+            r = _block(r, sizes[axis], c[axis])
+        out.append(r)
+    return tuple(out)
 
 
 def storage_units(layout: ParamLayout) -> list[tuple[str | None, int | None]]:

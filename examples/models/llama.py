@@ -22,6 +22,15 @@ The forward reads the number of heads and the FFN width from the (possibly TP-lo
 shapes, so a module holding only some GQA groups and some FFN columns still runs; its output
 is then that rank's partial sum of the row-parallel ``wo``/``w2`` outputs.
 
+With ``tp > 1`` (:func:`tiny_tp_local`, Megatron style) every tensor-parallel module is built
+with the shape of one TP rank's shard: ``tok_embeddings``/``output`` hold ``vocab_size // tp``
+rows, ``wqkv`` holds ``n_kv_heads // tp`` whole GQA groups, ``w13`` holds
+``[gate_shard; up_shard]`` (``2 * ffn_dim // tp`` rows), ``wo`` and ``w2`` hold ``1 / tp`` of
+their input columns. :func:`local_tp_state` cuts a full state dict into one rank's. The
+attention and feed-forward of such a module compute that rank's partial sums; the trainer's
+communication (all-reduce, vocabulary-parallel embedding and logits) is out of this file's
+scope.
+
 RoPE uses the Meta/torchtitan *interleaved* convention: the adjacent pairs ``(2j, 2j + 1)`` of
 each head form a complex number rotated by ``pos * theta ** (-2j / head_dim)``.
 """
@@ -47,10 +56,12 @@ __all__ = [
     "apply_rope_interleaved",
     "fuse_wqkv",
     "init_weights",
+    "local_tp_state",
     "rope_cos_sin",
     "split_wqkv",
     "tiny",
     "tiny_tied",
+    "tiny_tp_local",
 ]
 
 
@@ -68,6 +79,9 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
+    # Megatron style: > 1 builds every tensor-parallel module with its TP-local shape (one
+    # TP rank's shard, as ``local_tp_state`` cuts it); 1 builds the full model.
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:
@@ -76,6 +90,17 @@ class LlamaConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.tp < 1:
+            raise ValueError(f"tp ({self.tp}) must be >= 1")
+        for what, n in (
+            ("n_kv_heads", self.n_kv_heads),
+            ("ffn_dim", self.ffn_dim),
+            ("vocab_size", self.vocab_size),
+        ):
+            if n % self.tp != 0:
+                raise ValueError(f"{what} ({n}) must be divisible by tp ({self.tp})")
+        if self.tp > 1 and self.tie_embeddings:
+            raise ValueError("a TP-local model (tp > 1) cannot tie its embeddings")
 
     @property
     def q_per_group(self) -> int:
@@ -141,8 +166,9 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = config.head_dim
         self.q_per_group = config.q_per_group
-        self.wqkv = nn.Linear(config.dim, config.qkv_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        tp = config.tp  # > 1: this TP rank's whole GQA groups, and its columns of wo
+        self.wqkv = nn.Linear(config.dim, config.qkv_dim // tp, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim // tp, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
@@ -170,8 +196,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.w13 = nn.Linear(config.dim, 2 * config.ffn_dim, bias=False)
-        self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)
+        ffn = config.ffn_dim // config.tp  # > 1: [gate_shard; up_shard] and w2's columns
+        self.w13 = nn.Linear(config.dim, 2 * ffn, bias=False)
+        self.w2 = nn.Linear(ffn, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
@@ -199,15 +226,14 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        vocab = config.vocab_size // config.tp  # > 1: this TP rank's rows of the vocabulary
+        self.tok_embeddings = nn.Embedding(vocab, config.dim)
         # A ModuleDict (as in torchtitan) keeps the FQNs stable when stages drop layers.
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(config) for i in range(config.n_layers)}
         )
         self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = (
-            None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
-        )
+        self.output = None if config.tie_embeddings else nn.Linear(config.dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
@@ -303,3 +329,48 @@ def tiny(**overrides: Any) -> Llama:
 def tiny_tied(**overrides: Any) -> Llama:
     """A tiny Llama whose logits reuse ``tok_embeddings.weight`` (no ``output`` module)."""
     return Llama(LlamaConfig(**{"tie_embeddings": True, **overrides}))
+
+
+def tiny_tp_local(*, tp: int = 2, **overrides: Any) -> Llama:
+    """A tiny Llama whose tensor-parallel modules hold one TP rank's shard (Megatron style).
+
+    Every TP rank builds the same shapes; :func:`local_tp_state` gives each rank its values.
+    """
+    return Llama(LlamaConfig(**{**overrides, "tp": tp}))
+
+
+def local_tp_state(
+    full_state: dict[str, Any], tp_rank: int, tp: int, cfg: LlamaConfig
+) -> dict[str, Any]:
+    """Cut a full model's state dict into TP rank ``tp_rank``'s state for ``tiny_tp_local``.
+
+    Rows of ``tok_embeddings``/``output`` (the vocabulary), whole GQA groups of ``wqkv``, this
+    rank's slice of gate and of up in ``w13`` (``[gate_shard; up_shard]``), and columns of
+    ``wo``/``w2``; norms are copied. Values are cloned, so the result shares no storage with
+    ``full_state``.
+    """
+    if tp < 1 or not 0 <= tp_rank < tp:
+        raise ValueError(f"tp_rank ({tp_rank}) must be in [0, tp={tp})")
+    for what, n in (("n_kv_heads", cfg.n_kv_heads), ("ffn_dim", cfg.ffn_dim)):
+        if n % tp:
+            raise ValueError(f"{what} ({n}) must be divisible by tp ({tp})")
+
+    def part(t: torch.Tensor, dim: int) -> torch.Tensor:
+        if t.shape[dim] % tp:
+            raise ValueError(f"size {t.shape[dim]} of dim {dim} does not divide by tp ({tp})")
+        return t.chunk(tp, dim=dim)[tp_rank]
+
+    out: dict[str, Any] = {}
+    for key, value in full_state.items():
+        if key in ("tok_embeddings.weight", "output.weight") or key.endswith(
+            "attention.wqkv.weight"
+        ):
+            # wqkv is group-major, so a contiguous 1/tp of its rows is 1/tp of the groups.
+            value = part(value, 0)
+        elif key.endswith("feed_forward.w13.weight"):
+            gate, up = value.chunk(2, dim=0)
+            value = torch.cat((part(gate, 0), part(up, 0)), dim=0)
+        elif key.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            value = part(value, 1)
+        out[key] = value.clone() if isinstance(value, torch.Tensor) else value
+    return out

@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:
 DEMOS = [
     # (generated module, model factory kwargs per EP rank?, mesh sizes for 4 ranks)
     ("generated.llama", {"tp": 2}),
+    ("generated.llama_local", {"tp": 2}),
     ("generated.deepseek_moe", {"ep": 2}),
     ("generated.deepseek_moe_local", {"ep": 2}),
 ]

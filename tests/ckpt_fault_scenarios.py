@@ -394,6 +394,38 @@ def empty_shards(mesh1d: Any, rank: int, root: str, fail: Failures) -> None:
     _count(tag)
 
 
+# ----------------------------------------------------------------------------- placements
+
+
+def checkpoint_placement(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:
+    """``checkpoint shard hidden over tp`` on the norms (replicated over tp at run time):
+    each rank stores its own distinct piece, nothing is replicated among writers, and the
+    checkpoint still reshards exactly."""
+    tag = "[ckpt-placement]"
+    model = _llama(mod, mesh, 1)
+    planner = ck.save(mod.SPEC, {"model": model.state_dict()}, f"{root}/cp", mesh=mesh)
+    norms = [u for u in planner.canon.units if u.key.endswith("norm.weight")]
+    if not norms:
+        fail.append(f"{tag} no norm units")
+    for u in norms:
+        if u.sizes != (16,) or len(u.replicas) != 1:  # hidden 64 / dp_shard 2 / tp 2
+            fail.append(f"{tag} {u.key}: stored {u.sizes} with replicas {u.replicas}")
+        if planner.canon.writer[(u.key, u.offsets)] != rank:
+            fail.append(f"{tag} {u.key}: another rank writes this rank's piece")
+    counts = [0] * dist.get_world_size()
+    dist.all_gather_object(counts, planner.bytes_written())
+    if max(counts) != min(counts):
+        fail.append(f"{tag} bytes written per rank differ: {counts}")
+    other = mod.build_mesh(tp=1)
+    target = _llama(mod, other, 2)
+    ck.load(mod.SPEC, {"model": target.state_dict()}, f"{root}/cp", mesh=other)
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    bad = [n for n, p in target.named_parameters() if not torch.equal(p.full_tensor(), full[n])]
+    if bad:
+        fail.append(f"{tag} reshard after a checkpoint split: {bad[:3]}")
+    _count(tag)
+
+
 # ----------------------------------------------------------------------------- locality
 
 
@@ -464,6 +496,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]
         ("failed-save", lambda: failed_save(mod, mesh, rank, root, fail)),
         ("empty", lambda: empty_shards(mesh1d, rank, root, fail)),
         ("locality", lambda: file_locality(mod, mesh, rank, root, fail)),
+        ("ckpt-placement", lambda: checkpoint_placement(mod, mesh, rank, root, fail)),
     ]
     for name, step in steps:
         try:

@@ -18,6 +18,7 @@ EXPECTED = {
     "[failed-save]": 1,
     "[empty]": 1,
     "[locality]": 2,
+    "[ckpt-placement]": 1,
 }
 
 

@@ -24,6 +24,7 @@ from shardspec.layout import (
     Mesh,
     ParamLayout,
     Ranges,
+    checkpoint_indices,
     component_indices,
     ranges_len,
     rank_table,
@@ -40,9 +41,9 @@ class Unit:
     shape: tuple[int, ...]  # canonical global shape
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-    # How to cut the chunk out of the local tensor: (dim, ((start, length), ...)) runs along
-    # one dim, concatenated; None when the chunk is the whole local tensor.
-    runs: tuple[int, tuple[tuple[int, int], ...]] | None
+    # How to cut the chunk out of the local tensor: per cut tensor dim, (dim, ((start,
+    # length), ...)) runs, concatenated along that dim; None when it is the whole tensor.
+    runs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None
     replicas: tuple[int, ...]  # ranks that hold the same chunk (this rank included)
     itemsize: int = 4
     # For a component: (tensor dim, ((start, length), ...)) where it lies in the fused
@@ -98,7 +99,7 @@ class _Piece:
     shape: tuple[int, ...]  # canonical shape, virtual dims removed
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-    runs: tuple[int, tuple[tuple[int, int], ...]] | None
+    runs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None
     virtual_start: tuple[int, ...]  # first global index of each virtual dim on this rank
     fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
 
@@ -111,15 +112,19 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
     out = []
     for t in table:
         pieces = []
+        # What the rank stores: its runtime block, cut further by checkpoint-only splits.
+        stored = checkpoint_indices(layout, mesh, t.coord, t.indices)
         for comp, d in units:
             shape, offsets, sizes = [], [], []
-            runs = None
+            cuts: list[tuple[int, tuple[tuple[int, int], ...]]] = []
             fused = None
             vstart = []
-            for i, (dim, r) in enumerate(zip(layout.dims, t.indices, strict=True)):
+            for i, (dim, r) in enumerate(zip(layout.dims, stored, strict=True)):
+                held = t.indices[i]
                 if dim.virtual:
                     vstart.append(r[0][0] if r else 0)
                     continue
+                tensor_dim = sum(1 for x in layout.dims[:i] if not x.virtual)
                 if comp is not None and i == d:
                     fusion = dim.fusion
                     assert fusion is not None
@@ -127,11 +132,12 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
                     size = dict(fusion.components)[comp] * fusion.groups
                     if len(ci) > 1:
                         raise ValueError(f"component {comp!r} is not one block on rank {t.rank}")
-                    local_pos = []
+                    local_pos: list[tuple[int, int]] = []
                     for lo, hi in fusion.component_ranges(comp):
-                        local_pos.extend(_local_runs(r, lo, hi))
-                    tensor_dim = sum(1 for x in layout.dims[:i] if not x.virtual)
-                    runs = (tensor_dim, tuple(local_pos))
+                        for a, b in r:
+                            if max(lo, a) < min(hi, b):
+                                local_pos.extend(_local_runs(held, max(lo, a), min(hi, b)))
+                    cuts.append((tensor_dim, tuple(local_pos)))
                     where = tuple((lo, hi - lo) for lo, hi in fusion.component_ranges(comp))
                     full = tuple(x.size for x in layout.dims if not x.virtual)
                     fused = (tensor_dim, where, full)
@@ -143,9 +149,12 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
                         raise ValueError(
                             f"dimension {dim.name!r} is not one block on rank {t.rank}"
                         )
+                    if r != held:  # a checkpoint-only split: a narrower block
+                        cuts.append((tensor_dim, _local_runs(held, *r[0]) if r else ((0, 0),)))
                     shape.append(dim.size)
                     offsets.append(r[0][0] if r else 0)
                     sizes.append(ranges_len(r))
+            runs = tuple(cuts) or None
             pieces.append(
                 _Piece(comp, tuple(shape), tuple(offsets), tuple(sizes), runs, tuple(vstart), fused)
             )

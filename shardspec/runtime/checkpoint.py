@@ -160,9 +160,17 @@ class _Names:
 
 
 def canonical_plan(
-    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any]
+    spec: CompiledSpec,
+    mesh: Mesh,
+    rank: int,
+    flat: Mapping[str, Any],
+    *,
+    saving: bool = True,
 ) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
     """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
+
+    Saving applies the spec's checkpoint-only splits (each replica stores its own piece);
+    loading does not: a rank reads every index it holds, whoever wrote it.
 
     Returns the plan, the entries left for DCP's default handling (under their stored
     names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
@@ -192,6 +200,9 @@ def canonical_plan(
             continue
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         layout = spec.layout(fqn, mesh, shape if spec.params is None else None, counts.get(fqn))
+        declared = layout  # what the fingerprint describes, for saving and loading alike
+        if not saving and layout.ckpt:
+            layout = dataclasses.replace(layout, ckpt=())
         pieces = rank_pieces(layout, mesh)
         if shape != module_shape(layout, mesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
@@ -210,7 +221,7 @@ def canonical_plan(
         groups = replica_groups(layout, mesh)
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
-        structure[key] = ("param", shape, str(tensor.dtype), layout)
+        structure[key] = ("param", shape, str(tensor.dtype), declared)
         for r, row in enumerate(pieces):
             for k, piece in enumerate(row):
                 name = names.canonical(fqn, layout, piece.virtual_start)
@@ -269,13 +280,16 @@ def _local_of(value: Any, placements: tuple, key: str) -> torch.Tensor:
 
 
 def unit_data(unit: Unit, tensor: torch.Tensor) -> torch.Tensor:
-    """The unit's chunk cut from the local tensor (a view when it is the whole tensor)."""
+    """The unit's chunk cut from the local tensor (a view when it is one block)."""
     if unit.runs is None:
         return tensor
-    dim, runs = unit.runs
-    if len(runs) == 1:
-        return tensor.narrow(dim, runs[0][0], runs[0][1])
-    return torch.cat([tensor.narrow(dim, s, n) for s, n in runs], dim=dim)
+    out = tensor
+    for dim, runs in unit.runs:
+        if len(runs) == 1:
+            out = out.narrow(dim, runs[0][0], runs[0][1])
+        else:
+            out = torch.cat([out.narrow(dim, s, n) for s, n in runs], dim=dim)
+    return out
 
 
 def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
@@ -284,10 +298,17 @@ def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
         if data.data_ptr() != tensor.data_ptr():
             tensor.copy_(data)
         return
-    dim, runs = unit.runs
+    _commit_cuts(list(unit.runs), tensor, data)
+
+
+def _commit_cuts(cuts: list, target: torch.Tensor, data: torch.Tensor) -> None:
+    if not cuts:
+        target.copy_(data)
+        return
+    (dim, runs), rest = cuts[0], cuts[1:]
     pos = 0
     for s, n in runs:
-        tensor.narrow(dim, s, n).copy_(data.narrow(dim, pos, n))
+        _commit_cuts(rest, target.narrow(dim, s, n), data.narrow(dim, pos, n))
         pos += n
 
 
@@ -437,7 +458,9 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         self.original_state_dict = state_dict
         flat, self.flat_mappings = _flat(state_dict)
         self.lmesh, self.rank = _mesh_and_rank(self.spec, self._mesh_arg)
-        self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
+        self.canon, rest, self.local = canonical_plan(
+            self.spec, self.lmesh, self.rank, flat, saving=False
+        )
         self.stored_to_own = {new: old for old, new in self.canon.renamed.items()}
         self.state_dict = rest  # keyed by stored names
         self.metadata = metadata

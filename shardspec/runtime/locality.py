@@ -40,7 +40,6 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
         super().__init__(spec, mesh, partial=partial, staging=True)
         self.marker = marker or {}
         self.active = False
-        self.receive_units: list[str] = []
         self.remote_rest: set[str] = set()
         self.read_rest: dict[str, Any] = {}
 
@@ -64,19 +63,27 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
         assert self.metadata is not None
         storage = self.metadata.storage_data
         mine = []
+        self.own_items: list = []  # chunk reads from this rank's own files
+        self.recv_items: list = []  # (writer, read) that other ranks' files hold
         for item in plan.items:
             owner = file_rank(storage[item.storage_index].relative_path)
+            key = item.dest_index.fqn
             if owner in (None, self.rank):
                 mine.append(item)
-                continue
-            key = item.dest_index.fqn
-            if key in self.local:
-                if key not in self.receive_units:
-                    self.receive_units.append(key)
+                if key in self.local:
+                    self.own_items.append(item)
+            elif key in self.local:
+                self.recv_items.append((owner, item))
             else:
                 self.remote_rest.add(key)
-        self.local_items = mine
         return LoadPlan(mine)
+
+    def _region(self, item) -> torch.Tensor:
+        """The part of a unit's staging buffer that a read item fills."""
+        out = self._buffer(item.dest_index.fqn)
+        for d, (o, n) in enumerate(zip(item.dest_offsets, item.lengths, strict=True)):
+            out = out.narrow(d, o, n)
+        return out
 
     # Record what this rank read of the small, replicated entries, for the exchange.
     def load_bytes(self, read_item, value) -> None:
@@ -106,23 +113,36 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
             if any(flags):
                 raise RuntimeError("ranks disagree on file locality; load without it")
             return 0
-        ops = []
-        received = 0
-        for unit in sorted(self.canon.units, key=lambda u: (u.key, u.offsets)):
-            if unit.empty or len(unit.replicas) < 2:
-                continue
-            writer = self.canon.writer.get((unit.key, unit.offsets))
-            buf = self._buffer(unit.key)
-            if writer == self.rank:
-                ops += [
-                    dist.P2POp(dist.isend, buf, peer) for peer in unit.replicas if peer != self.rank
-                ]
-            elif unit.key in self.receive_units:
-                ops.append(dist.P2POp(dist.irecv, buf, writer))
-                received += buf.numel() * buf.element_size()
+
+        def order(item) -> tuple:
+            return (
+                item.dest_index.fqn,
+                tuple(item.storage_index.offset or ()),
+                tuple(item.storage_offsets),
+                tuple(item.lengths),
+            )
+
+        # Same topology, so replicas hold the same chunk and read the same pieces: each
+        # rank sends what it read from its own files to the other replicas, and receives
+        # the rest from the rank whose file holds it, pairs matched by this order.
+        ops, pending, received = [], [], 0
+        for item in sorted(self.own_items, key=order):
+            unit, _ = self.local[item.dest_index.fqn]
+            peers = [p for p in unit.replicas if p != self.rank]
+            if peers:
+                data = self._region(item).contiguous()
+                ops += [dist.P2POp(dist.isend, data, peer) for peer in peers]
+        for owner, item in sorted(self.recv_items, key=lambda x: order(x[1])):
+            region = self._region(item)
+            tmp = torch.empty(tuple(item.lengths), dtype=region.dtype, device=region.device)
+            ops.append(dist.P2POp(dist.irecv, tmp, owner))
+            pending.append((region, tmp))
+            received += tmp.numel() * tmp.element_size()
         if ops:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
+        for region, tmp in pending:
+            region.copy_(tmp)
         shared: list[dict] = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(shared, {k: v for k, v in self.read_rest.items()})
         merged: dict[str, Any] = {}

@@ -426,6 +426,62 @@ def checkpoint_placement(mod: Any, mesh: Any, rank: int, root: str, fail: Failur
     _count(tag)
 
 
+# ----------------------------------------------------------------------------- local experts
+
+
+def local_experts_resized(rank: int, root: str, fail: Failures) -> None:
+    """Megatron-style per-EP-rank expert modules saved at ep=4 load at (ep 2 x dp_shard 2):
+    experts are stored under global indices, so each EP rank gets its own experts back.
+    The manifest was built for ep=2, so at ep=4 the runtime matches rules against the
+    model's own tensors instead of the manifest's table."""
+    import generated.deepseek_moe_local as ml
+
+    tag = "[local-experts-ep]"
+    ref = moe.tiny()
+    moe.init_weights(ref, 11)
+    full = {k: v for k, v in ref.state_dict().items() if "_extra_state" not in k}
+    cfg = ref.config
+
+    def built(mesh: Any, ep: int, seed: int | None) -> nn.Module:
+        ep_rank = mesh.get_coordinate()[mesh.mesh_dim_names.index("ep")]
+        model = moe.tiny_local(ep=ep)
+        if seed is None:
+            model.load_state_dict(moe.local_expert_state(full, ep_rank, ep, cfg), strict=False)
+        else:
+            moe.init_weights(model, seed)
+        ml.distribute(model, mesh)
+        return model
+
+    mesh4 = ml.build_mesh(ep=4)
+    if ml.SPEC.table(mesh4) is not None:
+        fail.append(f"{tag} the ep=2 manifest table was used at ep=4")
+    source = built(mesh4, 4, None)
+    ck.save(ml.SPEC, {"model": source.state_dict()}, f"{root}/le", mesh=mesh4)
+    md = dcp.FileSystemReader(f"{root}/le").read_metadata().state_dict_metadata
+    stored = sorted(
+        k
+        for k in md
+        if k.startswith("model.layers.0.moe.local_experts.") and k.endswith(".w1.weight")
+    )
+    want_keys = sorted(f"model.layers.0.moe.local_experts.{e}.w1.weight" for e in range(8))
+    if stored != want_keys:
+        fail.append(f"{tag} stored expert keys {stored}")
+    mesh2 = ml.build_mesh(ep=2)
+    target = built(mesh2, 2, 99)
+    ck.load(ml.SPEC, {"model": target.state_dict()}, f"{root}/le", mesh=mesh2)
+    ep_rank = mesh2.get_coordinate()[mesh2.mesh_dim_names.index("ep")]
+    want = moe.local_expert_state(full, ep_rank, 2, cfg)
+    n = 0
+    for name, p in target.named_parameters():
+        got = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        if not torch.equal(got, want[name]):
+            fail.append(f"{tag} {name} on ep rank {ep_rank} differs")
+        n += 1
+    if n != len(ml.PARAMS):
+        fail.append(f"{tag} checked {n} parameters")
+    _count(tag)
+
+
 # ----------------------------------------------------------------------------- locality
 
 
@@ -497,6 +553,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]
         ("empty", lambda: empty_shards(mesh1d, rank, root, fail)),
         ("locality", lambda: file_locality(mod, mesh, rank, root, fail)),
         ("ckpt-placement", lambda: checkpoint_placement(mod, mesh, rank, root, fail)),
+        ("local-experts-ep", lambda: local_experts_resized(rank, root, fail)),
     ]
     for name, step in steps:
         try:

@@ -19,6 +19,7 @@ EXPECTED = {
     "[empty]": 1,
     "[locality]": 2,
     "[ckpt-placement]": 1,
+    "[local-experts-ep]": 1,
 }
 
 

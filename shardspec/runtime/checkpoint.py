@@ -117,9 +117,10 @@ def rename_path(path: tuple, key: str, start: int, stop: int, new: str) -> tuple
 class _Names:
     """Finds parameter names inside flat state-dict keys, and their canonical names."""
 
-    def __init__(self, spec: CompiledSpec) -> None:
+    def __init__(self, spec: CompiledSpec, mesh: Mesh) -> None:
         self.spec = spec
-        self.names = set(spec.params) if spec.params is not None else None
+        self.table = spec.table(mesh)
+        self.names = set(self.table) if self.table is not None else None
 
     def split(self, key: str) -> tuple[int, int] | None:
         """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
@@ -145,8 +146,8 @@ class _Names:
         virtual = [d for d in layout.dims if d.virtual]
         if not virtual:
             return fqn
-        if self.spec.params is not None and fqn in self.spec.params:
-            rule = self.spec.params[fqn].rule
+        if self.table is not None and fqn in self.table:
+            rule = self.table[fqn].rule
         else:
             rule, _ = self.spec.match(fqn)
         m = self.spec.glob(rule).regex.match(fqn)
@@ -178,7 +179,7 @@ def canonical_plan(
     """
     from shardspec.runtime.dtensor import to_torch
 
-    names = _Names(spec)
+    names = _Names(spec, mesh)
     plan = CanonicalPlan()
     rest: dict[str, Any] = {}
     local: dict[str, tuple[Unit, torch.Tensor]] = {}
@@ -199,7 +200,7 @@ def canonical_plan(
         if spec.is_ignored(fqn):
             continue
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-        layout = spec.layout(fqn, mesh, shape if spec.params is None else None, counts.get(fqn))
+        layout = spec.layout(fqn, mesh, shape if names.table is None else None, counts.get(fqn))
         declared = layout  # what the fingerprint describes, for saving and loading alike
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())
@@ -254,8 +255,9 @@ def canonical_plan(
 
 
 def _virtual_counts(spec: CompiledSpec, names: _Names, flat: Mapping[str, Any]):
-    """Without a manifest: modules per name-indexed dim, counted from the state dict."""
-    if spec.params is not None:
+    """Where the manifest's table does not apply: modules per name-indexed dim, counted
+    from the state dict."""
+    if names.table is not None:
         return {}
     fqns = set()
     for key in flat:

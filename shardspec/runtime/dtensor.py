@@ -125,7 +125,8 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
         raise SpecError("this rank is not part of the mesh")
     spec.last_mesh = mesh
     named = list(model.named_parameters(remove_duplicate=False))
-    counts = spec.virtual_counts_of(f for f, _ in named) if spec.params is None else {}
+    table = spec.table(lmesh)
+    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
     errors: list[str] = []
     codes: set[str] = set()
@@ -133,7 +134,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
         if spec.is_ignored(fqn):
             continue
         tied = plans.get(id(p))
-        if tied is not None and spec.params is not None and fqn not in spec.params:
+        if tied is not None and table is not None and fqn not in table:
             continue  # a tied alias the manifest leaves out (state dicts hold it once)
         if tied is None and (
             isinstance(p, DTensor) or isinstance(getattr(p, "data", None), DTensor)
@@ -154,9 +155,9 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
                 )
             continue
         plans[id(p)] = (fqn, p, layout)
-    if spec.params is not None:
+    if table is not None:
         seen = {f for f, _ in named}
-        missing = sorted(f for f in spec.params if f not in seen)
+        missing = sorted(f for f in table if f not in seen)
         if missing:
             errors.append(
                 f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"

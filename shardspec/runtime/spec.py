@@ -63,6 +63,7 @@ class CompiledSpec:
         params: Mapping[str, Param] | None,
         ignore: tuple[str, ...] = (),
         virtual_counts: Mapping[int, Mapping[str, int]] | None = None,
+        factory_args: Mapping[str, object] | None = None,
     ) -> None:
         self.name = name
         self.axes = axes
@@ -72,6 +73,14 @@ class CompiledSpec:
         self.params = dict(params) if params is not None else None
         self.ignore = ignore
         self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
+        # Local axes' sizes the manifest's model was built with (its factory arguments
+        # named after mesh axes): the per-parameter table holds only at those sizes.
+        local = {a for r in rules for a in r.local}
+        self.built_sizes = {
+            a: int(v)  # type: ignore[call-overload]
+            for a, v in (factory_args or {}).items()
+            if a in local and isinstance(v, int) and not isinstance(v, bool)
+        }
         self._globs = [compile_glob(r.pattern) for r in rules]
         # The mesh the model was last built or distributed on: the default for planners.
         self.last_mesh: object | None = None
@@ -143,6 +152,18 @@ class CompiledSpec:
             raise SpecError(f"rules {pats} have equal precedence and both match {fqn!r}")
         return best[0]
 
+    def table(self, mesh: object) -> dict[str, Param] | None:
+        """The manifest's per-parameter table, or None where it does not describe the model
+        on ``mesh``: no manifest, or local axes sized differently from the manifest's model
+        (modules built with other local shapes; rules then match the real tensors)."""
+        if self.params is None:
+            return None
+        if self.built_sizes:
+            lm = self.layout_mesh(mesh)
+            if any(lm.size(a) != n for a, n in self.built_sizes.items() if a in lm.names):
+                return None
+        return self.params
+
     def layout(
         self,
         fqn: str,
@@ -158,8 +179,9 @@ class CompiledSpec:
         """
         lm = self.layout_mesh(mesh)
         sizes = dict(zip(lm.names, lm.sizes, strict=True))
-        if self.params is not None:
-            p = self.params.get(fqn)
+        table = self.table(lm)
+        if table is not None:
+            p = table.get(fqn)
             if p is None:
                 raise SpecError(f"parameter {fqn!r} is not in spec {self.name!r}'s manifest")
             if shape is not None and tuple(shape) != p.shape:
@@ -171,7 +193,12 @@ class CompiledSpec:
             counts = self.virtual_counts.get(rule)
         else:
             if shape is None:
-                raise SpecError(f"spec {self.name!r} has no manifest: pass the tensor's shape")
+                why = (
+                    "has no manifest"
+                    if self.params is None
+                    else (f"was compiled for {self.built_sizes}, not this mesh")
+                )
+                raise SpecError(f"spec {self.name!r} {why}: pass the tensor's shape")
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
             counts = virtual_counts

@@ -95,6 +95,7 @@ SPEC = CompiledSpec(
     params=PARAMS,
     ignore=IGNORE,
     virtual_counts=VIRTUAL_COUNTS,
+    factory_args=FACTORY_ARGS,
 )
 
 

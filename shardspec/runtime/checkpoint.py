@@ -17,6 +17,7 @@ param groups, other objects) goes through DCP's default handling.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -345,6 +346,19 @@ def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[st
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _dcp_caches_pending_plans() -> bool:
+    """Whether the installed DCP caches local plans the way this planner relies on."""
+    import inspect
+
+    cache = getattr(SavePlanner, "_cached_save_plan", None)
+    try:
+        promotes = "_pending_local_plan" in inspect.getsource(DefaultSavePlanner.finish_plan)
+    except (OSError, TypeError):
+        promotes = False
+    return isinstance(cache, dict) and promotes
+
+
 class ShardspecSavePlanner(DefaultSavePlanner):
     """Saves a state dict in the spec's canonical, topology-independent layout.
 
@@ -360,7 +374,15 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         role: str = "state",
         enable_plan_caching: bool = True,
     ) -> None:
-        super().__init__(enable_plan_caching=enable_plan_caching)
+        # Plan caching needs DCP's cache protocol (a class-level cache of local plans that
+        # finish_plan fills from a pending plan, as in torch 2.13). Where the installed DCP
+        # differs, plans are simply never reused: slower to plan, never stale.
+        caching = enable_plan_caching and _dcp_caches_pending_plans()
+        try:
+            super().__init__(enable_plan_caching=caching)
+        except TypeError:  # a DCP without plan caching at all
+            super().__init__()
+            self._enable_plan_caching = False
         self.spec = spec
         self.role = role
         self._mesh_arg = mesh
@@ -402,7 +424,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         if self._enable_plan_caching:
             from torch.distributed.checkpoint.planner_helpers import _compare_save_plans
 
-            cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)
+            cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)  # type: ignore[attr-defined]
             if cached is not None and _compare_save_plans(plan, cached):
                 return SavePlan([], usable=False)
             self._pending_local_plan = plan

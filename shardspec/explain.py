@@ -142,7 +142,25 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
     header += "global offset   global indices per dim"
     lines.append(header)
     units = storage_units(layout)
+    # A name-indexed dim: this module is one index of its rank's block (block start + the
+    # captured index), which is also its global index in checkpoints.
+    virtual = {
+        i: int(m.captures[d.name])
+        for i, d in enumerate(layout.dims)
+        if d.virtual and m.captures.get(d.name, "").isdigit()
+    }
+    if virtual:
+        names = ", ".join(
+            f"{layout.dims[i].name} = its rank's first + {j}" for i, j in virtual.items()
+        )
+        lines.insert(-2, f"  this module on each rank: {names} (the rows below)")
     for t in rank_table(layout, mesh):
+        indices = list(t.indices)
+        for i, j in virtual.items():
+            if indices[i]:
+                g = indices[i][0][0] + j
+                indices[i] = ((g, g + 1),)
+        t = type(t)(t.rank, t.coord, tuple(indices))
         coord = "(" + ",".join(str(c) for c in t.coord) + ")"
         offset = "-" if t.empty else str(list(t.offset))
         idx = " x ".join(_ranges(r) for r in t.indices)

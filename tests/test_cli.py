@@ -602,3 +602,17 @@ def test_compile_makes_importable_module_names(tmp_path) -> None:
     assert main(["compile", str(spec), "-o", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["my_model.py"]
     assert "DEFAULT_WORLD: int | None = None" in (out / "my_model.py").read_text()
+
+
+def test_explain_names_each_ranks_global_expert(in_repo, capsys) -> None:
+    """A per-EP-rank expert module is a different global expert on each EP rank: module
+    local_experts.1 is expert 1 on ep rank 0 and expert 5 on ep rank 1 (4 per rank)."""
+    fqn = "layers.0.moe.local_experts.1.w1.weight"
+    assert main(["explain", "specs/deepseek_moe_local.shard", fqn]) == 0
+    out = capsys.readouterr().out
+    assert "this module on each rank: expert = its rank's first + 1" in out
+    rows = {
+        int(line.split()[0]): line for line in out.splitlines() if re.match(r"\s+\d+\s+\(", line)
+    }
+    assert "1:2 x 0:8 x 0:64" in rows[0] and "[1, 0, 0]" in rows[0]
+    assert "5:6 x 0:8 x 0:64" in rows[1] and "[5, 0, 0]" in rows[1]

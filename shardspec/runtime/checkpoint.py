@@ -16,13 +16,15 @@ param groups, other objects) goes through DCP's default handling.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import json
 import math
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -341,8 +343,10 @@ def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[st
         if path is not None:
             a, b, name = plan.paths[unit.key]
             out[unit.key] = rename_path(path, unit.source, a, b, name)
+    stored = {u.key for u in plan.units}
     for unit in plan.units:
-        out.pop(unit.source, None)
+        if unit.source not in stored:  # a source stored under its own name keeps its path
+            out.pop(unit.source, None)
     return out
 
 
@@ -709,7 +713,8 @@ def save(
     _barrier()
     planner = planner or ShardspecSavePlanner(spec, mesh)
     try:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
+        with _no_gc():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException
         found = _first_checkpoint_error(e)
         if found is not None:
@@ -775,7 +780,8 @@ def load(
         planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
     reader = storage_reader if storage_reader is not None else dcp.FileSystemReader(path)
     try:
-        dcp.load(state, storage_reader=reader, planner=planner)
+        with _no_gc():
+            dcp.load(state, storage_reader=reader, planner=planner)
         exchange = getattr(planner, "exchange", None)
         if exchange is not None:
             exchange()
@@ -788,6 +794,19 @@ def load(
         raise CheckpointError(f"reading {path} failed; the model was not changed:\n{e}") from e
     planner.commit()
     return planner
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """No cyclic garbage collection during a save or load: planning allocates many small
+    objects, and a full collection on one rank (often the coordinator) stalls every rank."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read_marker(path: str) -> dict | None:

@@ -660,7 +660,7 @@ class _Sim:
                     if any(s == 0 for s in piece.sizes):
                         continue
                     name = key if piece.component is None else f"{key}.{piece.component}"
-                    if writer[(name, piece.offsets)] != r:
+                    if writer.get((name, piece.offsets), r) != r:  # one holder: it writes
                         continue
                     offsets = torch.Size(piece.offsets)
                     items[r].append(

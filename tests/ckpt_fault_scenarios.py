@@ -349,6 +349,19 @@ def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> No
     )
     if err:
         fail.append(f"{tag} {err}")
+    # Ranks whose state dicts differ in structure would choose writers differently (some
+    # chunks written by nobody): refused on every rank, nothing saved.
+    odd = {"model": model.state_dict()}
+    if rank == 1:
+        odd["extra"] = {"only_here": torch.zeros(3)}
+    err = _expect_error(
+        lambda: ck.save(mod.SPEC, odd, f"{root}/odd", mesh=mesh),
+        "ranks disagree on the checkpoint's structure",
+    )
+    if err:
+        fail.append(f"{tag} mismatched structures: {err}")
+    if os.path.exists(f"{root}/odd"):
+        fail.append(f"{tag} a refused save created {root}/odd")
     _count(tag)
 
 
@@ -438,7 +451,7 @@ def checkpoint_placement(rank: int, root: str, fail: Failures) -> None:
     (unit,) = planner.canon.units
     if unit.sizes != (4, 3) or len(unit.replicas) != 1:
         fail.append(f"{tag} stored {unit.sizes} with replicas {unit.replicas}")
-    if planner.canon.writer[(unit.key, unit.offsets)] != rank:
+    if planner.canon.writer_of(unit.key, unit.offsets, unit.replicas) != rank:
         fail.append(f"{tag} another rank writes this rank's piece")
     counts = [0] * dist.get_world_size()
     dist.all_gather_object(counts, planner.bytes_written())

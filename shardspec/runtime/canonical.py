@@ -74,6 +74,13 @@ class CanonicalPlan:
     keys: set[str] = field(default_factory=set)
     fingerprint: str = ""
 
+    def writer_of(self, key: str, offsets: tuple[int, ...], replicas: tuple[int, ...]) -> int:
+        """The rank that writes chunk ``(key, offsets)``: its only holder, or the one the
+        byte balancing chose among its replicas."""
+        if len(replicas) == 1:
+            return replicas[0]
+        return self.writer[(key, offsets)]
+
 
 def _local_runs(ranges: Ranges, lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     """Positions, in local order, of the held indices that lie in ``[lo, hi)``."""
@@ -179,7 +186,9 @@ def replica_groups(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[tuple[int, ..
 
 
 def assign_writers(
-    chunks: Iterable[tuple[tuple[str, tuple[int, ...]], tuple[int, ...], int]], world: int
+    chunks: Iterable[tuple[tuple[str, tuple[int, ...]], tuple[int, ...], int]],
+    world: int,
+    base_load: list[int] | None = None,
 ) -> dict[tuple[str, tuple[int, ...]], int]:
     """Choose one writer per chunk: ``chunks`` are ``((key, offsets), replicas, nbytes)``.
 
@@ -187,7 +196,7 @@ def assign_writers(
     replica has written the fewest bytes so far (lowest rank on ties). Deterministic, so every
     rank computes the same answer from the same state-dict structure without communication.
     """
-    load = [0] * world
+    load = list(base_load) if base_load is not None else [0] * world
     out: dict[tuple[str, tuple[int, ...]], int] = {}
     shared = []
     for ident, replicas, nbytes in chunks:
@@ -208,6 +217,18 @@ def assign_writers(
         out[ident] = w
         load[w] += nbytes
     return out
+
+
+@lru_cache(maxsize=4096)
+def unreplicated(layout: ParamLayout, mesh: Mesh) -> bool:
+    """Whether every chunk of the layout has exactly one holder (nothing to choose)."""
+    return all(len(g) == 1 for row in replica_groups(layout, mesh) for g in row)
+
+
+@lru_cache(maxsize=4096)
+def rank_elements(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
+    """Elements each rank stores of a parameter with ``layout`` (its pieces, summed)."""
+    return tuple(sum(math.prod(p.sizes) for p in row) for row in rank_pieces(layout, mesh))
 
 
 def fingerprint(entries: Mapping[str, tuple], mesh: Mesh, extra: str = "") -> str:

@@ -62,8 +62,10 @@ from shardspec.runtime.canonical import (
     Unit,
     assign_writers,
     fingerprint,
+    rank_elements,
     rank_pieces,
     replica_groups,
+    unreplicated,
 )
 from shardspec.runtime.spec import CompiledSpec, SpecError
 
@@ -188,6 +190,7 @@ def canonical_plan(
     local: dict[str, tuple[Unit, torch.Tensor]] = {}
     structure: dict[str, tuple] = {}
     chunks = []
+    single: dict[tuple[ParamLayout, int], int] = {}
     counts = _virtual_counts(spec, names, flat)
     for key in sorted(flat):
         value = flat[key]
@@ -226,7 +229,17 @@ def canonical_plan(
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
         structure[key] = ("param", shape, str(tensor.dtype), declared)
-        for r, row in enumerate(pieces):
+        # Chunks with one holder need no choice of writer: count their bytes per rank by
+        # layout (O(world) per distinct layout, not per parameter) and look only at this
+        # rank's pieces. Name-indexed modules still visit every rank, for their keys.
+        virtual = any(d.virtual for d in layout.dims)
+        balanced = not (unreplicated(layout, mesh) and not virtual)
+        if not balanced:
+            single[(layout, itemsize)] = single.get((layout, itemsize), 0) + 1
+            ranks: Any = ((rank, pieces[rank]),)
+        else:
+            ranks = enumerate(pieces)
+        for r, row in ranks:
             for k, piece in enumerate(row):
                 name = names.canonical(fqn, layout, piece.virtual_start)
                 if piece.component is not None:
@@ -249,10 +262,15 @@ def canonical_plan(
                     plan.paths[skey] = (a, b, name)
                     local[skey] = (unit, tensor)
                     plan.dtypes[skey] = tensor.dtype
-                if not any(s == 0 for s in piece.sizes):
+                if balanced and not any(s == 0 for s in piece.sizes):
+                    # The same list on every rank: a static, shared choice of writers.
                     nbytes = math.prod(piece.sizes) * itemsize
                     chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
-    plan.writer = assign_writers(chunks, mesh.world)
+    base = [0] * mesh.world
+    for (layout, itemsize), count in single.items():
+        for r, n in enumerate(rank_elements(layout, mesh)):
+            base[r] += n * itemsize * count
+    plan.writer = assign_writers(chunks, mesh.world, base)
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
     return plan, rest, local
 
@@ -350,6 +368,30 @@ def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[st
     return out
 
 
+def _same_structure_everywhere(plan: CanonicalPlan) -> None:
+    """Refuse to save when ranks' state dicts differ in structure: they would choose
+    writers differently and some chunks would be written by nobody. One small all_gather,
+    independent of any plan cache."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    import hashlib
+
+    mine = (
+        plan.fingerprint
+        + ":"
+        + hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16]
+    )
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        odd = [r for r, d in enumerate(every) if d != every[0]]
+        raise CheckpointError(
+            "ranks disagree on the checkpoint's structure (different keys, shapes or dtypes "
+            f"in their state dicts; rank(s) {odd} differ from rank 0), so they would choose "
+            "different writers; nothing was saved"
+        )
+
+
 @functools.lru_cache(maxsize=1)
 def _dcp_caches_pending_plans() -> bool:
     """Whether the installed DCP caches local plans the way this planner relies on."""
@@ -398,6 +440,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
         self.is_coordinator = is_coordinator
+        _same_structure_everywhere(self.canon)
         # A cache of its own: spec, role and structure fingerprint (keys, shapes, dtypes,
         # chunk offsets, mesh). DCP's default key is the class name, shared by every
         # instance, and its plan comparison ignores dtypes.
@@ -406,7 +449,9 @@ class ShardspecSavePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         items: list[WriteItem] = []
         for unit in self.canon.units:
-            if unit.empty or self.canon.writer.get((unit.key, unit.offsets)) != self.rank:
+            if unit.empty or self.canon.writer_of(unit.key, unit.offsets, unit.replicas) != (
+                self.rank
+            ):
                 continue
             _, tensor = self.local[unit.key]
             items.append(
@@ -446,7 +491,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         return sum(
             u.nbytes
             for u in self.canon.units
-            if not u.empty and self.canon.writer.get((u.key, u.offsets)) == self.rank
+            if not u.empty and self.canon.writer_of(u.key, u.offsets, u.replicas) == self.rank
         )
 
 

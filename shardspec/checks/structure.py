@@ -81,6 +81,11 @@ def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     return out
 
 
+def _unknown_axis(a: ir.Name, axes: list[str]) -> Diagnostic:
+    """SS011 for an axis name the mesh does not declare, with the closest declared one."""
+    return diag("SS011", f"unknown mesh axis {a.text!r}", a.span, _did_you_mean(a.text, axes))
+
+
 def _axes(spec: ir.Spec) -> list[str]:
     return [a.name.text for a in spec.mesh.axes] if spec.mesh else []
 
@@ -177,14 +182,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
             sharded_dims.add(s.dim.text)
             for a in s.axes:
                 if spec.mesh is not None and a.text not in known_axes:
-                    out.append(
-                        diag(
-                            "SS011",
-                            f"unknown mesh axis {a.text!r}",
-                            a.span,
-                            _did_you_mean(a.text, axes),
-                        )
-                    )
+                    out.append(_unknown_axis(a, axes))
                 elif a.text in used:
                     message = (
                         f"axis {a.text!r} is used twice in one placement: "
@@ -203,14 +201,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 used.setdefault(a.text, s.dim.text)
         for a in rule.replicate:
             if spec.mesh is not None and a.text not in known_axes:
-                out.append(
-                    diag(
-                        "SS011",
-                        f"unknown mesh axis {a.text!r}",
-                        a.span,
-                        _did_you_mean(a.text, axes),
-                    )
-                )
+                out.append(_unknown_axis(a, axes))
             elif a.text in used:
                 out.append(
                     diag(
@@ -223,14 +214,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 )
         for a in rule.local:
             if spec.mesh is not None and a.text not in known_axes:
-                out.append(
-                    diag(
-                        "SS011",
-                        f"unknown mesh axis {a.text!r}",
-                        a.span,
-                        _did_you_mean(a.text, axes),
-                    )
-                )
+                out.append(_unknown_axis(a, axes))
             elif a.text not in used:
                 out.append(
                     diag(
@@ -474,14 +458,7 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
                 )
             for a in s.axes:
                 if spec.mesh is not None and a.text not in axes:
-                    out.append(
-                        diag(
-                            "SS011",
-                            f"unknown mesh axis {a.text!r}",
-                            a.span,
-                            _did_you_mean(a.text, axes),
-                        )
-                    )
+                    out.append(_unknown_axis(a, axes))
                 elif a.text in local:
                     out.append(
                         diag(

@@ -687,7 +687,7 @@ def validate(
                 f"{unit.key}: global shape {list(have.size)} in the checkpoint, "
                 f"{list(want_shape)} in the state dict"
             )
-        dtype = _unit_dtype(unit, canon)
+        dtype = canon.dtypes.get(unit.key)
         if dtype is not None and have.properties.dtype != dtype:
             problems.append(
                 f"{unit.key}: dtype {have.properties.dtype} in the checkpoint, "
@@ -722,10 +722,6 @@ def validate(
             "nothing was read:\n  " + "\n  ".join(problems)
         )
     return legacy, skipped
-
-
-def _unit_dtype(unit: Unit, canon: CanonicalPlan) -> torch.dtype | None:
-    return canon.dtypes.get(unit.key)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -116,6 +116,9 @@ def lint_specs(
             res, more = check(spec, overrides=overrides, world=world)
             if res.manifest is not None:
                 out.sources[res.manifest.path] = res.manifest.text
+            text = getattr(res.hf_manifest, "text", None)
+            if text is not None:
+                out.sources[res.hf_manifest.path] = text  # type: ignore[union-attr]
             out.diagnostics.extend(diags + more)
             results.append((shown, res))
         else:

@@ -142,6 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a keyword argument for the factory (ints, floats, true/false, text)",
     )
+    h = sub.add_parser(
+        "hf-manifest",
+        help="describe a Hugging Face checkpoint (keys, shapes, config) as JSON, without weights",
+        description="Read DIR's config.json and the safetensors headers of its weights "
+        "(model.safetensors.index.json's files, or model.safetensors) and write the HF "
+        'manifest that an `hf "FILE" { ... }` block names. No tensor data is read.',
+    )
+    h.add_argument("directory", metavar="DIR", help="a Hugging Face model directory")
+    h.add_argument(
+        "-o", "--output", metavar="FILE", help="where to write (default: standard output)"
+    )
     return p
 
 
@@ -312,11 +323,38 @@ def cmd_manifest(args) -> int:
     return 0
 
 
+def cmd_hf_manifest(args) -> int:
+    from shardspec.checks.registry import diag
+    from shardspec.diagnostics import Span, render_text
+    from shardspec.hfmanifest import (
+        HFManifestError,
+        build_hf_manifest,
+        dump_hf_manifest,
+        write_hf_manifest,
+    )
+
+    try:
+        if args.output:
+            n = write_hf_manifest(args.directory, args.output)
+        else:
+            text = dump_hf_manifest(build_hf_manifest(args.directory))
+            sys.stdout.write(text)
+            return 0
+    except HFManifestError as e:
+        hint = e.hint or "run it on a folder written by save_pretrained"
+        d = diag(e.code, str(e), Span(args.directory, 1, 1), hint)
+        sys.stderr.write(render_text(d) + "\n")
+        return 2
+    sys.stdout.write(f"wrote {args.output} ({n} tensors)\n")
+    return 0
+
+
 COMMANDS = {
     "lint": cmd_lint,
     "compile": cmd_compile,
     "explain": cmd_explain,
     "manifest": cmd_manifest,
+    "hf-manifest": cmd_hf_manifest,
 }
 
 

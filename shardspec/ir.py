@@ -77,6 +77,65 @@ class IgnoreRule(Node):
     pattern: Pattern
 
 
+class HFTransform(Node):
+    """``transpose``, or ``rope N`` (``head_dim`` N), on an hf map line."""
+
+    kind: str
+    head_dim: int = 0
+
+
+class HFMapItem(Node):
+    """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform...`` in an ``hf`` block."""
+
+    hf: Pattern
+    target: Pattern
+    stack: Name | None = None
+    transforms: list[HFTransform] = []
+
+
+class HFGlob(Node):
+    """``drop GLOB`` (HF keys nothing consumes) or ``keep GLOB`` (storage units the HF
+    checkpoint does not provide)."""
+
+    pattern: Pattern
+
+
+class HFTie(Node):
+    """``tie ALIAS = SOURCE``: HF key ``alias`` is the same tensor as HF key ``source``."""
+
+    alias: Pattern
+    source: Pattern
+
+
+class HFConfigFactor(Node):
+    """One factor of a ``config`` product: a config.json key or a whole number."""
+
+    text: str
+
+    @property
+    def number(self) -> int | None:
+        return int(self.text) if self.text.isdigit() else None
+
+
+class HFConfig(Node):
+    """``config NAME = a * b * 2``: dimension or component ``name`` has that size."""
+
+    name: Name
+    factors: list[HFConfigFactor]
+
+
+class HFBlock(Node):
+    """``hf "manifest.hf.json" { ... }``; each list keeps its items in file order."""
+
+    manifest: str | None = None
+    manifest_span: Span | None = None
+    maps: list[HFMapItem] = []
+    drops: list[HFGlob] = []
+    ties: list[HFTie] = []
+    keeps: list[HFGlob] = []
+    configs: list[HFConfig] = []
+
+
 class Suppression(Node):
     """``# shardspec: ignore[SS121, SS122]`` on the line it silences."""
 
@@ -97,6 +156,7 @@ class Spec(BaseModel):
     fsdp: Name | None = None
     rules: list[Rule] = []
     ignores: list[IgnoreRule] = []
+    hf: HFBlock | None = None
     suppressions: list[Suppression] = []
 
     @property

@@ -58,6 +58,11 @@ _TOKEN_NAMES = {
     "LPAR": "'('",
     "RPAR": "')'",
     "COLON": "':'",
+    "EQUAL": "'='",
+    "ARROW": "'->'",
+    "TRANSPOSE": "'transpose'",
+    "ROPE": "'rope'",
+    "CONFIG_EXPR": "a product of config keys and whole numbers (a * b * 2)",
     "COMMA": "','",
     "$END": "the end of the file",
 }
@@ -192,6 +197,80 @@ class _ToIR(Transformer):
     def checkpoint_replicate(self, meta, children):
         return ("checkpoint", _span(self.path, meta))
 
+    def _pattern(self, tok: Token) -> ir.Pattern:
+        return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
+
+    @v_args(meta=True)
+    def hf_stack(self, meta, children):
+        return self._name(children[0])
+
+    @v_args(meta=True)
+    def hf_transform(self, meta, children):
+        kind = children[0]
+        head_dim = int(children[1]) if len(children) > 1 else 0
+        return ir.HFTransform(span=_span(self.path, meta), kind=str(kind), head_dim=head_dim)
+
+    @v_args(meta=True)
+    def hf_map(self, meta, children):
+        hf, _arrow, target = children[0], children[1], children[2]
+        stack = next((c for c in children[3:] if isinstance(c, ir.Name)), None)
+        transforms = [c for c in children[3:] if isinstance(c, ir.HFTransform)]
+        return ir.HFMapItem(
+            span=_span(self.path, meta),
+            hf=self._pattern(hf),
+            target=self._pattern(target),
+            stack=stack,
+            transforms=transforms,
+        )
+
+    @v_args(meta=True)
+    def hf_drop(self, meta, children):
+        return ("drop", ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0])))
+
+    @v_args(meta=True)
+    def hf_keep(self, meta, children):
+        return ("keep", ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0])))
+
+    @v_args(meta=True)
+    def hf_tie(self, meta, children):
+        alias, source = children
+        return ir.HFTie(
+            span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
+        )
+
+    @v_args(meta=True)
+    def hf_config(self, meta, children):
+        name, expr = children
+        factors = []
+        line, col = expr.line or 1, expr.column or 1
+        for m in re.finditer(r"[A-Za-z0-9_]+", str(expr)):
+            start = col + m.start()
+            factors.append(
+                ir.HFConfigFactor(
+                    span=Span(self.path, line, start, line, start + len(m.group())),
+                    text=m.group(),
+                )
+            )
+        return ir.HFConfig(span=_span(self.path, meta), name=self._name(name), factors=factors)
+
+    @v_args(meta=True)
+    def hf_stmt(self, meta, children):
+        fields: dict = {"maps": [], "drops": [], "ties": [], "keeps": [], "configs": []}
+        for c in children:
+            if isinstance(c, Token):
+                fields["manifest"] = str(c)[1:-1]
+                fields["manifest_span"] = _tok_span(self.path, c)
+            elif isinstance(c, ir.HFMapItem):
+                fields["maps"].append(c)
+            elif isinstance(c, ir.HFTie):
+                fields["ties"].append(c)
+            elif isinstance(c, ir.HFConfig):
+                fields["configs"].append(c)
+            else:
+                fields[f"{c[0]}s"].append(c[1])
+        node = ir.HFBlock(span=_span(self.path, meta), **fields)
+        return ("hf", node, node.span)
+
     def param_body(self, children):
         return list(children)
 
@@ -238,7 +317,8 @@ class _ToIR(Transformer):
         return ("param", rule, None)
 
 
-_STATEMENTS = ("fsdp", "ignore", "manifest", "mesh", "param")
+_STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param")
+_HF_ITEMS = ("config", "drop", "keep", "tie")
 _BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard")
 
 
@@ -333,6 +413,20 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         open_line = _unclosed_brace(text)
         where = f" on line {open_line}" if open_line else ""
         return f"the `{{`{where} is never closed: add `}}`"
+    if "ARROW" in expected:
+        return (
+            "an hf map line is written `HF_NAME -> MODEL_NAME` (`model.norm.weight -> norm.weight`)"
+        )
+    if "CONFIG_EXPR" in expected:
+        return "write `config NAME = key * key * 2` (config.json keys and whole numbers)"
+    if "EQUAL" in expected and re.search(r"\btie\s+\S+\s*$", before):
+        return "write `tie ALIAS = SOURCE` (two Hugging Face names)"
+    if "EQUAL" in expected:
+        return "write `config NAME = key * key * 2`"
+    if "INT" in expected and re.search(r"\brope\s*$", before):
+        return "write `rope N`, N the head size in rows"
+    if "PARAM" in expected and word in _HF_ITEMS:
+        return f"`{word}` goes inside an `hf {{ ... }}` block"
     if "COLON" in expected and word not in (":", ""):
         return "mesh axes are written `name: size`, for example `tp: 2`"
     if word == "," and expected == {"NAME", "RBRACE"}:
@@ -375,7 +469,7 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         guess = _closest(word, _STATEMENTS)
         if guess:
             return f"did you mean `{guess}`?"
-        return "a statement starts with manifest, mesh, fsdp, ignore or param"
+        return "a statement starts with manifest, mesh, fsdp, ignore, param or hf"
     if "SHARD" in expected and word and word != "}":
         if re.search(r"\bshard\s+\w+\s+over\s+\w+\s*$", before):
             return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
@@ -417,7 +511,7 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
     fields: dict = {"rules": [], "ignores": []}
     seen: dict[str, Span] = {}
     for kind, node, span in items.children:
-        if kind in ("manifest", "mesh", "fsdp"):
+        if kind in ("manifest", "mesh", "fsdp", "hf"):
             if kind in seen:
                 diags.append(
                     diag(
@@ -437,6 +531,8 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
             fields["fsdp"] = node
         elif kind == "ignore":
             fields["ignores"].append(node)
+        elif kind == "hf":
+            fields["hf"] = node
         else:
             fields["rules"].append(node)
     fields["suppressions"] = _suppressions(path, text)

@@ -45,6 +45,7 @@ class Resolved:
     virtual_counts: dict[int, dict[str, int]]
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
+    hf_manifest: object | None = None  # the hf block's HFManifest, when it could be read
 
     @property
     def params(self) -> list[tuple[str, Match]]:

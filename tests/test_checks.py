@@ -9,6 +9,9 @@ A case file is plain data: ``CASES``, a list of dicts with
 * ``manifest``: ``{fqn: shape}`` (``None`` for an extra state), written to ``m.json`` next
   to the spec in the canonical format (one entry per line, sorted by name, so the first
   entry is on line 3), with ``factory_args`` if given; or ``manifest_text``, written as is;
+* ``hf_manifest``: ``{"config": {...}, "tensors": {key: shape}}``, written to ``hf.json``
+  in the canonical HF manifest format (tensors sorted, one per line from line 4); or
+  ``hf_manifest_text``, written as is;
 * ``args``: extra ``shardspec lint`` arguments (``-D tp=4``);
 * ``expect``: every finding the case must produce, as ``(code, where, message substring)``
   with optionally ``token`` and ``hint substring`` after it. ``where`` is the line in the
@@ -42,6 +45,7 @@ from shardspec.checks import catalogue
 from shardspec.checks.registry import BY_CODE, CHECKS, RETIRED
 from shardspec.checks.run import check
 from shardspec.diagnostics import Severity
+from shardspec.hfmanifest import dump_hf_manifest
 from shardspec.manifest import dump_manifest
 from shardspec.parse import parse
 
@@ -55,6 +59,8 @@ CASE_KEYS = {
     "manifest",
     "manifest_text",
     "factory_args",
+    "hf_manifest",
+    "hf_manifest_text",
     "args",
     "expect",
 }
@@ -144,6 +150,19 @@ def _write_case(case: dict[str, Any], tmp: Path) -> tuple[Path, dict[str, str]]:
         sources["m.json"] = case["manifest_text"]
     if "m.json" in sources:
         (tmp / "m.json").write_text(sources["m.json"], encoding="utf-8")
+    if "hf_manifest" in case:
+        hf = case["hf_manifest"]
+        tensors = {
+            k: {"shape": list(shape), "dtype": "F32", "file": "model.safetensors"}
+            for k, shape in hf["tensors"].items()
+        }
+        sources["hf.json"] = dump_hf_manifest(
+            {"format": "shardspec-hf-manifest/1", "config": hf["config"], "tensors": tensors}
+        )
+    elif "hf_manifest_text" in case:
+        sources["hf.json"] = case["hf_manifest_text"]
+    if "hf.json" in sources:
+        (tmp / "hf.json").write_text(sources["hf.json"], encoding="utf-8")
     return spec, sources
 
 

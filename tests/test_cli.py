@@ -43,9 +43,9 @@ def codes(text: str) -> list[str]:
 
 @pytest.fixture
 def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A scratch project: specs/llama.shard and its manifest, run from its root."""
+    """A scratch project: specs/llama.shard, its manifest and HF manifest, run from its root."""
     (tmp_path / "specs").mkdir()
-    for name in ("llama.shard", "llama.manifest.json"):
+    for name in ("llama.shard", "llama.manifest.json", "llama.hf.json"):
         shutil.copy(REPO / "specs" / name, tmp_path / "specs" / name)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -271,7 +271,7 @@ def test_compile_refuses_specs_that_share_an_output(
     capsys: pytest.CaptureFixture[str], work: Path
 ) -> None:
     (work / "other").mkdir()
-    for name in ("llama.shard", "llama.manifest.json"):
+    for name in ("llama.shard", "llama.manifest.json", "llama.hf.json"):
         shutil.copy(work / "specs" / name, work / "other" / name)
     status, out, err = run(capsys, "compile", "specs/llama.shard", "other/llama.shard")
     assert status == 2 and out == "" and codes(err) == ["SS004"]

@@ -58,7 +58,7 @@ def render_case(name: str) -> str:
 
 
 def test_the_required_golden_cases_exist() -> None:
-    assert {"dense", "moe_local", "no_manifest", "long_names", "overrides"} <= set(CASES)
+    assert {"dense", "moe_local", "no_manifest", "long_names", "overrides", "hf"} <= set(CASES)
     assert (CASES_DIR / "overrides" / "defines.txt").is_file()
     assert not (CASES_DIR / "no_manifest" / "manifest.json").exists()
 
@@ -106,6 +106,69 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert 'DEFAULT_SIZES: dict[str, int | None] = {"dp_shard": None, "tp": 4}' in over
     assert "DEFAULT_WORLD: int | None = 16" in over
     assert "# sizes: dp_shard=rest, tp=4" in over
+
+
+def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
+    text = render_case("hf")
+    assert "from typing import Any\n" in text
+    assert "from shardspec.hfmap import HFMap, MapRule, Transform\n" in text
+    assert "HF = HFMap(\n    rules=(\n" in text
+    assert 'MapRule("model.embed_tokens.weight", "embed.weight", None, (), 29),' in text
+    assert '"layers.{i}.moe.experts.w1",\n            "e",' in text
+    assert '(Transform("rope", 16),),' in text and '(Transform("transpose"),),' in text
+    assert 'drops=("model.rotary_emb.inv_freq", "**.attn.bias"),' in text
+    assert 'ties=(("lm_head.weight", "model.embed_tokens.weight"),),' in text
+    assert 'keeps=("hc_head.*",),' in text
+    assert "def load_hf(\n" in text and "def export_hf(\n" in text
+    assert "return _hf.load_hf(SPEC, HF, model, path, mesh, **options)" in text
+    assert "return _hf.export_hf(SPEC, HF, model, path, mesh, **options)" in text
+    # The runtime is imported when the wrappers run, not when the module is imported.
+    assert text.count("from shardspec.runtime import hf as _hf") == 2
+    assert "\nfrom shardspec.runtime import hf" not in text
+
+
+def test_specs_without_hf_get_no_hf_code(in_repo: Path) -> None:
+    for name in CASES:
+        if name == "hf":
+            continue
+        text = render_case(name)
+        assert "hfmap" not in text and "load_hf" not in text and "typing" not in text
+
+
+def test_generated_hf_table_is_the_compiled_map(
+    in_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module's HF table equals the map the compiler builds from the spec, and the
+    wrappers hand SPEC, HF and every argument to shardspec.runtime.hf."""
+    import importlib.util
+    import types
+
+    import shardspec.runtime
+    from shardspec.hfresolve import build_hfmap
+
+    path = CASES_DIR / "hf" / "expected.py"
+    mod_spec = importlib.util.spec_from_file_location("golden_hf", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    spec, diags = parse((CASES_DIR / "hf" / "spec.shard").read_text(encoding="utf-8"), "x")
+    assert spec is not None and spec.hf is not None and not diags
+    assert mod.HF == build_hfmap(spec.hf)
+    assert [r.line for r in mod.HF.rules] == [m.span.line for m in spec.hf.maps]
+
+    calls = []
+    fake = types.ModuleType("shardspec.runtime.hf")
+    fake.load_hf = lambda *a, **k: calls.append(("load", a, k)) or "loaded"  # type: ignore[attr-defined]
+    fake.export_hf = lambda *a, **k: calls.append(("export", a, k)) or "exported"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "shardspec.runtime.hf", fake)
+    monkeypatch.setattr(shardspec.runtime, "hf", fake, raising=False)
+    model = object()
+    assert mod.load_hf(model, "ckpt", None, strict=False) == "loaded"
+    assert mod.export_hf(model, "out", "mesh", config={"a": 1}) == "exported"
+    assert calls == [
+        ("load", (mod.SPEC, mod.HF, model, "ckpt", None), {"strict": False}),
+        ("export", (mod.SPEC, mod.HF, model, "out", "mesh"), {"config": {"a": 1}}),
+    ]
 
 
 def test_without_overrides_the_header_records_none(in_repo: Path) -> None:

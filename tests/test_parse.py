@@ -306,7 +306,7 @@ def syntax_error(text: str) -> Diagnostic:
     [
         ("mesh { tp 2 }", (1, 11), "unexpected '2'", "mesh axes are written `name: size`"),
         ("mesh {\n  dp: *\n  tp 2\n}", (3, 6), "unexpected '2'", "`name: size`"),
-        ("mesh { tp = 2 }", (1, 11), "unexpected character '='", "`name: size`"),
+        ("mesh { tp = 2 }", (1, 11), "unexpected '='", "`name: size`"),
         ("mesh { tp: 2, dp: 4 }", (1, 13), "unexpected ','", "not commas"),
         ("mesh { dp: rest }", (1, 12), "unexpected 'rest'", "`*` for the rest"),
         ("mesh { tp: -2 }", (1, 12), "unexpected character '-'", "positive whole number"),
@@ -350,8 +350,9 @@ def test_hints_list_the_expected_tokens() -> None:
     d = syntax_error("param a [x] { fuse x as }")
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")
-    assert "expected 'fsdp', 'ignore', 'manifest', 'mesh', 'param' or the end of the file" in (
-        d.hint
+    assert (
+        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param' or the end of the file"
+        in d.hint
     )
 
 
@@ -413,7 +414,8 @@ _WORDS = [
     "mesh", "over", "8", "ranks", "{", "}", "dp", ":", "*", "tp", "2", "fsdp", "ignore",
     "param", "a.b", "**", "[", "]", ",", "shard", "(", ")", "fuse", "as", "groups", "of",
     "stored", "fused", "local", "replicate", "manifest", '"m.json"', "\n", "# c\n", "{x}",
-    "w{1,3}", "=", ";", '"', "é", "\t", "0", "\r\n", "\ufeff",
+    "w{1,3}", "=", ";", '"', "é", "\t", "0", "\r\n", "\ufeff", "hf", "->", "drop", "tie",
+    "keep", "config", "transpose", "rope", "16", "[e]", "a * b",
 ]  # fmt: skip
 
 
@@ -436,3 +438,153 @@ def test_random_text_never_raises(text: str) -> None:
 @given(st.lists(st.sampled_from(_WORDS), max_size=30))
 def test_random_token_soup_never_raises(words: list[str]) -> None:
     _never_raises(" ".join(words))
+
+
+# ----------------------------------------------------------------------------- hf block
+
+HF = """\
+manifest "m.json"
+hf "llama.hf.json" {
+    model.embed_tokens.weight -> tok_embeddings.weight
+    lm_head.weight -> output.weight
+    tie lm_head.weight = model.embed_tokens.weight
+    model.layers.{i}.self_attn.q_proj.weight -> layers.{i}.attention.wqkv.weight.q rope 16
+    model.layers.{i}.mlp.experts.{e}.gate_proj.weight -> layers.{i}.moe.experts.w1[e]
+    some.conv.weight -> conv.weight transpose rope 8   # in the order written
+    drop model.rotary_emb.inv_freq
+    keep hc_head.*
+    config hidden = hidden_size
+    config q = num_attention_heads * head_dim*2
+}
+"""
+
+
+def test_hf_block_items_and_spans() -> None:
+    spec = ok(HF)
+    hf = spec.hf
+    assert hf is not None
+    assert hf.manifest == "llama.hf.json" and hf.manifest_span is not None
+    assert at(hf.manifest_span) == pos(HF, '"llama.hf.json"')
+    assert at(hf.span) == pos(HF, "hf ")
+    assert hf.span.end_line == HF.count("\n")
+    assert [(m.hf.text, m.target.text) for m in hf.maps] == [
+        ("model.embed_tokens.weight", "tok_embeddings.weight"),
+        ("lm_head.weight", "output.weight"),
+        ("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attention.wqkv.weight.q"),
+        ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "layers.{i}.moe.experts.w1"),
+        ("some.conv.weight", "conv.weight"),
+    ]
+    q, w1, conv = hf.maps[2], hf.maps[3], hf.maps[4]
+    assert at(q.span) == at(q.hf.span) == pos(HF, "model.layers.{i}.self_attn")
+    assert at(q.target.span) == pos(HF, "layers.{i}.attention")
+    assert [(t.kind, t.head_dim) for t in q.transforms] == [("rope", 16)]
+    assert at(q.transforms[0].span) == pos(HF, "rope 16")
+    assert q.transforms[0].span.end_col == pos(HF, "rope 16")[1] + len("rope 16")
+    assert q.stack is None
+    assert w1.stack is not None and w1.stack.text == "e"
+    assert at(w1.stack.span) == pos(HF, "e]")
+    assert w1.span.end_col == pos(HF, "w1[e]")[1] + len("w1[e]")
+    assert [(t.kind, t.head_dim) for t in conv.transforms] == [("transpose", 0), ("rope", 8)]
+    assert at(conv.transforms[0].span) == pos(HF, "transpose")
+    (tie,) = hf.ties
+    assert (tie.alias.text, tie.source.text) == ("lm_head.weight", "model.embed_tokens.weight")
+    assert at(tie.span) == pos(HF, "tie ")
+    assert at(tie.source.span) == pos(HF, "model.embed_tokens.weight", 1)
+    assert [d.pattern.text for d in hf.drops] == ["model.rotary_emb.inv_freq"]
+    assert at(hf.drops[0].pattern.span) == pos(HF, "model.rotary_emb")
+    assert [k.pattern.text for k in hf.keeps] == ["hc_head.*"]
+    hidden, qsize = hf.configs
+    assert hidden.name.text == "hidden" and [f.text for f in hidden.factors] == ["hidden_size"]
+    assert at(hidden.span) == pos(HF, "config hidden")
+    assert [f.text for f in qsize.factors] == ["num_attention_heads", "head_dim", "2"]
+    assert [f.number for f in qsize.factors] == [None, None, 2]
+    assert [at(f.span) for f in qsize.factors] == [
+        pos(HF, "num_attention_heads"),
+        pos(HF, "head_dim*2"),
+        pos(HF, "2\n}"),
+    ]
+    assert qsize.factors[1].span.end_col == pos(HF, "head_dim*2")[1] + len("head_dim")
+
+
+def test_hf_block_without_manifest_and_empty() -> None:
+    spec = ok("hf { }")
+    assert spec.hf is not None and spec.hf.manifest is None and spec.hf.maps == []
+    assert ok("param a [x] {}").hf is None
+    spec = ok("hf{a->b}")
+    assert spec.hf is not None and [(m.hf.text, m.target.text) for m in spec.hf.maps] == [
+        ("a", "b")
+    ]
+
+
+def test_hf_keywords_stay_names_and_pattern_segments() -> None:
+    """`hf`, `drop`, `tie`, `keep`, `config`, `transpose` and `rope` are keywords only where
+    an hf item or a transform can start: elsewhere they are names and pattern segments."""
+    words = "hf drop tie keep config transpose rope"
+    text = (
+        "mesh { hf: 2 drop: 1 rope: 1 }\nfsdp hf\nignore keep.drop.tie\n"
+        "param hf.drop.tie.keep.config.transpose.rope [config, rope] { shard rope over hf }\n"
+        "param layers.*.tie_word.keep_x.ropey [hf] { shard hf over drop }\n"
+        "hf {\n"
+        "    drop.tie.weight -> keep.config.weight transpose\n"
+        "    config.rope.x -> rope.transpose.x rope 4\n"
+        "    tie.hf -> hf.tie\n"
+        "    drop keep.x\n    keep drop.y\n    tie tie.a = drop.b\n    config rope = hf * tie\n"
+        "}\n"
+    )
+    spec = ok(text)
+    assert spec.mesh is not None and [a.name.text for a in spec.mesh.axes] == ["hf", "drop", "rope"]
+    assert spec.fsdp is not None and spec.fsdp.text == "hf"
+    assert spec.rules[0].pattern.text == "hf.drop.tie.keep.config.transpose.rope"
+    assert [d.text for d in spec.rules[0].dims] == ["config", "rope"]
+    hf = spec.hf
+    assert hf is not None
+    assert [(m.hf.text, m.target.text, [t.kind for t in m.transforms]) for m in hf.maps] == [
+        ("drop.tie.weight", "keep.config.weight", ["transpose"]),
+        ("config.rope.x", "rope.transpose.x", ["rope"]),
+        ("tie.hf", "hf.tie", []),
+    ]
+    assert [d.pattern.text for d in hf.drops] == ["keep.x"]
+    assert [k.pattern.text for k in hf.keeps] == ["drop.y"]
+    assert [(t.alias.text, t.source.text) for t in hf.ties] == [("tie.a", "drop.b")]
+    assert [f.text for f in hf.configs[0].factors] == ["hf", "tie"]
+    assert all(w in text for w in words.split())
+
+
+def test_existing_example_specs_still_parse() -> None:
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "specs").glob("*.shard")) + sorted(
+        (root / "tests" / "cases").glob("*/spec.shard")
+    ):
+        spec, diags = parse_file(path)
+        assert spec is not None and not [d for d in diags if d.code == "SS001"], path
+
+
+def test_hf_block_twice_is_ss005() -> None:
+    spec, diags = parse('hf "a.json" { a -> b }\nhf { c -> d }\n', "t.shard")
+    assert spec is not None and spec.hf is not None
+    assert [m.hf.text for m in spec.hf.maps] == ["a"]
+    (d,) = diags
+    assert d.code == "SS005" and at(d.span) == (2, 1) and "`hf` appears more than once" in d.message
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "found", "hint"),
+    [
+        ("hf { a b }", (1, 8), "unexpected 'b'", "`HF_NAME -> MODEL_NAME`"),
+        ("hf { a -> b rope }", (1, 18), "unexpected '}'", "`rope N`"),
+        ("hf { a -> b rope x }", (1, 18), "unexpected 'x'", "`rope N`"),
+        ("hf { tie a b }", (1, 12), "unexpected 'b'", "`tie ALIAS = SOURCE`"),
+        ("hf { config x 4 }", (1, 15), "unexpected '4'", "`config NAME = "),
+        ("hf { config x = }", (1, 17), "unexpected '}'", "config.json keys"),
+        ("hf { a -> b[e }", (1, 15), "unexpected '}'", "expected ']'"),
+        ('hf { "a" -> b }', (1, 6), "unexpected '\"a\"'", "without quotes"),
+        ("drop x.y", (1, 1), "unexpected 'drop'", "`drop` goes inside an `hf { ... }` block"),
+        ("hf { a -> b }\ntie a = b", (2, 1), "unexpected 'tie'", "inside an `hf"),
+        ("hf { a -> b\n", (1, 12), "unexpected end of file", "line 1"),
+    ],
+)
+def test_hf_syntax_errors(text: str, where: tuple[int, int], found: str, hint: str) -> None:
+    d = syntax_error(text)
+    assert at(d.span) == where
+    assert d.message == f"syntax error: {found}"
+    assert hint in d.hint

@@ -44,7 +44,7 @@ CHECKS: tuple[Check, ...] = (
         "SS002",
         "unreadable-input",
         E,
-        "A spec, manifest or output path cannot be read or written.",
+        "A spec, manifest, HF manifest or output path cannot be read or written.",
         "Nothing can be checked without the input. The manifest path is relative to the "
         "spec's folder.",
         'manifest "llama.json"   # no such file next to the spec',
@@ -54,7 +54,8 @@ CHECKS: tuple[Check, ...] = (
         "SS003",
         "bad-manifest",
         E,
-        "The manifest is not valid JSON of the manifest format.",
+        "The manifest (or the HF manifest, or for `shardspec hf-manifest` a Hugging Face "
+        "directory's config.json, index or safetensors header) is not valid.",
         "Checks that need shapes would otherwise run on wrong data.",
         '{"format": "shardspec-manifest/2", "entries": []}',
         '{"format": "shardspec-manifest/1", "entries": []}',
@@ -336,6 +337,126 @@ CHECKS: tuple[Check, ...] = (
         "Without shapes, divisibility and coverage are only checked at run time.",
         "mesh over 8 ranks { dp_shard: *  tp: 2 }   # and no manifest statement",
         'manifest "llama.manifest.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }',
+    ),
+    # --- Hugging Face mapping (hf block) -------------------------------------------------
+    Check(
+        "SS070",
+        "bad-hf-item",
+        E,
+        "An hf block item is malformed: a map line with glob syntax (`*`, `**`, `{a,b}`), "
+        "captures that are not on both sides, a stack index that is no capture of the Hugging "
+        "Face name, an odd `rope` size, a bad drop/keep glob, a tie that is not two literal "
+        "keys (or ties an alias twice, to itself or to another alias), or a config name bound "
+        "twice.",
+        "The mapping must invert: load names the Hugging Face key of every storage unit, and "
+        "export names the storage unit of every key, from the same line.",
+        "model.layers.*.mlp.up_proj.weight -> layers.{i}.feed_forward.w13.weight.up",
+        "model.layers.{i}.mlp.up_proj.weight -> layers.{i}.feed_forward.w13.weight.up",
+    ),
+    Check(
+        "SS071",
+        "hf-unit-not-produced",
+        E,
+        "A storage unit of the model (a parameter, a fused component, an expert) is produced "
+        "by no hf map line and matched by no `keep`.",
+        "load_hf would leave it uninitialised, and export_hf would write a checkpoint without it.",
+        "hf { model.layers.{i}.mlp.gate_proj.weight -> layers.{i}.feed_forward.w13.weight.gate }"
+        "\n# and nothing produces layers.{i}.feed_forward.w13.weight.up",
+        "hf {\n    model.layers.{i}.mlp.gate_proj.weight -> layers.{i}.feed_forward.w13.weight.gate"
+        "\n    model.layers.{i}.mlp.up_proj.weight -> layers.{i}.feed_forward.w13.weight.up\n}",
+        True,
+    ),
+    Check(
+        "SS072",
+        "hf-unit-produced-twice",
+        E,
+        "A storage unit is produced by two hf map lines.",
+        "Load would read one of two tensors and export would write the unit twice, under "
+        "two names.",
+        "model.norm.weight -> norm.weight\nmodel.final_norm.weight -> norm.weight",
+        "model.norm.weight -> norm.weight",
+        True,
+    ),
+    Check(
+        "SS073",
+        "hf-unexpected-key",
+        E,
+        "A tensor of the HF manifest is consumed by no map line (for a real storage unit, "
+        "with a stack index inside its first dimension), not dropped and not a tie alias.",
+        "A key nothing reads is usually a mapping typo, or a model that lost a module; "
+        "ignoring it silently would load a partial model.",
+        "# the checkpoint has model.layers.0.self_attn.q_norm.weight, the block no q_norm line",
+        "model.layers.{i}.self_attn.q_norm.weight -> layers.{i}.attn.q_norm.weight",
+        True,
+    ),
+    Check(
+        "SS074",
+        "hf-missing-key",
+        E,
+        "A storage unit needs a Hugging Face key that the HF manifest lacks (and no `tie` "
+        "source of it is there).",
+        "load_hf would fail on the real checkpoint; lint says so before the job starts.",
+        "model.layers.{i}.mlp.gate.weight -> layers.{i}.moe.router.weight"
+        "   # the key is ...mlp.router.weight",
+        "model.layers.{i}.mlp.router.weight -> layers.{i}.moe.router.weight",
+        True,
+    ),
+    Check(
+        "SS075",
+        "hf-shape-mismatch",
+        E,
+        "A Hugging Face tensor's shape differs from the shape its map line expects (the "
+        "unit's shape inverted through the transforms, per stack index).",
+        "Reading it would fail at load time, or worse, reinterpret the bytes.",
+        "model.layers.{i}.mlp.gate.weight -> layers.{i}.moe.router.weight   # HF [64, 8]",
+        "model.layers.{i}.mlp.gate.weight -> layers.{i}.moe.router.weight transpose",
+        True,
+    ),
+    Check(
+        "SS076",
+        "hf-transform-invalid",
+        E,
+        "A transform cannot apply to the storage unit's shape: `transpose` on a tensor that "
+        "is not 2-D, or `rope N` on a first dimension that is not a whole number of heads.",
+        "A transform that does not fit the tensor cannot be inverted on export.",
+        "model.norm.weight -> norm.weight transpose   # norm.weight is 1-D",
+        "model.norm.weight -> norm.weight",
+        True,
+    ),
+    Check(
+        "SS077",
+        "hf-config-mismatch",
+        E,
+        "A `config` binding names no dimension or component of any rule, uses a key "
+        "config.json lacks (or that is not a whole number), or disagrees with the model's "
+        "size of that dimension.",
+        "A checkpoint of another model size would otherwise be found only at load time, "
+        "or exported with a config.json that describes another model.",
+        "config hidden = intermediate_size",
+        "config hidden = hidden_size",
+        True,
+    ),
+    Check(
+        "SS078",
+        "unused-hf-item",
+        W,
+        "An hf map line produces no storage unit, or a `keep` matches none.",
+        "Usually a typo in the target name (units are named like checkpoints name them: "
+        "`<fqn>`, `<fqn>.<component>`, global expert indices).",
+        "model.norm.weight -> final_norm.weight   # the model's is norm.weight",
+        "model.norm.weight -> norm.weight",
+        True,
+    ),
+    Check(
+        "SS079",
+        "no-hf-manifest",
+        W,
+        "The hf block names no HF manifest: checks that need Hugging Face keys, shapes or "
+        "config did not run.",
+        "Without the HF manifest, missing and unexpected keys and shape mismatches are only "
+        "found when a checkpoint is loaded.",
+        "hf { model.norm.weight -> norm.weight }",
+        'hf "llama.hf.json" { model.norm.weight -> norm.weight }',
     ),
 )
 

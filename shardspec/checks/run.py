@@ -6,6 +6,12 @@ import os
 
 from shardspec import ir
 from shardspec.checks.coverage import COVERAGE_CHECKS
+from shardspec.checks.hf import (
+    check_hf_items,
+    check_hf_units,
+    load_spec_hf_manifest,
+    no_hf_manifest,
+)
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.registry import BY_CODE, RETIRED, diag
 from shardspec.checks.structure import STRUCTURE_CHECKS
@@ -62,6 +68,7 @@ def check(
     world: int | None = None,
     manifest: Manifest | None = None,
     use_manifest: bool = True,
+    use_hf_manifest: bool = True,
 ) -> tuple[Resolved, list[Diagnostic]]:
     """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
     diags: list[Diagnostic] = []
@@ -73,7 +80,17 @@ def check(
         diags.extend(mdiags)
         if mdiags:
             use_manifest = False
+    hf_bad: set[int] = set()
+    hf_manifest = None
+    if spec.hf is not None:
+        found, hf_bad = check_hf_items(spec)
+        diags.extend(found)
+        diags.extend(no_hf_manifest(spec))
+        if use_hf_manifest:
+            hf_manifest, found = load_spec_hf_manifest(spec)
+            diags.extend(found)
     res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
+    res.hf_manifest = hf_manifest
     if res.mesh_error and res.mesh_error_code == "SS004":
         diags.append(
             diag(
@@ -103,6 +120,8 @@ def check(
             diags.extend(c(res))
         for c in LAYOUT_CHECKS:
             diags.extend(c(res))
+        if spec.hf is not None:
+            diags.extend(check_hf_units(res, hf_manifest, hf_bad))
     elif spec.manifest is None:
         diags.append(
             diag(

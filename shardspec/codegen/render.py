@@ -15,7 +15,8 @@ from pathlib import Path
 
 import jinja2
 
-from shardspec import RUNTIME_API, __version__
+from shardspec import RUNTIME_API, __version__, ir
+from shardspec.hfresolve import build_hfmap
 from shardspec.layout import RuleSpec, dtensor_placements
 from shardspec.resolve import Resolved, rule_spec
 
@@ -182,6 +183,47 @@ def _param_line(fqn: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
     return "\n".join(lines).lstrip()
 
 
+def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
+    """The generated module's ``HF`` table and the names it imports, or ``None`` when the
+    spec has no ``hf`` block (the module is then exactly what it was before hf blocks)."""
+    if spec.hf is None:
+        return None
+    hfmap = build_hfmap(spec.hf)
+    rules = tuple(
+        Call(
+            "MapRule",
+            (
+                r.hf,
+                r.target,
+                r.stack,
+                tuple(
+                    Call("Transform", (t.kind, t.head_dim) if t.kind == "rope" else (t.kind,))
+                    for t in r.transforms
+                ),
+                r.line,
+            ),
+        )
+        for r in hfmap.rules
+    )
+    fields = [("rules", rules), ("drops", hfmap.drops), ("ties", hfmap.ties)]
+    fields.append(("keeps", hfmap.keeps))
+    lines = ["HF = HFMap("]
+    for name, value in fields:
+        lines.extend(layout(value, INDENT, f"{name}=", ","))
+    lines.append(")")
+    imports = ["HFMap"]
+    if hfmap.rules:
+        imports.append("MapRule")
+    if any(r.transforms for r in hfmap.rules):
+        imports.append("Transform")
+    first, last = spec.hf.span.line, spec.hf.span.end_line or spec.hf.span.line
+    words = "How a Hugging Face checkpoint maps onto the storage units".split()
+    words += [f"({spec_path},", "lines", f"{first}-{last})."]
+    fields = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line)."
+    text = comment(words) + "\n" + comment(fields.split())
+    return {"table": "\n".join(lines), "imports": ", ".join(imports), "comment": text}
+
+
 def effective_overrides(
     res: Resolved, overrides: dict[str, int] | None, world: int | None
 ) -> list[tuple[str, int]]:
@@ -302,5 +344,6 @@ def render_module(
             {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
         ),
         "params": params,
+        "hf": _hf_context(spec, spec_path),
     }
     return _env().get_template("module.py.j2").render(**ctx)

@@ -30,4 +30,11 @@ CASES = [
         "spec_bytes": b"mesh over 8 ranks { dp_shard: * }\n# caf\xe9\n",
         "expect": [("SS002", 1, "cannot read spec")],
     },
+    {
+        "name": "HF manifest missing",
+        "spec": 'manifest "m.json"\nmesh over 2 ranks { tp: 2 }\nparam w [a] {}\n'
+        'hf "nope.json" { x -> w }\n',
+        "manifest": {"w": [4]},
+        "expect": [("SS002", 4, "cannot read HF manifest", '"nope.json"', "shardspec hf-manifest")],
+    },
 ]

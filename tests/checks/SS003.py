@@ -44,4 +44,29 @@ CASES = [
         '[{"fqn": "w", "shape": [8, 8]}]}\n',
         "expect": [],
     },
+    {
+        "name": "HF manifest of another format",
+        "spec": 'manifest "m.json"\nmesh over 2 ranks { tp: 2 }\nparam w [a] {}\n'
+        'hf "hf.json" { x -> w }\n',
+        "manifest": {"w": [4]},
+        "hf_manifest_text": '{"format": "shardspec-hf-manifest/9", "config": {}, "tensors": {}}',
+        "expect": [("SS003", 4, "hf.json: HF manifest field format", '"hf.json"')],
+    },
+    {
+        "name": "HF manifest that is not JSON",
+        "spec": 'manifest "m.json"\nmesh over 2 ranks { tp: 2 }\nparam w [a] {}\n'
+        'hf "hf.json" { x -> w }\n',
+        "manifest": {"w": [4]},
+        "hf_manifest_text": '{"format": "shardspec-hf-manifest/1",\n  "config": {,}}',
+        "expect": [("SS003", 4, "hf.json:2:14: HF manifest is not valid JSON", '"hf.json"')],
+    },
+    {
+        "name": "a valid HF manifest",
+        "spec": 'manifest "m.json"\nmesh over 2 ranks { tp: 2 }\nparam w [a] {}\n'
+        'hf "hf.json" { x -> w }\n',
+        "manifest": {"w": [4]},
+        "hf_manifest_text": '{"format": "shardspec-hf-manifest/1", "config": {}, "tensors": '
+        '{"x": {"shape": [4], "dtype": "F32", "file": "model.safetensors"}}}',
+        "expect": [],
+    },
 ]

@@ -1,0 +1,144 @@
+"""Hugging Face twins of the example models, and hand-written weight conversions.
+
+:func:`llama_config` and :func:`qwen3_moe_config` give the ``transformers`` configs whose
+models compute what :mod:`examples.models.llama` and :mod:`examples.models.moe` (with
+``hc_mult=0``) compute. :func:`llama_from_hf` and :func:`moe_from_hf` convert a Hugging
+Face state dict into the example models' global state dicts. They are written by hand,
+independently of the spec's ``hf`` block, so tests can use them as an oracle for
+``load_hf``/``export_hf``.
+
+``transformers`` is imported lazily: the example models do not need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from examples.models import llama, moe
+
+__all__ = [
+    "hf_rope_to_meta",
+    "llama_config",
+    "llama_from_hf",
+    "meta_rope_to_hf",
+    "moe_from_hf",
+    "qwen3_moe_config",
+]
+
+
+def llama_config(cfg: llama.LlamaConfig | None = None, *, tied: bool | None = None) -> Any:
+    """A ``transformers.LlamaConfig`` for the example Llama (``cfg``, default tiny)."""
+    import transformers
+
+    cfg = cfg or llama.LlamaConfig()
+    return transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.dim,
+        intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tie_embeddings if tied is None else tied,
+        attn_implementation="eager",
+    )
+
+
+def qwen3_moe_config(cfg: moe.MoEConfig | None = None, *, tied: bool | None = None) -> Any:
+    """A ``transformers.Qwen3MoeConfig`` for the example MoE (``hc_mult`` must be 0)."""
+    import transformers
+
+    cfg = cfg or moe.MoEConfig(hc_mult=0)
+    return transformers.Qwen3MoeConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.dim,
+        intermediate_size=4 * cfg.dim,  # the dense MLP's width; unused, every layer is MoE
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        moe_intermediate_size=cfg.moe_ffn_dim,
+        num_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.top_k,
+        norm_topk_prob=cfg.norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        tie_word_embeddings=cfg.tie_embeddings if tied is None else tied,
+        attn_implementation="eager",
+    )
+
+
+def hf_rope_to_meta(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of a q/k projection from HF's rotate-half layout to Meta's interleaved one."""
+    return w.unflatten(0, (-1, 2, head_dim // 2)).transpose(1, 2).reshape(w.shape)
+
+
+def meta_rope_to_hf(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The inverse of :func:`hf_rope_to_meta`."""
+    return w.unflatten(0, (-1, head_dim // 2, 2)).transpose(1, 2).reshape(w.shape)
+
+
+def llama_from_hf(
+    hf: Mapping[str, torch.Tensor], cfg: llama.LlamaConfig
+) -> dict[str, torch.Tensor]:
+    """The example Llama's global state dict from a ``LlamaForCausalLM`` state dict.
+
+    A tied model (``cfg.tie_embeddings``) has no ``output.weight``; an untied one reads
+    ``lm_head.weight``, or ``model.embed_tokens.weight`` when the checkpoint is tied.
+    """
+    out = {
+        "tok_embeddings.weight": hf["model.embed_tokens.weight"],
+        "norm.weight": hf["model.norm.weight"],
+    }
+    if not cfg.tie_embeddings:
+        out["output.weight"] = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    for i in range(cfg.n_layers):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        wq = hf_rope_to_meta(hf[q + "self_attn.q_proj.weight"], cfg.head_dim)
+        wk = hf_rope_to_meta(hf[q + "self_attn.k_proj.weight"], cfg.head_dim)
+        wv = hf[q + "self_attn.v_proj.weight"]
+        out |= {
+            p + "attention_norm.weight": hf[q + "input_layernorm.weight"],
+            p + "attention.wqkv.weight": llama.fuse_wqkv(wq, wk, wv, cfg),
+            p + "attention.wo.weight": hf[q + "self_attn.o_proj.weight"],
+            p + "ffn_norm.weight": hf[q + "post_attention_layernorm.weight"],
+            p + "feed_forward.w13.weight": torch.cat(
+                (hf[q + "mlp.gate_proj.weight"], hf[q + "mlp.up_proj.weight"])
+            ),
+            p + "feed_forward.w2.weight": hf[q + "mlp.down_proj.weight"],
+        }
+    return out
+
+
+def moe_from_hf(hf: Mapping[str, torch.Tensor], cfg: moe.MoEConfig) -> dict[str, torch.Tensor]:
+    """The example MoE's global state dict (stacked experts) from a ``Qwen3MoeForCausalLM``
+    state dict with per-expert keys (what ``save_pretrained`` writes)."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["head.weight"] = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    names = {
+        "attn_norm.weight": "input_layernorm.weight",
+        "attn.wq.weight": "self_attn.q_proj.weight",
+        "attn.wk.weight": "self_attn.k_proj.weight",
+        "attn.wv.weight": "self_attn.v_proj.weight",
+        "attn.wo.weight": "self_attn.o_proj.weight",
+        "attn.q_norm.weight": "self_attn.q_norm.weight",
+        "attn.k_norm.weight": "self_attn.k_norm.weight",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "moe.router.weight": "mlp.gate.weight",
+    }
+    for i in range(cfg.n_layers):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        out |= {p + ours: hf[q + theirs] for ours, theirs in names.items()}
+        for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            out[f"{p}moe.experts.{ours}"] = torch.stack(
+                [hf[f"{q}mlp.experts.{e}.{theirs}.weight"] for e in range(cfg.n_experts)]
+            )
+    return out

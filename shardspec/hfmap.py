@@ -1,0 +1,392 @@
+"""Hugging Face name mapping: templates, transforms and slice arithmetic, in pure Python.
+
+A spec's ``hf { ... }`` block says how a Hugging Face checkpoint's tensors map onto the
+model's *storage units*: the same canonical names and shapes that checkpoints use
+(``<fqn>`` for a plain parameter, ``<fqn>.<component>`` for a component of a fused
+dimension, the global expert index for a name-indexed module). A rule reads::
+
+    model.layers.{i}.self_attn.q_proj.weight -> layers.{i}.attention.wqkv.weight.q rope 16
+    model.layers.{i}.mlp.experts.{e}.gate_proj.weight -> layers.{i}.moe.experts.w1[e]
+
+``{name}`` captures one dot-free segment; both sides use the same captures (so the mapping
+inverts). ``[e]`` stacks: the HF tensor is index ``e`` of the unit's first dimension.
+Transforms apply in the order written, from the HF tensor to the model's:
+
+* ``transpose``: swap the two dimensions of a 2-D tensor;
+* ``rope N``: the RoPE row permutation from Hugging Face's rotate-half layout to the
+  Meta/torchtitan interleaved layout, per head of ``N`` rows, on dimension 0. Row
+  ``h*N + 2j + t`` of the model's tensor is row ``h*N + t*N/2 + j`` of the HF tensor.
+
+The compiler (lint) and the runtime (``load_hf``/``export_hf``) both use this module, so
+the names and slices they compute cannot disagree. No torch here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = [
+    "HFMap",
+    "MapRule",
+    "Source",
+    "Transform",
+    "hf_shape",
+    "model_indices",
+    "rope_row",
+    "source_indices",
+    "template_captures",
+]
+
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def template_captures(template: str) -> tuple[str, ...]:
+    """The capture names of a template, in order of appearance."""
+    return tuple(m.group(1) for m in _CAPTURE.finditer(template))
+
+
+def _template_regex(template: str, numeric: frozenset[str] = frozenset()) -> re.Pattern[str]:
+    out, last, seen = [], 0, set()
+    for m in _CAPTURE.finditer(template):
+        out.append(re.escape(template[last : m.start()]))
+        name = m.group(1)
+        if name in seen:
+            out.append(f"(?P={name})")
+        else:
+            seen.add(name)
+            out.append(f"(?P<{name}>{'[0-9]+' if name in numeric else '[^.]+'})")
+        last = m.end()
+    out.append(re.escape(template[last:]))
+    return re.compile("".join(out) + r"\Z")
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise ValueError(
+                f"{template}: capture {{{name}}} is not on the other side of the rule "
+                "(lint reports this as SS070)"
+            )
+        return values[name]
+
+    return _CAPTURE.sub(value, template)
+
+
+def _glob_regex(glob: str) -> re.Pattern[str]:
+    """``*`` one segment or part of one, ``**`` any number of segments (as in rules)."""
+    out, i = [], 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out.append(r".*")
+            i += 2
+        elif glob[i] == "*":
+            out.append(r"[^.]*")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One step from the HF tensor towards the model's: ``transpose`` or ``rope``."""
+
+    kind: str
+    head_dim: int = 0  # rope only
+
+    def __str__(self) -> str:
+        return f"rope {self.head_dim}" if self.kind == "rope" else self.kind
+
+
+@dataclass(frozen=True)
+class MapRule:
+    """``hf -> target[stack] transforms...``; ``line`` points back into the spec."""
+
+    hf: str
+    target: str
+    stack: str | None = None
+    transforms: tuple[Transform, ...] = ()
+    line: int = 0
+
+    @cached_property
+    def target_regex(self) -> re.Pattern[str]:
+        return _template_regex(self.target)
+
+    @cached_property
+    def hf_regex(self) -> re.Pattern[str]:
+        numeric = frozenset((self.stack,)) if self.stack else frozenset()
+        return _template_regex(self.hf, numeric)
+
+    def __str__(self) -> str:
+        stack = f"[{self.stack}]" if self.stack else ""
+        tail = "".join(f" {t}" for t in self.transforms)
+        return f"{self.hf} -> {self.target}{stack}{tail}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one storage unit comes from: one HF tensor, or one per index of a stack."""
+
+    rule: int  # index into HFMap.rules
+    keys: tuple[str, ...]  # one key, or one per index of the stacked first dimension
+    shape: tuple[int, ...]  # each HF tensor's shape
+    stacked: bool
+
+
+def hf_shape(model_shape: Sequence[int], transforms: Sequence[Transform]) -> tuple[int, ...]:
+    """The HF tensor's shape for a model tensor of ``model_shape`` (inverting the chain)."""
+    shape = tuple(model_shape)
+    for t in reversed(transforms):
+        if t.kind == "transpose":
+            shape = shape[::-1]
+    return shape
+
+
+def transform_problem(model_shape: Sequence[int], transforms: Sequence[Transform]) -> str | None:
+    """Why the chain cannot apply (and so cannot be inverted) on this shape, or None."""
+    shape = hf_shape(model_shape, transforms)
+    for t in transforms:
+        if t.kind == "transpose":
+            if len(shape) != 2:
+                return f"transpose needs a 2-D tensor, this one has shape {list(shape)}"
+            shape = shape[::-1]
+        elif t.kind == "rope":
+            if t.head_dim < 2 or t.head_dim % 2:
+                return f"rope needs an even head size, got {t.head_dim}"
+            if not shape or shape[0] % t.head_dim:
+                return (
+                    f"rope {t.head_dim}: dimension 0 has {shape[0] if shape else 0} rows, "
+                    f"not a whole number of heads of {t.head_dim}"
+                )
+        else:
+            return f"unknown transform {t.kind!r}"
+    return None
+
+
+def rope_row(m: int, head_dim: int) -> int:
+    """The HF row (rotate-half layout) that holds the model's row ``m`` (interleaved)."""
+    h, w = divmod(m, head_dim)
+    j, t = divmod(w, 2)
+    return h * head_dim + t * (head_dim // 2) + j
+
+
+def _model_row(r: int, head_dim: int) -> int:
+    h, w = divmod(r, head_dim)
+    t, j = divmod(w, head_dim // 2)
+    return h * head_dim + 2 * j + t
+
+
+Index = range | tuple[int, ...]
+
+
+def source_indices(
+    transforms: Sequence[Transform], offsets: Sequence[int], sizes: Sequence[int]
+) -> tuple[tuple[Index, ...], tuple[int, ...]]:
+    """Which HF indices a box of the model's tensor needs.
+
+    Returns ``(per_hf_dim, model_dim_of)``: for each HF dimension, the HF indices listed in
+    the order of the model box's positions along model dimension ``model_dim_of[k]``. The
+    box is then ``hf[ix_(*per_hf_dim)]`` with its dimensions permuted so that HF dimension
+    ``k`` lands on ``model_dim_of[k]``.
+    """
+    cur: list[tuple[int, Index]] = [
+        (d, range(o, o + s)) for d, (o, s) in enumerate(zip(offsets, sizes, strict=True))
+    ]
+    for t in reversed(transforms):
+        if t.kind == "transpose":
+            cur.reverse()
+        elif t.kind == "rope":
+            d, idx = cur[0]
+            cur[0] = (d, tuple(rope_row(m, t.head_dim) for m in idx))
+    return tuple(i for _, i in cur), tuple(d for d, _ in cur)
+
+
+def model_indices(
+    transforms: Sequence[Transform], shape: Sequence[int]
+) -> tuple[tuple[Index, ...], tuple[int, ...]]:
+    """For export: the same as :func:`source_indices` for the whole model tensor, but
+    from the HF side: which model index fills each HF position, per model dimension.
+
+    Returns ``(per_model_dim, hf_dim_of)``: ``model[ix_(*per_model_dim)]`` permuted so
+    that model dimension ``k`` lands on ``hf_dim_of[k]`` is the HF tensor.
+    """
+    hshape = hf_shape(shape, transforms)
+    # Walk forward from HF positions: position p of HF dim k reads model index f(p).
+    cur: list[tuple[int, Index]] = [(k, range(n)) for k, n in enumerate(hshape)]
+    for t in transforms:
+        if t.kind == "transpose":
+            cur.reverse()
+        elif t.kind == "rope":
+            k, idx = cur[0]
+            cur[0] = (k, tuple(_model_row(r, t.head_dim) for r in idx))
+    return tuple(i for _, i in cur), tuple(k for k, _ in cur)
+
+
+def runs(idx: Index) -> list[tuple[int, int]]:
+    """``[start, stop)`` runs covering the sorted, distinct indices of ``idx``."""
+    if isinstance(idx, range):
+        return [(idx.start, idx.stop)] if len(idx) else []
+    out: list[tuple[int, int]] = []
+    for i in sorted(set(idx)):
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+@dataclass(frozen=True)
+class HFMap:
+    """A spec's whole ``hf`` block."""
+
+    rules: tuple[MapRule, ...] = ()
+    drops: tuple[str, ...] = ()  # HF key globs that nothing consumes
+    ties: tuple[tuple[str, str], ...] = ()  # (alias, source): alias is the same tensor
+    keeps: tuple[str, ...] = ()  # storage-name globs the HF checkpoint does not provide
+
+    def __bool__(self) -> bool:
+        return bool(self.rules or self.drops or self.ties or self.keeps)
+
+    @cached_property
+    def _drop_res(self) -> tuple[re.Pattern[str], ...]:
+        return tuple(_glob_regex(g) for g in self.drops)
+
+    @cached_property
+    def _keep_res(self) -> tuple[re.Pattern[str], ...]:
+        return tuple(_glob_regex(g) for g in self.keeps)
+
+    def dropped(self, hf_key: str) -> bool:
+        return any(r.match(hf_key) for r in self._drop_res)
+
+    def kept(self, name: str) -> bool:
+        return any(r.match(name) for r in self._keep_res)
+
+    def tie_of(self, hf_key: str) -> str | None:
+        """The key ``hf_key`` is an alias of, if a ``tie`` says so."""
+        for alias, source in self.ties:
+            if alias == hf_key:
+                return source
+        return None
+
+    def sources(self, name: str, shape: Sequence[int]) -> list[Source]:
+        """Every rule producing storage unit ``name`` (lint wants exactly one)."""
+        out = []
+        for i, rule in enumerate(self.rules):
+            m = rule.target_regex.match(name)
+            if m is None:
+                continue
+            caps = m.groupdict()
+            if rule.stack:
+                if not shape:
+                    continue
+                keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
+                out.append(Source(i, keys, hf_shape(shape[1:], rule.transforms), True))
+            else:
+                out.append(
+                    Source(i, (_fill(rule.hf, caps),), hf_shape(shape, rule.transforms), False)
+                )
+        return out
+
+    def consumers(self, hf_key: str) -> list[tuple[int, str, int | None]]:
+        """Every rule whose HF template matches ``hf_key``: ``(rule, unit name, stack
+        index)``."""
+        out = []
+        for i, rule in enumerate(self.rules):
+            m = rule.hf_regex.match(hf_key)
+            if m is None:
+                continue
+            caps = m.groupdict()
+            index = int(caps.pop(rule.stack)) if rule.stack else None
+            out.append((i, _fill(rule.target, caps), index))
+        return out
+
+    def problems(self) -> Iterable[tuple[int, str]]:
+        """Rules that cannot be inverted whatever the shapes: ``(rule index, why)``."""
+        for i, rule in enumerate(self.rules):
+            hf_caps = set(template_captures(rule.hf))
+            target_caps = set(template_captures(rule.target))
+            if rule.stack:
+                if rule.stack not in hf_caps:
+                    yield (
+                        i,
+                        (
+                            f"the stack index [{rule.stack}] is not a capture of the Hugging Face "
+                            "name, so every index would read the same tensor"
+                        ),
+                    )
+                if rule.stack in target_caps:
+                    yield i, f"{{{rule.stack}}} is both a capture of the target and its stack index"
+                target_caps.add(rule.stack)
+            if hf_caps - target_caps:
+                names = ", ".join(f"{{{c}}}" for c in sorted(hf_caps - target_caps))
+                yield (
+                    i,
+                    f"{names} appears only on the Hugging Face side: export could not name the key",
+                )
+            if target_caps - hf_caps:
+                names = ", ".join(f"{{{c}}}" for c in sorted(target_caps - hf_caps))
+                yield i, f"{names} appears only on the model side: load could not name the key"
+            for t in rule.transforms:
+                if t.kind == "rope" and (t.head_dim < 2 or t.head_dim % 2):
+                    yield i, f"rope needs an even head size, got {t.head_dim}"
+
+
+def unit_names(
+    fqn: str, dims: Sequence, virtual_spans: Sequence[tuple[int, int]]
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The storage units of parameter ``fqn`` with layout dims ``dims`` (``layout.dims``):
+    ``(name, shape)`` as checkpoints store them.
+
+    ``virtual_spans`` are the positions in ``fqn`` of the captures behind its virtual dims,
+    in dim order. A module indexed by a name capture stands for every global index of its
+    dim (its rank's first index plus the local one), so the names cover them all.
+    """
+    shape: list[int] = []
+    comps: list[tuple[str, int]] = []
+    fused_at = -1
+    for d in dims:
+        if d.virtual:
+            continue
+        if d.fusion is not None:
+            fused_at = len(shape)
+            comps = [(name, size * d.fusion.groups) for name, size in d.fusion.components]
+        shape.append(d.size)
+    virtual = [d for d in dims if d.virtual]
+    bases = [""]
+    if virtual:
+        spans = sorted(zip(virtual_spans, (d.size for d in virtual), strict=True))
+        bases = []
+        ranges = [range(n) for _, n in spans]
+        for combo in _product(ranges):
+            out, last = [], 0
+            for ((s, e), _), g in zip(spans, combo, strict=True):
+                out += [fqn[last:s], str(g)]
+                last = e
+            out.append(fqn[last:])
+            bases.append("".join(out))
+    else:
+        bases = [fqn]
+    result = []
+    for base in bases:
+        if comps:
+            for name, size in comps:
+                s = list(shape)
+                s[fused_at] = size
+                result.append((f"{base}.{name}", tuple(s)))
+        else:
+            result.append((base, tuple(shape)))
+    return result
+
+
+def _product(ranges: Sequence[range]) -> Iterable[tuple[int, ...]]:
+    if not ranges:
+        yield ()
+        return
+    for i in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield (i, *rest)

@@ -1,0 +1,81 @@
+"""IR ``hf { ... }`` block -> :class:`shardspec.hfmap.HFMap`, plus the small syntax checks
+that the mapping model itself does not make (glob syntax where only captures belong).
+
+The compiler builds the map here; the generated module writes the same map out as a table,
+and the runtime reads that table. No torch, no lark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from shardspec import ir
+from shardspec.hfmap import HFMap, MapRule, Transform
+
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def build_hfmap(block: ir.HFBlock) -> HFMap:
+    """The block as the pure-Python mapping model; ``rules[i]`` is ``block.maps[i]``."""
+    rules = tuple(
+        MapRule(
+            hf=m.hf.text,
+            target=m.target.text,
+            stack=m.stack.text if m.stack else None,
+            transforms=tuple(Transform(t.kind, t.head_dim) for t in m.transforms),
+            line=m.span.line,
+        )
+        for m in block.maps
+    )
+    return HFMap(
+        rules=rules,
+        drops=tuple(d.pattern.text for d in block.drops),
+        ties=tuple((t.alias.text, t.source.text) for t in block.ties),
+        keeps=tuple(k.pattern.text for k in block.keeps),
+    )
+
+
+def template_problem(text: str) -> str | None:
+    """Why ``text`` is not a map-line template (dot-separated names and ``{name}``
+    captures only), or ``None``."""
+    rest = _CAPTURE.sub("x", text)
+    if "**" in rest:
+        return "`**` is a glob; a map line names tensors with `{name}` captures only"
+    if "*" in rest:
+        return "`*` is a glob; a map line names tensors with `{name}` captures only"
+    if "{" in rest or "}" in rest:
+        return (
+            "`{a,b}` alternatives are globs; write one map line per alternative, or capture "
+            "the segment as `{name}`"
+        )
+    return _segments_problem(text)
+
+
+def glob_problem(text: str) -> str | None:
+    """Why ``text`` is not a ``drop``/``keep`` glob (``*`` and ``**`` only), or ``None``."""
+    if "{" in text or "}" in text:
+        return "drop and keep globs take `*` and `**` only, no `{...}`"
+    return _segments_problem(text)
+
+
+def key_problem(text: str) -> str | None:
+    """Why ``text`` is not a literal Hugging Face key (for ``tie``), or ``None``."""
+    if any(c in text for c in "*{}"):
+        return "a tie names two Hugging Face keys literally, without `*` or `{...}`"
+    return _segments_problem(text)
+
+
+def _segments_problem(text: str) -> str | None:
+    if text.startswith(".") or text.endswith(".") or ".." in text:
+        return "a name has an empty segment (a leading, trailing or doubled `.`)"
+    return None
+
+
+def hf_manifest_path(spec: ir.Spec) -> str | None:
+    """The HF manifest's path, relative to the spec's folder (like ``manifest``)."""
+    if spec.hf is None or spec.hf.manifest is None:
+        return None
+    if os.path.isabs(spec.hf.manifest):
+        return spec.hf.manifest
+    return os.path.normpath(os.path.join(os.path.dirname(spec.path) or ".", spec.hf.manifest))

@@ -1,0 +1,37 @@
+"""SS078 unused-hf-item: a map line that produces no storage unit, a keep that matches
+none."""
+
+from tests.checks.hf_model import GOOD, HEAD, HF, MANIFEST
+
+CASES = [
+    {
+        "name": "a target that is not a unit, a keep that matches nothing",
+        "spec": HEAD
+        + GOOD.replace("}\n", "    model.final.weight -> final_norm.weight\n    keep head.*\n}\n"),
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [
+            (
+                "SS078",
+                11,
+                "map line model.final.weight -> final_norm.weight produces no storage unit",
+                "final_norm.weight",
+            ),
+            ("SS078", 12, "keep 'head.*' matches no storage unit", "head.*"),
+        ],
+    },
+    {
+        "name": "the fused parameter itself is not a unit: its components are",
+        "spec": HEAD + GOOD.replace("}\n", "    model.layers.{i}.w13 -> layers.{i}.w13\n}\n"),
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [("SS078", 11, "produces no storage unit", "layers.{i}.w13")],
+    },
+    {
+        "name": "every line produces something",
+        "spec": HEAD + GOOD,
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [],
+    },
+]

@@ -1,0 +1,605 @@
+"""Hugging Face safetensors checkpoints in and out of a sharded model, from the spec's
+``hf`` block (see :mod:`shardspec.hfmap`).
+
+``load_hf`` reads, on each rank, exactly the bytes of that rank's shards: it cuts the
+model's state into canonical storage units (the same units checkpoints use, see
+:mod:`shardspec.runtime.canonical`), maps each unit's chunk through the declared
+transforms to slices of Hugging Face tensors, and reads those slices with safetensors'
+slicing. It calls no ``torch.distributed`` collective: every rank knows every rank's
+shards from the spec. Everything is checked before the model changes (missing,
+unexpected and mis-shaped keys, files outside the checkpoint directory, missing or
+truncated files), and the slices are read into staging buffers that are copied into the
+model only when every read succeeded.
+
+``export_hf`` writes the model as sharded safetensors files with an index. Each stored
+chunk is sent once, by the replica the checkpoint writer balancing chose, to the rank
+that writes the tensor; tensors are spread over the ranks by bytes, so no rank gathers
+the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
+from shardspec.layout import Mesh
+from shardspec.runtime.canonical import Unit, rank_pieces, replica_groups
+from shardspec.runtime.checkpoint import (
+    _mesh_and_rank,
+    _Names,
+    _virtual_counts,
+    canonical_plan,
+    unit_commit,
+    unit_data,
+)
+from shardspec.runtime.spec import CompiledSpec
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_MAX_LISTED = 20
+# Below this many bytes to read, rank 0 shows no progress bar unless asked to.
+PROGRESS_BYTES = 256 << 20
+
+__all__ = ["HFError", "HFExportReport", "HFLoadReport", "export_hf", "load_hf"]
+
+
+class HFError(RuntimeError):
+    """A Hugging Face checkpoint that does not fit the spec's mapping or the model. Raised
+    before the model (or the target directory) is modified."""
+
+
+@dataclass
+class HFLoadReport:
+    """What one rank's ``load_hf`` did."""
+
+    files_opened: dict[str, int] = field(default_factory=dict)  # file -> times opened
+    bytes_read: int = 0  # tensor bytes read from the files (in the files' dtypes)
+    bytes_owned: int = 0  # bytes of the rank's storage-unit chunks (in the files' dtypes)
+    reads: int = 0  # slices read
+    units: int = 0  # storage-unit chunks filled
+
+
+@dataclass
+class HFExportReport:
+    """What one rank's ``export_hf`` did."""
+
+    file: str | None = None  # the file this rank wrote (None: it wrote none)
+    tensors: int = 0
+    bytes_written: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+# --------------------------------------------------------------------------------- units
+
+
+@dataclass(frozen=True)
+class _GlobalUnit:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _model_state(model: Any) -> dict[str, Any]:
+    if isinstance(model, Mapping):
+        return dict(model)
+    return dict(model.state_dict(keep_vars=True))
+
+
+def _global_units(
+    spec: CompiledSpec, names: _Names, lm: Mesh, flat: Mapping[str, Any], local: Mapping[str, tuple]
+) -> dict[str, _GlobalUnit]:
+    """Every storage unit of every rank (the same on every rank), by name."""
+    dtypes = {unit.source: tensor.dtype for unit, tensor in local.values()}
+    counts = _virtual_counts(spec, names, flat)
+    out: dict[str, _GlobalUnit] = {}
+    for key in sorted(flat):
+        if key not in dtypes:
+            continue
+        shape = tuple(flat[key].shape) if names.table is None else None
+        layout = spec.layout(key, lm, shape, counts.get(key))
+        virtual = [d for d in layout.dims if d.virtual]
+        spans: list[tuple[int, int]] = []
+        if virtual:
+            rule = names.table[key].rule if names.table and key in names.table else None
+            if rule is None:
+                rule, _ = spec.match(key)
+            m = spec.glob(rule).regex.match(key)
+            assert m is not None
+            spans = [m.span(d.name) for d in virtual]
+        for name, shape in unit_names(key, layout.dims, spans):
+            out.setdefault(name, _GlobalUnit(name, shape, dtypes[key]))
+    return out
+
+
+# ----------------------------------------------------------------------------- the files
+
+
+def _inside(root: str, rel: str) -> str | None:
+    """``root/rel`` if ``rel`` is a plain relative path that stays inside ``root``."""
+    if not rel or os.path.isabs(rel) or "\\" in rel:
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    full = os.path.join(root, rel)
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(full), real_root]) != real_root:
+        return None  # a symlink pointing out of the checkpoint
+    return full
+
+
+def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """``key -> file`` of the checkpoint at ``path`` and the problems found on the way
+    (a single-file checkpoint is opened here, into ``handles``)."""
+    if not os.path.isdir(path):
+        raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise HFError(f"{index}: not readable JSON ({e})") from None
+        wm = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wm, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
+        ):
+            raise HFError(f"{index}: no 'weight_map' object of key -> file name")
+        problems = []
+        for key, rel in sorted(wm.items()):
+            if _inside(path, rel) is None:
+                problems.append(
+                    f"{key}: weight_map points to {rel!r}, outside the checkpoint directory {path}"
+                )
+            elif not os.path.isfile(os.path.join(path, rel)):
+                problems.append(
+                    f"{key}: weight_map points to {rel!r}, which does not exist in {path}"
+                )
+        return dict(wm), problems
+    single = os.path.join(path, SINGLE)
+    if not os.path.isfile(single):
+        raise HFError(f"{path}: neither {INDEX} nor {SINGLE} is there")
+    return {key: SINGLE for key in _open(path, SINGLE, handles).keys()}, []
+
+
+def _open(root: str, rel: str, handles: dict[str, Any]) -> Any:
+    """The file's safetensors handle, opened once and kept in ``handles``."""
+    handle = handles.get(rel)
+    if handle is None:
+        from safetensors import safe_open
+
+        try:
+            handle = safe_open(os.path.join(root, rel), framework="pt")
+        except Exception as e:  # safetensors raises its own error type for bad files
+            raise HFError(
+                f"{os.path.join(root, rel)}: not a readable safetensors file ({e})"
+            ) from None
+        handles[rel] = handle
+    return handle
+
+
+def _raise(problems: list[str], path: str) -> None:
+    if not problems:
+        return
+    shown = problems[:_MAX_LISTED]
+    more = len(problems) - len(shown)
+    tail = f"\n  ... and {more} more" if more else ""
+    raise HFError(
+        f"{path} does not fit the spec's hf mapping ({len(problems)} problem"
+        f"{'s' if len(problems) != 1 else ''}); the model was not changed:\n  "
+        + "\n  ".join(shown)
+        + tail
+    )
+
+
+def _resolve_sources(
+    hfmap: HFMap, units: Mapping[str, _GlobalUnit], strict: bool
+) -> tuple[dict[str, Source], list[str]]:
+    sources: dict[str, Source] = {}
+    problems: list[str] = []
+    for name in sorted(units):
+        if hfmap.kept(name):
+            continue
+        found = hfmap.sources(name, units[name].shape)
+        if len(found) == 1:
+            sources[name] = found[0]
+        elif not found:
+            if strict:
+                problems.append(f"{name}: no rule of the hf mapping produces this parameter")
+        else:
+            rules = ", ".join(f"line {hfmap.rules[s.rule].line}" for s in found)
+            problems.append(f"{name}: produced by several rules of the hf mapping ({rules})")
+    return sources, problems
+
+
+# ---------------------------------------------------------------------------------- load
+
+
+def _read_box(
+    handle: Any, key: str, transforms: Sequence, offsets: Sequence[int], sizes: Sequence[int]
+) -> torch.Tensor:
+    """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to,
+    read with safetensors slicing (only the box's bytes)."""
+    per_dim, model_dim_of = source_indices(transforms, offsets, sizes)
+    sl = handle.get_slice(key)
+    if not per_dim:
+        return handle.get_tensor(key)
+    dim_runs = [runs(idx) for idx in per_dim]
+
+    def read(d: int, prefix: tuple) -> torch.Tensor:
+        if d == len(dim_runs):
+            return sl[prefix]
+        parts = [read(d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
+
+    if any(not r for r in dim_runs):
+        shape = [len(i) for i in per_dim]
+        t = torch.empty(shape, dtype=sl[tuple(slice(0, 0) for _ in per_dim)].dtype)
+    else:
+        t = read(0, ())
+    for d, idx in enumerate(per_dim):
+        if isinstance(idx, range):
+            continue
+        # Positions of the requested indices inside the concatenated runs.
+        pos, base = {}, 0
+        for a, b in dim_runs[d]:
+            for i in range(a, b):
+                pos[i] = base + i - a
+            base += b - a
+        t = t.index_select(d, torch.tensor([pos[i] for i in idx], dtype=torch.long))
+    order = [model_dim_of.index(d) for d in range(len(model_dim_of))]
+    return t.permute(order) if order != list(range(len(order))) else t
+
+
+def _progress(total: int, enabled: bool | None, rank: int) -> Any:
+    show = rank == 0 and (enabled if enabled is not None else total >= PROGRESS_BYTES)
+    if not show:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the bar is a nicety: no tqdm, no bar
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="load_hf")
+
+
+def load_hf(
+    spec: CompiledSpec,
+    hfmap: HFMap,
+    model: Any,
+    path: str | os.PathLike,
+    mesh: Any = None,
+    *,
+    progress: bool | None = None,
+    strict: bool = True,
+) -> HFLoadReport:
+    """Load the Hugging Face checkpoint at ``path`` into ``model`` (its DTensor or
+    Megatron-style local-shard parameters, as the spec lays them out), in place.
+
+    Every rank reads only its own shards' bytes and calls no collective. The whole
+    checkpoint is checked first (every rank checks the same things, so every rank raises
+    the same :class:`HFError`): missing and unexpected keys, shapes against the mapping,
+    ``weight_map`` entries outside the directory or naming missing files, truncated
+    files. The slices are read into staging buffers and copied into the model only when
+    every read succeeded. Values are cast to the parameters' dtypes. ``strict=False``
+    leaves parameters that no rule produces as they are (with ``strict``, that is an
+    error). ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
+    """
+    path = os.fspath(path)
+    lm, rank = _mesh_and_rank(spec, mesh)
+    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
+    _plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=False)
+    names = _Names(spec, lm)
+    units = _global_units(spec, names, lm, flat, local)
+    sources, problems = _resolve_sources(hfmap, units, strict)
+    handles: dict[str, Any] = {}
+    weight_map, file_problems = _weight_map(path, handles)
+    problems += file_problems
+
+    # Which HF key each needed key is read from (itself, or a tie's source).
+    read_from: dict[str, str] = {}
+    expected: dict[str, tuple[int, ...]] = {}
+    for name, src in sources.items():
+        for key in src.keys:
+            expected[key] = src.shape
+            if key in weight_map:
+                read_from[key] = key
+            elif (tied := hfmap.tie_of(key)) is not None and tied in weight_map:
+                read_from[key] = tied
+            else:
+                problems.append(f"{key}: missing from the checkpoint (needed for {name})")
+    aliases = {a for a, _ in hfmap.ties}
+    for key in sorted(weight_map):
+        if key not in expected and key not in aliases and not hfmap.dropped(key):
+            problems.append(f"{key}: unexpected key (the hf mapping neither reads nor drops it)")
+    _raise(problems, path)
+
+    # Open every file once, on every rank, and check every needed key's shape there, so
+    # all ranks agree on whether the checkpoint is good without talking to each other.
+    report = HFLoadReport()
+    bad_files = []
+    for rel in sorted(set(weight_map.values())):
+        try:
+            _open(path, rel, handles)
+        except HFError as e:
+            bad_files.append(str(e))
+    report.files_opened = {rel: 1 for rel in handles}
+    _raise(bad_files, path)
+    file_keys = {rel: set(h.keys()) for rel, h in handles.items()}
+    for key, source_key in sorted(read_from.items()):
+        rel = weight_map[source_key]
+        if source_key not in file_keys[rel]:
+            problems.append(f"{source_key}: the index puts it in {rel}, which does not hold it")
+            continue
+        got = tuple(handles[rel].get_slice(source_key).get_shape())
+        if got != expected[key]:
+            problems.append(
+                f"{source_key}: shape {list(got)} in {rel}, the mapping expects "
+                f"{list(expected[key])}"
+            )
+    _raise(problems, path)
+
+    # Read this rank's chunks into staging buffers.
+    todo: list[tuple[Unit, torch.Tensor, Source]] = []
+    for unit, tensor in local.values():
+        src = sources.get(unit.key)
+        if src is None or unit.empty:
+            continue
+        todo.append((unit, tensor, src))
+    total = sum(math.prod(u.sizes) * t.element_size() for u, t, _ in todo)
+    bar = _progress(total, progress, rank)
+    staged: list[tuple[Unit, torch.Tensor, torch.Tensor]] = []
+    try:
+        for unit, tensor, src in todo:
+            rule = hfmap.rules[src.rule]
+            if src.stacked:
+                first, count = unit.offsets[0], unit.sizes[0]
+                parts = []
+                for e in range(first, first + count):
+                    key = read_from[src.keys[e]]
+                    parts.append(
+                        _read_box(
+                            handles[weight_map[key]],
+                            key,
+                            rule.transforms,
+                            unit.offsets[1:],
+                            unit.sizes[1:],
+                        )
+                    )
+                    report.reads += 1
+                box = torch.stack(parts)
+            else:
+                key = read_from[src.keys[0]]
+                box = _read_box(
+                    handles[weight_map[key]], key, rule.transforms, unit.offsets, unit.sizes
+                )
+                report.reads += 1
+            report.bytes_read += box.numel() * box.element_size()
+            report.bytes_owned += math.prod(unit.sizes) * box.element_size()
+            staged.append((unit, tensor, box.to(dtype=tensor.dtype, device=tensor.device)))
+            report.units += 1
+            if bar is not None:
+                bar.update(math.prod(unit.sizes) * tensor.element_size())
+    except HFError:
+        raise
+    except Exception as e:
+        raise HFError(f"reading {path} failed; the model was not changed: {e}") from e
+    finally:
+        if bar is not None:
+            bar.close()
+    with torch.no_grad():
+        for unit, tensor, box in staged:
+            unit_commit(unit, tensor, box.reshape(unit.sizes) if box.shape != unit.sizes else box)
+    return report
+
+
+# -------------------------------------------------------------------------------- export
+
+
+@dataclass
+class _Chunk:
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    writer: int
+
+
+def _global_chunks(
+    spec: CompiledSpec, names: _Names, lm: Mesh, flat: Mapping[str, Any], plan: Any
+) -> dict[str, list[_Chunk]]:
+    """Every stored chunk of every unit, with the one rank that sends it."""
+    out: dict[str, list[_Chunk]] = {}
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    counts = _virtual_counts(spec, names, flat)
+    for key in sorted(flat):
+        shape = tuple(flat[key].shape) if names.table is None else None
+        layout = spec.layout(key, lm, shape, counts.get(key))
+        pieces = rank_pieces(layout, lm)
+        groups = replica_groups(layout, lm)
+        for r, row in enumerate(pieces):
+            for k, piece in enumerate(row):
+                name = names.canonical(key, layout, piece.virtual_start)
+                if piece.component is not None:
+                    name = f"{name}.{piece.component}"
+                if any(s == 0 for s in piece.sizes) or (name, piece.offsets) in seen:
+                    continue
+                seen.add((name, piece.offsets))
+                writer = plan.writer_of(name, piece.offsets, groups[r][k])
+                out.setdefault(name, []).append(_Chunk(piece.offsets, piece.sizes, writer))
+    return out
+
+
+def _assign(units: Sequence[_GlobalUnit], world: int) -> dict[str, int]:
+    """Which rank writes each unit: largest first, to the rank with the fewest bytes."""
+    load = [0] * world
+    out = {}
+    for u in sorted(units, key=lambda u: (-math.prod(u.shape) * u.dtype.itemsize, u.name)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        out[u.name] = r
+        load[r] += math.prod(u.shape) * u.dtype.itemsize
+    return out
+
+
+def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
+    per_dim, hf_dim_of = model_indices(transforms, tuple(full.shape))
+    t = full
+    for d, idx in enumerate(per_dim):
+        if not isinstance(idx, range):
+            t = t.index_select(d, torch.tensor(idx, dtype=torch.long))
+    order = [hf_dim_of.index(k) for k in range(len(hf_dim_of))]
+    if order != list(range(len(order))):
+        t = t.permute(order)
+    return t.contiguous()
+
+
+def _write_config(config: Any, path: str) -> None:
+    target = os.path.join(path, "config.json")
+    if isinstance(config, (str, os.PathLike)):
+        src = os.fspath(config)
+        if os.path.isdir(src):
+            src = os.path.join(src, "config.json")
+        shutil.copyfile(src, target)
+    elif isinstance(config, Mapping):
+        with open(target, "w", encoding="utf-8") as f:
+            json.dump(dict(config), f, indent=2, sort_keys=True)
+    elif hasattr(config, "to_json_file"):  # a transformers PretrainedConfig
+        config.to_json_file(target)
+    else:
+        raise HFError(f"config must be a dict, a path or a transformers config, not {type(config)}")
+
+
+def export_hf(
+    spec: CompiledSpec,
+    hfmap: HFMap,
+    model: Any,
+    path: str | os.PathLike,
+    mesh: Any = None,
+    *,
+    config: Any = None,
+    overwrite: bool = False,
+) -> HFExportReport:
+    """Write ``model`` as a Hugging Face checkpoint at ``path``: one safetensors file per
+    writing rank, ``model.safetensors.index.json``, and ``config.json`` when ``config`` is
+    given (a dict, a transformers config, or a path to copy it from).
+
+    Every rank calls it. Tensors go to writers balanced by bytes; every stored chunk is
+    sent once, point to point, by the replica that the checkpoint writer balancing picks.
+    The files are written into ``<path>.partial`` and renamed to ``path`` when every rank
+    has written its file, so a failed export leaves no half-written checkpoint at ``path``.
+    """
+    path = os.fspath(path).rstrip("/") or "/"
+    lm, rank = _mesh_and_rank(spec, mesh)
+    world = lm.world
+    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
+    plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=True)
+    names = _Names(spec, lm)
+    units = _global_units(spec, names, lm, flat, local)
+    sources, problems = _resolve_sources(hfmap, units, strict=True)
+    _raise(problems, path)
+    if os.path.exists(path) and not overwrite:
+        raise HFError(f"{path} exists; pass overwrite=True to replace it")
+    flat_params = {u.source: flat[u.source] for u, _ in local.values()}
+    chunks = _global_chunks(spec, names, lm, flat_params, plan)
+    todo = [units[n] for n in sorted(sources)]
+    dest = _assign(todo, world)
+    mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
+
+    # Send every chunk to its unit's writer: one message per (sender, receiver) pair.
+    report = HFExportReport()
+    device = next((t.device for _, t in local.values()), torch.device("cpu"))
+    outgoing: dict[int, list[torch.Tensor]] = {}
+    incoming: dict[int, list[tuple[str, _Chunk, int]]] = {}
+    for u in todo:
+        for c in chunks.get(u.name, []):
+            nbytes = math.prod(c.sizes) * u.dtype.itemsize
+            if c.writer == rank:
+                unit, tensor = mine[(u.name, c.offsets)]
+                data = unit_data(unit, tensor).contiguous()
+                outgoing.setdefault(dest[u.name], []).append(data.reshape(-1).view(torch.uint8))
+            if dest[u.name] == rank:
+                incoming.setdefault(c.writer, []).append((u.name, c, nbytes))
+    recv_bufs: dict[int, torch.Tensor] = {}
+    ops = []
+    for peer, parts in sorted(outgoing.items()):
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if peer == rank:
+            recv_bufs[rank] = buf
+            continue
+        report.bytes_sent += buf.numel()
+        ops.append(dist.isend(buf, dst=peer))
+    for peer, parts in sorted(incoming.items()):
+        if peer == rank:
+            continue
+        n = sum(nb for _, _, nb in parts)
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        report.bytes_received += n
+        recv_bufs[peer] = buf
+        ops.append(dist.irecv(buf, src=peer))
+    for op in ops:
+        op.wait()
+
+    # Assemble this rank's tensors and write them.
+    fulls = {u.name: torch.empty(u.shape, dtype=u.dtype) for u in todo if dest[u.name] == rank}
+    for peer, parts in incoming.items():
+        buf, pos = recv_bufs[peer].cpu(), 0
+        for name, c, nb in parts:
+            piece = buf[pos : pos + nb].view(units[name].dtype).view(c.sizes)
+            fulls[name][tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))] = (
+                piece
+            )
+            pos += nb
+    tensors: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, int] = {}
+    writers = sorted({dest[u.name] for u in todo})
+    for u in todo:
+        src = sources[u.name]
+        transforms = hfmap.rules[src.rule].transforms
+        keys = src.keys
+        for k, key in enumerate(keys):
+            weight_map[key] = dest[u.name]
+            if dest[u.name] == rank:
+                part = fulls[u.name][k] if src.stacked else fulls[u.name]
+                tensors[key] = _to_hf(part, transforms)
+    file_of = {
+        r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
+    }
+    partial = path + ".partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    dist.barrier()
+    if tensors:
+        from safetensors.torch import save_file
+
+        report.file = file_of[rank]
+        tmp = os.path.join(partial, file_of[rank] + ".tmp")
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, os.path.join(partial, file_of[rank]))
+        report.tensors = len(tensors)
+        report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
+    dist.barrier()
+    if rank == 0:
+        total = 0
+        for u in todo:
+            total += math.prod(u.shape) * u.dtype.itemsize
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {k: file_of[r] for k, r in sorted(weight_map.items())},
+        }
+        with open(os.path.join(partial, INDEX), "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2)
+        if config is not None:
+            _write_config(config, partial)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(partial, path)
+    dist.barrier()
+    return report

@@ -1,0 +1,364 @@
+"""Multi-rank scenarios for ``tests/test_hf.py``: Hugging Face checkpoints, written by
+``transformers`` itself, loaded into the example models through the example specs'
+``hf`` blocks, and exported back.
+
+Every scenario appends failure strings instead of raising (see ``dist_scenarios``), so
+the parent sees every difference at once. The oracle is :mod:`examples.models.hf`: hand
+conversions that do not use the spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from examples.models import hf as hfm
+from examples.models import llama, moe
+from shardspec.runtime.hf import HFError
+
+# Every torch.distributed call that talks to another rank.
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+)
+
+
+@contextlib.contextmanager
+def count_collectives() -> Iterator[dict[str, int]]:
+    """Count calls of every collective and point-to-point function of torch.distributed
+    (module attributes and ``distributed_c10d``'s) while the block runs."""
+    from torch.distributed import distributed_c10d as c10d
+
+    counts: dict[str, int] = {}
+    saved = []
+    for mod in (dist, c10d):
+        for name in COLLECTIVES:
+            fn = getattr(mod, name, None)
+            if fn is None:
+                continue
+
+            def wrapper(*a: Any, _fn: Callable = fn, _name: str = name, **k: Any) -> Any:
+                counts[_name] = counts.get(_name, 0) + 1
+                return _fn(*a, **k)
+
+            saved.append((mod, name, fn))
+            setattr(mod, name, wrapper)
+    try:
+        yield counts
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+@contextlib.contextmanager
+def count_opens() -> Iterator[dict[str, int]]:
+    """Count ``safetensors.safe_open`` calls per file."""
+    import safetensors
+
+    counts: dict[str, int] = {}
+    real = safetensors.safe_open
+
+    def opener(filename: Any, *a: Any, **k: Any) -> Any:
+        name = os.path.basename(os.fspath(filename))
+        counts[name] = counts.get(name, 0) + 1
+        return real(filename, *a, **k)
+
+    safetensors.safe_open = opener
+    try:
+        yield counts
+    finally:
+        safetensors.safe_open = real
+
+
+@dataclass
+class Item:
+    label: str
+    fail: list[str] = field(default_factory=list)
+    checked: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    """Load checkpoint ``hf`` (a folder under root) into ``model`` through ``module``."""
+
+    module: str
+    sizes: tuple[tuple[str, int], ...]
+    model: str  # llama, llama_tied, llama_local, moe, moe_local
+    hf: str  # llama, llama_tied, qwen3
+
+    @property
+    def label(self) -> str:
+        mesh = "x".join(f"{a}{n}" for a, n in self.sizes)
+        return f"{self.hf} -> {self.module} {self.model} {mesh}"
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def hf_state(folder: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out |= load_file(os.path.join(folder, name))
+    return out
+
+
+def reference(case: Case, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The example model's global state dict from the HF tensors, by hand."""
+    if case.model.startswith("llama"):
+        return hfm.llama_from_hf(hf, llama.LlamaConfig(tie_embeddings=case.model == "llama_tied"))
+    return hfm.moe_from_hf(hf, moe.MoEConfig())
+
+
+def global_model(case: Case, *, hf_twin: bool = False) -> nn.Module:
+    """The example model the case loads into. The MoE examples' manifests describe the
+    model with a hyper-connection head (``hc_mult=2``), which Qwen3-MoE lacks: the spec
+    keeps it out of the mapping, and ``hf_twin`` gives the head-less model whose forward
+    is Qwen3-MoE's, for the logits."""
+    if case.model == "llama_tied":
+        return llama.tiny_tied()
+    if case.model.startswith("llama"):
+        return llama.tiny()
+    return moe.tiny_qwen3() if hf_twin else moe.tiny()
+
+
+def build(case: Case, mesh: Any) -> nn.Module:
+    """The model on ``mesh``, filled with values the load must overwrite."""
+    mod = importlib.import_module(case.module)
+    sizes = dict(case.sizes)
+    if case.model == "llama_local":
+        model = llama.tiny_tp_local(tp=sizes["tp"])
+    elif case.model == "moe_local":
+        model = moe.tiny_local(ep=sizes["ep"])
+    else:
+        with torch.device("meta"):
+            model = global_model(case)
+        mod.distribute(model, mesh)
+        model.to_empty(device="cpu")
+        (moe if case.model == "moe" else llama).init_weights(model, seed=99)
+        return model
+    (moe if case.model == "moe_local" else llama).init_weights(model, seed=99)
+    mod.distribute(model, mesh)
+    return model
+
+
+def local_reference(
+    case: Case, mesh: Any, ref: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """What each module parameter holds, Megatron style: cut by the model's own helpers."""
+    names = tuple(mesh.mesh_dim_names)
+    coord = mesh.get_coordinate()
+    if case.model == "llama_local":
+        i = names.index("tp")
+        return llama.local_tp_state(dict(ref), coord[i], mesh.size(i), llama.LlamaConfig())
+    if case.model == "moe_local":
+        i = names.index("ep")
+        return moe.local_expert_state(dict(ref), coord[i], mesh.size(i), moe.MoEConfig())
+    return dict(ref)
+
+
+def local_of(p: torch.Tensor) -> torch.Tensor:
+    return (p.to_local() if isinstance(p, DTensor) else p).detach()
+
+
+def full_of(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if isinstance(p, DTensor) else p.detach()
+
+
+def check_loaded(
+    case: Case, item: Item, model: nn.Module, mesh: Any, ref: dict, before: dict
+) -> None:
+    """Every mapped parameter equals the oracle; every kept one (``hc_head``) is as it
+    was before the load."""
+    want = local_reference(case, mesh, ref)
+    for fqn, p in sorted(model.named_parameters()):
+        if fqn.startswith("hc_head."):
+            if not same_bits(local_of(p), before[fqn]):
+                item.fail.append(f"{item.label} {fqn}: kept out of the mapping, yet changed")
+            continue
+        if fqn not in want:
+            item.fail.append(f"{item.label} {fqn}: no reference value")
+            continue
+        got = full_of(p)
+        expect = want[fqn]
+        if not same_bits(got, expect):
+            item.fail.append(
+                f"{item.label} {fqn}: loaded {tuple(got.shape)} differs from the HF tensors "
+                f"after the transforms (max delta {(got - expect).abs().max().item():.3g})"
+                if got.shape == expect.shape
+                else f"{item.label} {fqn}: shape {tuple(got.shape)} vs {tuple(expect.shape)}"
+            )
+        item.checked += 1
+
+
+def logits_check(case: Case, item: Item, model: nn.Module, hf_dir: str, tag: str) -> None:
+    """Rank 0: the reference model with the loaded weights against transformers'."""
+    import transformers
+
+    full = {fqn: full_of(p) for fqn, p in model.named_parameters()}
+    if dist.get_rank() != 0:
+        return
+    try:  # rank 0 alone: an error here must not leave the other ranks waiting
+        ours = global_model(case, hf_twin=True).eval()
+        full = {k: v for k, v in full.items() if not k.startswith("hc_head.")}
+        missing, unexpected = ours.load_state_dict(full, strict=False)
+        if unexpected or any(not k.endswith("._extra_state") for k in missing):
+            raise AssertionError(f"state does not fit: missing {missing}, unexpected {unexpected}")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        vocab = 256
+        tokens = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            a, b = ours(tokens), theirs(tokens).logits
+        diff = (a - b).abs().max().item()
+    except Exception:
+        item.fail.append(f"{item.label}: logits check ({tag}) raised:\n{traceback.format_exc()}")
+        return
+    item.extra[f"logits {tag}"] = diff
+    if not diff <= 1e-5:
+        item.fail.append(f"{item.label}: logits differ from transformers' ({tag}) by {diff:.3g}")
+
+
+def load_case(root: str, case: Case, item: Item) -> None:
+    mod = importlib.import_module(case.module)
+    mesh = mod.build_mesh(**dict(case.sizes))
+    model = build(case, mesh)
+    before = snapshot(model)
+    hf_dir = os.path.join(root, case.hf)
+    with count_collectives() as calls, count_opens() as opens:
+        report = mod.load_hf(model, hf_dir, mesh)
+    if calls:
+        item.fail.append(f"{item.label}: load_hf called collectives {calls}")
+    if any(n != 1 for n in opens.values()):
+        item.fail.append(f"{item.label}: files opened more than once: {opens}")
+    if report.bytes_read != report.bytes_owned:
+        item.fail.append(
+            f"{item.label}: read {report.bytes_read} bytes for {report.bytes_owned} owned"
+        )
+    item.extra["bytes"] = (report.bytes_read, report.bytes_owned)
+    ref = reference(case, hf_state(hf_dir))
+    check_loaded(case, item, model, mesh, ref, before)
+    if not case.model.endswith("_local"):
+        logits_check(case, item, model, hf_dir, "after load")
+    # Export, and compare with what transformers wrote.
+    out = os.path.join(root, "export", item.label.replace(" ", "_").replace(">", ""))
+    with count_collectives() as calls:
+        mod.export_hf(model, out, mesh, config=hf_dir)
+    item.extra["export calls"] = dict(calls)
+    if dist.get_rank() == 0:
+        compare_export(case, item, out, hf_dir)
+    if not case.model.endswith("_local") and not (
+        case.hf == "llama_tied" and case.model == "llama"
+    ):
+        logits_check(case, item, model, out, "exported")
+
+
+def compare_export(case: Case, item: Item, out: str, hf_dir: str) -> None:
+    """Rank 0: the exported tensors against what transformers wrote, bitwise."""
+    try:
+        got, want = hf_state(out), hf_state(hf_dir)
+        if case.hf == "llama_tied" and case.model == "llama":
+            want["lm_head.weight"] = want["model.embed_tokens.weight"]  # untied model writes it
+        if set(got) != set(want):
+            item.fail.append(
+                f"{item.label}: exported keys differ: extra {sorted(set(got) - set(want))}, "
+                f"missing {sorted(set(want) - set(got))}"
+            )
+        for key in sorted(set(got) & set(want)):
+            if not same_bits(got[key], want[key]):
+                item.fail.append(f"{item.label}: exported {key} differs from the original")
+            item.checked += 1
+    except Exception:
+        item.fail.append(f"{item.label}: export check raised:\n{traceback.format_exc()}")
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: local_of(p).clone() for k, p in model.named_parameters()}
+
+
+def bad_inputs(root: str, item: Item, bad: list[tuple[str, str, str]]) -> None:
+    """Each ``(folder, what, needle)`` must raise HFError naming ``needle``, and leave the
+    model as it was."""
+    case = Case("generated.llama", (("tp", 2),), "llama", "llama")
+    mod = importlib.import_module(case.module)
+    mesh = mod.build_mesh(tp=2)
+    model = build(case, mesh)
+    before = snapshot(model)
+    for folder, what, needle in bad:
+        try:
+            mod.load_hf(model, os.path.join(root, folder), mesh)
+        except HFError as e:
+            if needle not in str(e):
+                item.fail.append(f"{what}: the error does not name {needle!r}:\n{e}")
+        except Exception as e:
+            item.fail.append(f"{what}: raised {type(e).__name__} instead of HFError: {e}")
+        else:
+            item.fail.append(f"{what}: loaded without an error")
+        after = snapshot(model)
+        changed = [k for k in before if not same_bits(before[k], after[k])]
+        if changed:
+            item.fail.append(f"{what}: the model changed: {changed[:3]}")
+        item.checked += 1
+
+
+def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> dict[str, Item]:
+    """Run every case, then the bad inputs, on this rank. ``root/gen`` holds the specs the
+    test compiled (the tied Llama's)."""
+    gen = os.path.join(root, "gen")
+    if gen not in sys.path:
+        sys.path.insert(0, gen)
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    out: dict[str, Item] = {}
+    for case in cases:
+        item = Item(case.label)
+        try:
+            load_case(root, case, item)
+        except Exception:
+            item.fail.append(f"{item.label} raised:\n{traceback.format_exc()}")
+        dist.barrier()
+        out[item.label] = item
+    item = Item("bad input")
+    try:
+        bad_inputs(root, item, bad)
+    except Exception:
+        item.fail.append(f"bad input raised:\n{traceback.format_exc()}")
+    out[item.label] = item
+    return out

@@ -1,0 +1,188 @@
+"""The hf mapping model (:mod:`shardspec.hfmap`) and the runtime's slice reads, in one
+process: templates, sources and consumers, transforms against plain torch, and every box
+of a tensor read through safetensors slicing against the whole tensor converted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from examples.models import hf as hfm
+from shardspec.hfmap import (
+    HFMap,
+    MapRule,
+    Transform,
+    hf_shape,
+    model_indices,
+    rope_row,
+    runs,
+    source_indices,
+    template_captures,
+    transform_problem,
+    unit_names,
+)
+from shardspec.layout import Dim, Fusion
+from shardspec.runtime.hf import _progress, _read_box, _to_hf
+
+ROPE8 = Transform("rope", 8)
+T = Transform("transpose")
+
+
+def forward(hf: torch.Tensor, transforms: tuple[Transform, ...]) -> torch.Tensor:
+    """The model's tensor from the HF one, with plain torch (the oracle)."""
+    for t in transforms:
+        hf = hf.t() if t.kind == "transpose" else hfm.hf_rope_to_meta(hf, t.head_dim)
+    return hf.contiguous()
+
+
+def test_rope_row_is_the_meta_hf_permutation() -> None:
+    meta = torch.arange(3 * 8 * 2).reshape(3 * 8, 2)
+    hf = hfm.meta_rope_to_hf(meta, 8)
+    for m in range(24):
+        assert torch.equal(meta[m], hf[rope_row(m, 8)])
+
+
+def test_templates_sources_and_consumers() -> None:
+    rules = (
+        MapRule("model.layers.{i}.q_proj.weight", "layers.{i}.wqkv.weight.q", None, (ROPE8,), 3),
+        MapRule("model.layers.{i}.experts.{e}.up.weight", "layers.{i}.experts.w3", "e", (), 4),
+        MapRule("a.{x}.b", "c.{x}", None, (T,), 5),
+    )
+    m = HFMap(rules, drops=("model.rotary_emb.*",), ties=(("lm_head.weight", "embed.weight"),))
+    assert template_captures(rules[1].hf) == ("i", "e")
+    [src] = m.sources("layers.3.wqkv.weight.q", (16, 4))
+    assert src.keys == ("model.layers.3.q_proj.weight",) and src.shape == (16, 4)
+    [src] = m.sources("layers.0.experts.w3", (3, 5, 7))
+    assert src.stacked and src.shape == (5, 7)
+    assert src.keys == tuple(f"model.layers.0.experts.{e}.up.weight" for e in range(3))
+    [src] = m.sources("c.zz", (2, 9))
+    assert src.shape == (9, 2)
+    assert m.sources("layers.3.wqkv.weight.k", (16, 4)) == []
+    assert m.consumers("model.layers.1.experts.2.up.weight") == [(1, "layers.1.experts.w3", 2)]
+    # a stack index must be a number
+    assert m.consumers("model.layers.1.experts.x.up.weight") == []
+    assert m.dropped("model.rotary_emb.inv_freq") and not m.dropped("model.norm.weight")
+    assert m.tie_of("lm_head.weight") == "embed.weight" and m.tie_of("embed.weight") is None
+    assert list(m.problems()) == []
+    assert bool(m) and not HFMap()
+
+
+def test_problems_name_what_cannot_be_inverted() -> None:
+    bad = HFMap(
+        (
+            MapRule("x.{i}.{j}", "y.{i}"),  # {j} only on the HF side
+            MapRule("x.{i}", "y.{i}.{k}"),  # {k} only on the model side
+            MapRule("x.w", "y.w", "e"),  # the stack index is not a capture of the HF name
+            MapRule("x.{e}", "y.{e}", "e"),  # and a capture of the target too
+            MapRule("x.r", "y.r", None, (Transform("rope", 7),)),
+        )
+    )
+    found: dict[int, str] = {}
+    for i, why in bad.problems():
+        found[i] = found.get(i, "") + why + "; "
+    assert set(found) == {0, 1, 2, 3, 4}
+    assert "{j}" in found[0] and "{k}" in found[1] and "[e]" in found[2]
+    assert "both a capture" in found[3] and "even head size" in found[4]
+    with pytest.raises(ValueError, match=r"capture \{j\}"):
+        bad.sources("y.1", (2,))
+
+
+def test_transform_problems_and_shapes() -> None:
+    assert hf_shape((4, 6), (T, ROPE8)) == (6, 4)
+    assert transform_problem((16, 4), (ROPE8,)) is None
+    assert "whole number of heads" in (transform_problem((12, 4), (ROPE8,)) or "")
+    assert "2-D" in (transform_problem((2, 3, 4), (T,)) or "")
+    assert "unknown transform" in (transform_problem((2, 2), (Transform("flip"),)) or "")
+
+
+def test_runs() -> None:
+    assert runs(range(3, 7)) == [(3, 7)]
+    assert runs(range(0)) == []
+    assert runs((5, 1, 2, 9, 3)) == [(1, 4), (5, 6), (9, 10)]
+
+
+def test_unit_names_cover_components_and_global_expert_indices() -> None:
+    fused = (Dim("ffn", 8, ("tp",), Fusion((("gate", 4), ("up", 4)))), Dim("hidden", 6))
+    assert unit_names("w13", fused, ()) == [("w13.gate", (4, 6)), ("w13.up", (4, 6))]
+    grouped = (Dim("qkv", 16, ("tp",), Fusion((("q", 4), ("k", 2), ("v", 2)), groups=2)),)
+    assert unit_names("wqkv", grouped, ()) == [("wqkv.q", (8,)), ("wqkv.k", (4,)), ("wqkv.v", (4,))]
+    fqn = "layers.0.local_experts.1.w1.weight"
+    dims = (Dim("expert", 4, ("ep",), virtual=True), Dim("ffn", 3), Dim("hidden", 2))
+    start = fqn.index("1.w1")
+    names = unit_names(fqn, dims, [(start, start + 1)])
+    assert names == [(f"layers.0.local_experts.{e}.w1.weight", (3, 2)) for e in range(4)]
+
+
+CHAINS = [(), (ROPE8,), (T,), (T, ROPE8), (ROPE8, T)]
+
+
+@pytest.fixture(scope="module")
+def hf_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """One safetensors file with a tensor per chain, HF side (so that the chain applies)."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for k, chain in enumerate(CHAINS):
+        # model shape (24, 16): rope 8 on the model's dim 0 needs rows of whole heads
+        model = torch.randn(24, 16, generator=gen)
+        hf = model
+        for t in reversed(chain):  # invert the chain by hand
+            hf = hf.t() if t.kind == "transpose" else hfm.meta_rope_to_hf(hf, t.head_dim)
+        tensors[f"t{k}"] = hf.contiguous()
+        if chain == (ROPE8, T):
+            # rope applies to the HF tensor's dim 0 before the transpose: rows of 8 there
+            tensors[f"t{k}"] = torch.randn(16, 24, generator=gen)
+    path = tmp_path_factory.mktemp("hfmap") / "x.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(0, len(CHAINS) - 1),
+    r0=st.integers(0, 23),
+    c0=st.integers(0, 15),
+    data=st.data(),
+)
+def test_read_box_equals_the_whole_tensor_converted(
+    hf_file: tuple[Path, dict[str, torch.Tensor]], k: int, r0: int, c0: int, data: st.DataObject
+) -> None:
+    from safetensors import safe_open
+
+    path, tensors = hf_file
+    chain = CHAINS[k]
+    model = forward(tensors[f"t{k}"], chain)
+    rows, cols = model.shape
+    r0, c0 = min(r0, rows - 1), min(c0, cols - 1)
+    nr = data.draw(st.integers(0, rows - r0))
+    nc = data.draw(st.integers(0, cols - c0))
+    with safe_open(str(path), framework="pt") as f:
+        box = _read_box(f, f"t{k}", chain, (r0, c0), (nr, nc))
+    assert torch.equal(box, model[r0 : r0 + nr, c0 : c0 + nc])
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=str)
+def test_to_hf_inverts_the_chain(chain: tuple[Transform, ...]) -> None:
+    hf = torch.randn(16, 24) if chain and chain[0] == T else torch.randn(24, 16)
+    if chain == (ROPE8, T):
+        hf = torch.randn(16, 24)
+    model = forward(hf, chain)
+    assert torch.equal(_to_hf(model, chain), hf)
+    per_dim, dims = model_indices(chain, tuple(model.shape))
+    assert sorted(dims) == [0, 1]
+    per_hf, model_dims = source_indices(chain, (0, 0), tuple(model.shape))
+    assert sorted(model_dims) == [0, 1] and len(per_hf) == 2 and len(per_dim) == 2
+
+
+def test_progress_bar_only_on_rank_0() -> None:
+    assert _progress(10, True, 1) is None
+    assert _progress(10, None, 0) is None  # small loads show none unless asked
+    assert _progress(10, False, 0) is None
+    bar = _progress(10, True, 0)
+    assert bar is not None
+    bar.close()

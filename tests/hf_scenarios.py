@@ -281,8 +281,9 @@ def load_case(root: str, case: Case, item: Item) -> None:
     # Export, and compare with what transformers wrote.
     out = os.path.join(root, "export", item.label.replace(" ", "_").replace(">", ""))
     with count_collectives() as calls:
-        mod.export_hf(model, out, mesh, config=hf_dir)
+        exported = mod.export_hf(model, out, mesh, config=hf_dir)
     item.extra["export calls"] = dict(calls)
+    item.extra["written"] = exported.bytes_written
     if dist.get_rank() == 0:
         compare_export(case, item, out, hf_dir)
     if not case.model.endswith("_local") and not (

@@ -170,6 +170,9 @@ def test_load_and_export(results: dict, case: Case) -> None:
     rank0 = results["ranks"][0][case.label].extra
     if not case.model.endswith("_local"):
         assert rank0["logits after load"] <= 1e-5
+    # Export spreads the writing: several ranks write, none writes (gathers) everything.
+    written = [r[case.label].extra["written"] for r in results["ranks"]]
+    assert sum(1 for w in written if w) >= 2 and max(written) < sum(written), written
 
 
 def test_bad_input_is_refused_before_the_model_changes(results: dict) -> None:

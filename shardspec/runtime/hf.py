@@ -34,6 +34,7 @@ from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, 
 from shardspec.layout import Mesh
 from shardspec.runtime.canonical import Unit, rank_pieces, replica_groups
 from shardspec.runtime.checkpoint import (
+    _barrier,
     _mesh_and_rank,
     _Names,
     _virtual_counts,
@@ -575,7 +576,7 @@ def export_hf(
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    dist.barrier()
+    _barrier()
     if tensors:
         from safetensors.torch import save_file
 
@@ -585,7 +586,7 @@ def export_hf(
         os.replace(tmp, os.path.join(partial, file_of[rank]))
         report.tensors = len(tensors)
         report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
-    dist.barrier()
+    _barrier()
     if rank == 0:
         total = 0
         for u in todo:
@@ -601,5 +602,5 @@ def export_hf(
         if os.path.exists(path):
             shutil.rmtree(path)
         os.replace(partial, path)
-    dist.barrier()
+    _barrier()
     return report

@@ -226,6 +226,18 @@ def _resolve_sources(
 # ---------------------------------------------------------------------------------- load
 
 
+def _read_runs(
+    sl: Any, dim_runs: list[list[tuple[int, int]]], d: int, prefix: tuple
+) -> torch.Tensor:
+    """Every combination of the per-dim runs, read and concatenated in order. (Module
+    level: a closure naming itself would be a reference cycle holding the slice, and the
+    file's memory map, until the next garbage collection.)"""
+    if d == len(dim_runs):
+        return sl[prefix]
+    parts = [_read_runs(sl, dim_runs, d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
+
+
 def _read_box(
     handle: Any, key: str, transforms: Sequence, offsets: Sequence[int], sizes: Sequence[int]
 ) -> torch.Tensor:
@@ -237,17 +249,11 @@ def _read_box(
         return handle.get_tensor(key)
     dim_runs = [runs(idx) for idx in per_dim]
 
-    def read(d: int, prefix: tuple) -> torch.Tensor:
-        if d == len(dim_runs):
-            return sl[prefix]
-        parts = [read(d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
-
     if any(not r for r in dim_runs):
         shape = [len(i) for i in per_dim]
         t = torch.empty(shape, dtype=sl[tuple(slice(0, 0) for _ in per_dim)].dtype)
     else:
-        t = read(0, ())
+        t = _read_runs(sl, dim_runs, 0, ())
     for d, idx in enumerate(per_dim):
         if isinstance(idx, range):
             continue

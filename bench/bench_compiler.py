@@ -18,6 +18,14 @@ The issue's targets: lint of the 10k manifest under 0.5 s wall, and cost growing
 or better (10x the parameters, at most ~10x the time). ``net`` columns subtract the cost of
 ``import shardspec.api`` (interpreter start plus every import lint makes), so their growth
 is the growth of the work itself.
+
+Extra rows time lint of the same spec with an ``hf { ... }`` block (:func:`bench.synth.
+write_hf`: one identity map line per parameter template; every routed expert is a storage
+unit under its global index, so 10k parameters are 76k units): without an HF manifest
+(SS079 suppressed) at every size, and with one (every key, shape and config value checked)
+at ``--hf-sizes`` (default 1k and 10k: the 100k model's HF manifest would be 0.8M keys,
+about 90 MB). Target: the hf block adds at most about as much as the rest of lint, so lint
+of the 10k spec with the block stays under 0.6 s wall.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ from bench import synth
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_TARGET_S = 0.5  # lint of the 10k manifest, wall, end to end
+LINT_HF_TARGET_S = 0.6  # the same with the hf block (no HF manifest)
 DEFAULT_SIZES = (1_000, 10_000, 100_000)
+DEFAULT_HF_SIZES = (1_000, 10_000)  # sizes that also get the HF manifest rows
 
 
 def _cli() -> list[str]:
@@ -270,7 +280,8 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.1f}x" if b > 0 else "-"
 
 
-def run(sizes: list[int], repeat: int, stages: bool) -> str:
+def run(sizes: list[int], repeat: int, stages: bool, hf_sizes: list[int] | None = None) -> str:
+    hf_sizes = list(DEFAULT_HF_SIZES) if hf_sizes is None else hf_sizes
     cli = _cli()
     lines: list[str] = []
     out = lines.append
@@ -279,9 +290,14 @@ def run(sizes: list[int], repeat: int, stages: bool) -> str:
         tmpd = Path(tmp)
         _PYCACHE[:] = [str(tmpd / "pycache")]
         specs = {}
+        hf_specs: dict[int, Path] = {}  # with the hf block, no HF manifest
+        hfm_specs: dict[int, Path] = {}  # with the hf block and its HF manifest
         for n in sizes:
             cfg = synth.config_for(n)
             specs[n] = (cfg, synth.write(cfg, tmpd / f"n{n}"))
+            hf_specs[n] = synth.write_hf(cfg, tmpd / f"n{n}", hf_manifest=False)
+            if n in hf_sizes:
+                hfm_specs[n] = synth.write_hf(cfg, tmpd / f"n{n}")
 
         base_jobs = [
             ("python -c pass", [sys.executable, "-c", "pass"]),
@@ -295,8 +311,15 @@ def run(sizes: list[int], repeat: int, stages: bool) -> str:
                 (f"lint {n}", [*cli, "lint", str(spec)]),
                 (f"compile {n}", [*cli, "compile", str(spec), "-o", str(tmpd / f"out{n}")]),
                 (f"lint {n}, gc off", [*_NO_GC, "lint", str(spec)]),
+                # Relative to the working directory: a suppression comment (this spec's
+                # `ignore[SS079]`) applies only when the spec's path is shown as given.
+                (f"lint {n} +hf", [*cli, "lint", str(hf_specs[n].relative_to(tmpd))]),
             ]
+            if n in hfm_specs:
+                jobs.append((f"lint {n} +hf +HF manifest", [*cli, "lint", str(hfm_specs[n])]))
         t = time_all(jobs, repeat, tmpd)
+        timings = t
+        hf_mb = {n: (hs.parent / "moe.hf.json").stat().st_size / 1e6 for n, hs in hfm_specs.items()}
         base = [t[label] for label, _ in base_jobs]
         fixed = base[2].best
         rows = []
@@ -378,11 +401,47 @@ def run(sizes: list[int], repeat: int, stages: bool) -> str:
     )
     out(f"Models (bench/synth.py, mesh dp_shard x ep x tp over {rows[0][1].world}): {models}.")
     out("")
+    out("With an `hf { ... }` block (bench/synth.py `write_hf`: identity map lines, one per")
+    out("parameter template; `hf adds` is the best wall time over the same spec without it):")
+    out("")
+    out(
+        "| params | storage units | lint | lint +hf best | +hf median | +hf CPU | hf adds "
+        "| +hf growth (net) | +hf +HF manifest best | median | CPU | HF manifest |"
+    )
+    out("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    prev_hf = None
+    for n, cfg, lint, *_ in rows:
+        h = timings[f"lint {n} +hf"]
+        growth = (
+            "-"
+            if prev_hf is None
+            else f"{_ratio(h.best, prev_hf.best)} ({_ratio(h.best - fixed, prev_hf.best - fixed)})"
+        )
+        prev_hf = h
+        full = timings.get(f"lint {n} +hf +HF manifest")
+        if full is not None:
+            hf_cells = (
+                f"{_ms(full.best)} | {_ms(full.median)} | {_ms(full.cpu_best)} | {hf_mb[n]:.1f} MB"
+            )
+        else:
+            hf_cells = "- | - | - | -"
+        out(
+            f"| {cfg.n_params:,} | {cfg.n_units:,} | {_ms(lint.best)} | {_ms(h.best)} "
+            f"| {_ms(h.median)} | {_ms(h.cpu_best)} | {_ms(h.best - lint.best)} | {growth} "
+            f"| {hf_cells} |"
+        )
+    out("")
     ten = [r for r in rows if r[0] == 10_000]
     if ten:
         best = ten[0][2].best
         verdict = "met" if best < LINT_TARGET_S else "MISSED"
         out(f"Target lint(10k) < {LINT_TARGET_S} s wall: {verdict} ({_ms(best)} best).  ")
+        hbest = timings["lint 10000 +hf"].best
+        verdict = "met" if hbest < LINT_HF_TARGET_S else "MISSED"
+        out(
+            f"Target lint(10k) with the hf block < {LINT_HF_TARGET_S} s wall: {verdict} "
+            f"({_ms(hbest)} best, the block adding {_ms(hbest - best)}).  "
+        )
     out(
         f"Lint imports torch: {'YES (bug)' if imports['torch'] else 'no'} "
         f"(in-process `sys.modules` after a whole lint); third-party packages it loads: "
@@ -422,6 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(str(s) for s in DEFAULT_SIZES),
         help="parameter counts, comma separated (default: 1000,10000,100000)",
     )
+    ap.add_argument(
+        "--hf-sizes",
+        default=",".join(str(s) for s in DEFAULT_HF_SIZES),
+        help="sizes that also time lint with an HF manifest (default: 1000,10000)",
+    )
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per command (default 5)")
     ap.add_argument("--stages", action="store_true", help="also time each pipeline stage")
     ap.add_argument(
@@ -439,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(profile(spec, Path(tmp)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    sys.stdout.write(run(sizes, args.repeat, args.stages))
+    hf_sizes = [int(s) for s in args.hf_sizes.split(",") if s]
+    sys.stdout.write(run(sizes, args.repeat, args.stages, hf_sizes))
     return 0
 
 

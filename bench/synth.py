@@ -16,18 +16,30 @@ Sizes scale by MoE layers and experts per rank: a model has
 itself, 58 MoE layers of 256 unfused experts, would be about 45k). :func:`config_for` picks a
 configuration near a wanted count.
 
-Pure Python, standard library only: ``python -m bench.synth N DIR`` writes ``DIR/moe.shard``
-and ``DIR/moe.manifest.json``.
+With ``--hf`` (:func:`write_hf`) it also writes ``DIR/moe_hf.shard``: the same spec plus an
+``hf "moe.hf.json" { ... }`` block of identity map lines, one per parameter template
+(``model.layers.{i}.mlp.experts.{e}.gate_proj.weight -> model.layers.{i}.mlp.experts.{e}.
+gate_proj.weight``), a ``drop`` for the router's ``e_score_correction_bias`` and ``config``
+bindings; and ``DIR/moe.hf.json``, the HF manifest (``shardspec-hf-manifest/1``) of the
+matching Hugging Face checkpoint: every key with its shape, routed experts under their
+global index (``experts_per_rank * ep`` per layer, one storage unit each). The pair lints
+clean, so the HF-manifest checks (keys, shapes, config values) run in full. Without the
+HF manifest (``hf_manifest=False``) the block names no file and suppresses SS079.
+
+Pure Python, standard library only: ``python -m bench.synth N DIR [--hf]`` writes
+``DIR/moe.shard`` and ``DIR/moe.manifest.json`` (and the hf variant).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = "shardspec-manifest/1"
+HF_FORMAT = "shardspec-hf-manifest/1"
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,16 @@ class Config:
     @property
     def dp_shard(self) -> int:
         return self.world // (self.ep * self.tp)
+
+    @property
+    def experts(self) -> int:
+        """Routed experts per MoE layer, over all EP ranks."""
+        return self.experts_per_rank * self.ep
+
+    @property
+    def n_units(self) -> int:
+        """Storage units (and HF tensors mapped to them): experts under global indices."""
+        return 3 + 12 * self.first_dense + self.moe_layers * (13 + 3 * self.experts)
 
 
 def config_for(n_params: int, **overrides: int) -> Config:
@@ -201,6 +223,98 @@ def manifest_text(cfg: Config) -> str:
     return "{" + json.dumps(head)[1:-1] + ',\n  "entries": [\n    ' + body + "\n  ]\n}\n"
 
 
+# ------------------------------------------------------------------ the Hugging Face side
+
+_LAYER = re.compile(r"^model\.layers\.[0-9]+\.")
+_EXPERT = re.compile(r"\.experts\.[0-9]+\.")
+
+
+def param_templates(cfg: Config) -> list[str]:
+    """The parameter names with ``{i}`` for the layer and ``{e}`` for the expert, sorted."""
+    out = set()
+    for e in manifest_entries(cfg):
+        if e["kind"] == "param":
+            t = _LAYER.sub("model.layers.{i}.", e["fqn"])
+            out.add(_EXPERT.sub(".experts.{e}.", t))
+    return sorted(out)
+
+
+def hf_block(cfg: Config, hf_manifest_name: str | None = "moe.hf.json") -> str:
+    """The ``hf`` block: identity map lines (HF names are the model's), one per template."""
+    head = f'hf "{hf_manifest_name}" {{' if hf_manifest_name else "hf {  # shardspec: ignore[SS079]"
+    lines = [f"    {t} -> {t}" for t in param_templates(cfg)]
+    lines += [
+        "    drop model.layers.*.mlp.gate.e_score_correction_bias",
+        "    config hidden = hidden_size",
+        "    config vocab = vocab_size",
+        "    config q_lora = q_lora_rank",
+        "    config kv_lora = kv_lora_rank",
+        "    config expert = n_routed_experts",
+    ]
+    return "\n".join(
+        ["", "# The Hugging Face checkpoint (bench/synth.py: hf_block).", head, *lines, "}", ""]
+    )
+
+
+def hf_tensors(cfg: Config) -> dict[str, tuple[list[int], str]]:
+    """The HF checkpoint's tensors: ``{key: (shape, file)}``, routed experts under every
+    global index, plus the router's ``e_score_correction_bias`` (dropped by the block)."""
+    files = cfg.layers + 1
+    out: dict[str, tuple[list[int], str]] = {}
+    for e in manifest_entries(cfg):
+        fqn = e["fqn"]
+        m = re.match(r"^model\.layers\.([0-9]+)\.", fqn)
+        file = f"model-{(int(m.group(1)) if m else cfg.layers) + 1:05d}-of-{files:05d}.safetensors"
+        if e["kind"] == "buffer":
+            out[fqn] = (e["shape"], file)
+        if e["kind"] != "param":
+            continue
+        x = _EXPERT.search(fqn)
+        if x is None:
+            out[fqn] = (e["shape"], file)
+        elif x.group(0) == ".experts.0.":  # local expert 0 stands for all global ones
+            for g in range(cfg.experts):
+                out[f"{fqn[: x.start()]}.experts.{g}.{fqn[x.end() :]}"] = (e["shape"], file)
+    return out
+
+
+def hf_config(cfg: Config) -> dict[str, int | str]:
+    """config.json, the keys DeepSeek-V3's has for these sizes."""
+    return {
+        "model_type": "deepseek_v3",
+        "hidden_size": cfg.hidden,
+        "vocab_size": cfg.vocab,
+        "intermediate_size": cfg.ffn,
+        "moe_intermediate_size": cfg.moe_ffn,
+        "q_lora_rank": cfg.q_lora,
+        "kv_lora_rank": cfg.kv_lora,
+        "num_attention_heads": cfg.heads,
+        "qk_nope_head_dim": cfg.qk_nope,
+        "qk_rope_head_dim": cfg.qk_rope,
+        "v_head_dim": cfg.v_head,
+        "n_routed_experts": cfg.experts,
+        "first_k_dense_replace": cfg.first_dense,
+        "num_hidden_layers": cfg.layers,
+    }
+
+
+def hf_manifest_text(cfg: Config) -> str:
+    """The HF manifest in ``shardspec hf-manifest``'s canonical form (sorted, one tensor a
+    line), as ``shardspec.hfmanifest.dump_hf_manifest`` writes it."""
+    dtype = {"bfloat16": "BF16", "float32": "F32"}.get(cfg.dtype, "BF16")
+    lines = [
+        f"{json.dumps(k)}: "
+        + json.dumps({"shape": shape, "dtype": dtype, "file": file}, separators=(", ", ": "))
+        for k, (shape, file) in sorted(hf_tensors(cfg).items())
+    ]
+    config = json.dumps(hf_config(cfg), sort_keys=True)
+    body = ",\n    ".join(lines)
+    return (
+        f'{{"format": {json.dumps(HF_FORMAT)},\n  "config": {config},\n'
+        f'  "tensors": {{\n    {body}\n  }}\n}}\n'
+    )
+
+
 def write(cfg: Config, out_dir: str | Path, name: str = "moe") -> Path:
     """Write ``NAME.shard`` and ``NAME.manifest.json`` into ``out_dir``; return the spec path."""
     d = Path(out_dir)
@@ -212,10 +326,29 @@ def write(cfg: Config, out_dir: str | Path, name: str = "moe") -> Path:
     return spec
 
 
+def write_hf(cfg: Config, out_dir: str | Path, name: str = "moe", hf_manifest: bool = True) -> Path:
+    """Write ``NAME_hf.shard`` (``NAME.shard`` plus the hf block) and, with ``hf_manifest``,
+    ``NAME.hf.json`` (else ``NAME_hf_nofile.shard``, whose block names no HF manifest);
+    ``NAME.manifest.json`` too if it is not there. Return the spec path."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    manifest = f"{name}.manifest.json"
+    if not (d / manifest).exists():
+        (d / manifest).write_text(manifest_text(cfg), encoding="utf-8")
+    hf_name = f"{name}.hf.json" if hf_manifest else None
+    if hf_name:
+        (d / hf_name).write_text(hf_manifest_text(cfg), encoding="utf-8")
+    spec = d / (f"{name}_hf.shard" if hf_manifest else f"{name}_hf_nofile.shard")
+    spec.write_text(spec_text(cfg, manifest) + hf_block(cfg, hf_name), encoding="utf-8")
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    hf = "--hf" in args
+    args = [a for a in args if a != "--hf"]
     if len(args) != 2 or not args[0].isdigit():
-        sys.stderr.write("usage: python -m bench.synth N_PARAMS OUT_DIR\n")
+        sys.stderr.write("usage: python -m bench.synth N_PARAMS OUT_DIR [--hf]\n")
         return 2
     cfg = config_for(int(args[0]))
     spec = write(cfg, args[1])
@@ -223,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {spec} ({cfg.n_params} params: {cfg.moe_layers} MoE layers x "
         f"{cfg.experts_per_rank} experts per rank)\n"
     )
+    if hf:
+        for with_file in (True, False):
+            spec = write_hf(cfg, args[1], hf_manifest=with_file)
+            sys.stdout.write(f"wrote {spec} ({cfg.n_units} storage units)\n")
     return 0
 
 

@@ -24,9 +24,10 @@ the names and slices they compute cannot disagree. No torch here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 
 __all__ = [
     "HFMap",
@@ -90,6 +91,55 @@ def _glob_regex(glob: str) -> re.Pattern[str]:
             out.append(re.escape(glob[i]))
             i += 1
     return re.compile("".join(out) + r"\Z")
+
+
+def _segment_key(positions: Sequence[int]) -> Callable[[Sequence[str]], object]:
+    if not positions:
+        return lambda segs: ()
+    return itemgetter(*positions)
+
+
+class _RuleIndex:
+    """Which rules' templates can match a name, by the name's literal segments.
+
+    A capture matches one dot-free segment or part of one, so a template with ``n`` dots
+    matches only names with ``n`` dots, and each of its segments without a capture must
+    equal the name's segment at that position. Rules are grouped by segment count and by
+    the positions of their literal segments; a name then needs one dict lookup per group
+    to find the rules whose literal segments all agree. The rules' regexes decide the
+    rest (partial segments such as ``w{n}``, repeated captures), so the result is the same
+    as trying every regex, only cheaper.
+    """
+
+    def __init__(self, templates: Sequence[str]) -> None:
+        by_count: dict[int, dict[tuple[int, ...], dict[object, list[int]]]] = {}
+        for i, template in enumerate(templates):
+            segs = template.split(".")
+            positions = tuple(k for k, seg in enumerate(segs) if not _CAPTURE.search(seg))
+            key = _segment_key(positions)(segs)
+            tables = by_count.setdefault(len(segs), {})
+            tables.setdefault(positions, {}).setdefault(key, []).append(i)
+        self._groups: dict[int, list[tuple[Callable[[Sequence[str]], object], dict]]] = {
+            n: [(_segment_key(pos), table) for pos, table in tables.items()]
+            for n, tables in by_count.items()
+        }
+
+    def candidates(self, name: str) -> list[int]:
+        """Rule indices, ascending, whose literal segments agree with ``name``."""
+        segs = name.split(".")
+        groups = self._groups.get(len(segs))
+        if not groups:
+            return []
+        if len(groups) == 1:
+            key, table = groups[0]
+            return table.get(key(segs), [])
+        out: list[int] = []
+        for key, table in groups:
+            hit = table.get(key(segs))
+            if hit:
+                out += hit
+        out.sort()
+        return out
 
 
 @dataclass(frozen=True)
@@ -260,6 +310,14 @@ class HFMap:
     def _keep_res(self) -> tuple[re.Pattern[str], ...]:
         return tuple(_glob_regex(g) for g in self.keeps)
 
+    @cached_property
+    def _target_index(self) -> _RuleIndex:
+        return _RuleIndex([r.target for r in self.rules])
+
+    @cached_property
+    def _hf_index(self) -> _RuleIndex:
+        return _RuleIndex([r.hf for r in self.rules])
+
     def dropped(self, hf_key: str) -> bool:
         return any(r.match(hf_key) for r in self._drop_res)
 
@@ -276,7 +334,9 @@ class HFMap:
     def sources(self, name: str, shape: Sequence[int]) -> list[Source]:
         """Every rule producing storage unit ``name`` (lint wants exactly one)."""
         out = []
-        for i, rule in enumerate(self.rules):
+        rules = self.rules
+        for i in self._target_index.candidates(name):
+            rule = rules[i]
             m = rule.target_regex.match(name)
             if m is None:
                 continue
@@ -296,7 +356,9 @@ class HFMap:
         """Every rule whose HF template matches ``hf_key``: ``(rule, unit name, stack
         index)``."""
         out = []
-        for i, rule in enumerate(self.rules):
+        rules = self.rules
+        for i in self._hf_index.candidates(hf_key):
+            rule = rules[i]
             m = rule.hf_regex.match(hf_key)
             if m is None:
                 continue

@@ -1,5 +1,6 @@
 """The benchmark's synthetic model (bench/synth.py) stays a valid, lint-clean spec and
-manifest, so ``python -m bench.bench_compiler`` measures clean runs and cannot rot."""
+manifest, with and without its hf block and HF manifest, so ``python -m
+bench.bench_compiler`` measures clean runs and cannot rot."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does 
 
 from bench import synth  # noqa: E402
 from shardspec.cli import main  # noqa: E402
+from shardspec.hfmanifest import dump_hf_manifest, load_hf_manifest  # noqa: E402
 from shardspec.manifest import load_manifest  # noqa: E402
 
 
@@ -57,3 +59,31 @@ def test_config_sizes(n: int) -> None:
     assert abs(cfg.n_params - n) / n < 0.05
     assert len(synth.manifest_entries(cfg)) > cfg.n_params  # plus buffers and extra state
     assert cfg.dp_shard * cfg.ep * cfg.tp == cfg.world
+
+
+@pytest.mark.parametrize("with_file", [True, False])
+def test_hf_variant_lints_clean(
+    small: tuple[synth.Config, Path], with_file: bool, capsys: pytest.CaptureFixture
+) -> None:
+    cfg, spec = small
+    hf_spec = synth.write_hf(cfg, spec.parent, hf_manifest=with_file)
+    assert main(["lint", "--format", "json", str(hf_spec)]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_hf_manifest_is_canonical_and_complete(small: tuple[synth.Config, Path]) -> None:
+    cfg, spec = small
+    synth.write_hf(cfg, spec.parent)
+    path = spec.with_name("moe.hf.json")
+    hfm = load_hf_manifest(path)
+    tensors = {
+        k: {"shape": list(t.shape), "dtype": t.dtype, "file": t.file}
+        for k, t in hfm.tensors.items()
+    }
+    canonical = dump_hf_manifest({"config": hfm.config, "tensors": tensors})
+    assert path.read_text(encoding="utf-8") == canonical
+    mapped = [k for k in hfm.tensors if not k.endswith("e_score_correction_bias")]
+    assert len(mapped) == cfg.n_units
+    last = f"model.layers.{cfg.layers - 1}.mlp.experts.{cfg.experts - 1}.down_proj.weight"
+    assert hfm.tensors[last].shape == (cfg.hidden, cfg.moe_ffn)
+    assert hfm.config["n_routed_experts"] == cfg.experts

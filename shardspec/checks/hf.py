@@ -15,13 +15,23 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
 
 from shardspec import ir
 from shardspec.checks.registry import diag
 from shardspec.diagnostics import Diagnostic, Span
 from shardspec.hfmanifest import HFManifest, HFManifestError, load_hf_manifest
-from shardspec.hfmap import HFMap, Source, transform_problem, unit_names
+from shardspec.hfmap import (
+    HFMap,
+    MapRule,
+    _glob_regex,
+    template_captures,
+    transform_problem,
+    unit_names,
+)
 from shardspec.hfresolve import (
     build_hfmap,
     glob_problem,
@@ -33,11 +43,6 @@ from shardspec.resolve import Resolved
 
 MAX_GROUPS = 20  # findings of one kind before the rest is summed up in one more
 _DIGITS = re.compile(r"[0-9]+")
-
-
-def _more(names: list[str], limit: int = 1) -> str:
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -160,6 +165,18 @@ _GLOB_HINT = "`*` matches one segment (or part of one), `**` any number of segme
 
 
 # ---------------------------------------------------------------------- units and HF keys
+#
+# A model with expert parallelism has one storage unit per global expert index: tens of
+# thousands of units from a few hundred parameters. Checking them one by one (a regex per
+# rule per unit, a Source per unit) made the hf checks cost many times the rest of lint,
+# so units are checked in groups: the units one parameter expands to, whose names differ
+# only in the whole-segment expert indices (`_Group`). When every rule that could produce
+# such a name captures each of those segments whole, with a capture used nowhere else in
+# its target (`_uniform`), one name answers for the group: the same rules match every
+# name, the same transforms apply (same shape), and the keys differ only in the indices.
+# Otherwise, its names are checked one at a time. The findings only ever show the first
+# name of a kind (in sorted order) and a count, so groups add up as (first name, count);
+# tests/test_hf_lint_fast.py compares the result with the straightforward per-unit code.
 
 
 @dataclass
@@ -171,17 +188,68 @@ class _Unit:
 
 
 @dataclass
-class _Facts:
-    units: dict[str, _Unit] = field(default_factory=dict)
-    source: dict[str, Source] = field(default_factory=dict)  # unit -> its one source
-    needed: dict[str, tuple[int, str]] = field(default_factory=dict)  # key -> (rule, unit)
-    used: set[int] = field(default_factory=set)  # map lines that produce some unit
-    unsized: set[str] = field(default_factory=set)  # units whose transforms do not apply
+class _Group:
+    """Storage units ``parts[0] + v[0] + parts[1] + ... + parts[-1]`` for every index
+    tuple ``v`` in ``product(range(c) for c in counts)``, in that order (one unit when
+    ``counts`` is empty), all of one shape and from one parameter."""
+
+    parts: tuple[str, ...]
+    counts: tuple[int, ...]
+    shape: tuple[int, ...]
+    fqn: str
+    rule: int
+    _names: list[str] | None = None
+
+    def values(self) -> list[tuple[int, ...]]:
+        return list(_product(self.counts))
+
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = self._make_names()
+        return self._names
+
+    def _make_names(self) -> list[str]:
+        parts = self.parts
+        if len(parts) == 1:
+            return [parts[0]]
+        if len(parts) == 2:
+            a, b = parts
+            return [f"{a}{v}{b}" for v in range(self.counts[0])]
+        return [_join(parts, v) for v in _product(self.counts)]
+
+    def unit(self, name: str) -> _Unit:
+        return _Unit(name, self.shape, self.fqn, self.rule)
+
+
+def _join(parts: tuple[str, ...], values: tuple[int, ...]) -> str:
+    out = [parts[0]]
+    for v, p in zip(values, parts[1:], strict=True):
+        out += [str(v), p]
+    return "".join(out)
+
+
+def _product(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for c in counts:
+        out = [(*v, i) for v in out for i in range(c)]
+    return out
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
-    """Every storage unit of the placed parameters, from their layouts."""
+    """Every storage unit of the placed parameters, from their layouts, one by one (the
+    first parameter to name a unit keeps it)."""
     units: dict[str, _Unit] = {}
+    for fqn, m, spans in _placed(res):
+        assert m.layout is not None and m.winner is not None
+        for name, shape in unit_names(fqn, m.layout.dims, spans):
+            units.setdefault(name, _Unit(name, shape, fqn, m.winner))
+    return units
+
+
+def _placed(res: Resolved) -> list[tuple[str, Any, list[tuple[int, int]]]]:
+    """``(fqn, match, virtual spans)`` of each placed parameter whose units count: one
+    parameter per module name pattern when virtual dims expand it to every global index."""
+    out = []
     done: set[tuple[int, str]] = set()
     for fqn, m in res.params:
         if m.layout is None or m.winner is None:
@@ -203,9 +271,226 @@ def _units(res: Resolved) -> dict[str, _Unit]:
             if (m.winner, key) in done:
                 continue
             done.add((m.winner, key))
-        for name, shape in unit_names(fqn, m.layout.dims, spans):
-            units.setdefault(name, _Unit(name, shape, fqn, m.winner))
-    return units
+        out.append((fqn, m, spans))
+    return out
+
+
+def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
+    """The units as groups, and each unit's group by name. Where two parameters name the
+    same unit, every unit is its own group, as :func:`_units` makes them."""
+    groups: list[_Group] = []
+    for fqn, m, spans in _placed(res):
+        assert m.layout is not None and m.winner is not None
+        dims = m.layout.dims
+        plain = [d for d in dims if not d.virtual]
+        # Sizes in span order, as unit_names expands them.
+        ordered = sorted(zip(spans, (d.size for d in dims if d.virtual), strict=True))
+        cuts = [0]
+        for (s, e), _ in ordered:
+            cuts += [s, e]
+        cuts.append(len(fqn))
+        counts = tuple(n for _, n in ordered)
+        for name, shape in unit_names(fqn, plain, ()):
+            parts = [fqn[cuts[k] : cuts[k + 1]] for k in range(0, len(cuts), 2)]
+            parts[-1] += name[len(fqn) :]  # the component, if any
+            groups.append(_Group(tuple(parts), counts, shape, fqn, m.winner))
+    by_name: dict[str, _Group] = {}
+    total = 0
+    for grp in groups:
+        names = grp.names()
+        total += len(names)
+        by_name.update(zip(names, repeat(grp)))
+    if len(by_name) != total:
+        units = _units(res)
+        groups = [_Group((u.name,), (), u.shape, u.fqn, u.rule) for u in units.values()]
+        by_name = {grp.parts[0]: grp for grp in groups}
+    return groups, by_name
+
+
+class _Target:
+    """A rule's target template, segment by segment (for :func:`_uniform`)."""
+
+    def __init__(self, template: str) -> None:
+        self.segs = template.split(".")
+        caps = template_captures(template)
+        # Segments that are one capture, used once: they match any segment, on their own.
+        self.free: dict[int, str] = {}
+        self.literal: dict[int, str] = {}
+        for k, seg in enumerate(self.segs):
+            m = _WHOLE_CAPTURE.fullmatch(seg)
+            if m and caps.count(m.group(1)) == 1:
+                self.free[k] = m.group(1)
+            elif "{" not in seg:
+                self.literal[k] = seg
+
+
+_WHOLE_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _span_segments(parts: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The segment positions of a group's indices, or None where an index is not a whole
+    segment of the name."""
+    if len(parts) == 1:
+        return ()
+    inner = parts[1:-1]
+    if not (parts[0] == "" or parts[0].endswith(".")):
+        return None
+    if not (parts[-1] == "" or parts[-1].startswith(".")):
+        return None
+    if any(len(p) < 1 or not (p.startswith(".") and p.endswith(".")) for p in inner):
+        return None
+    out, at = [], 0
+    for p in parts[:-1]:
+        at += p.count(".")
+        out.append(at)
+    return tuple(out)
+
+
+def _uniform(
+    targets: list[_Target], positions: tuple[int, ...], segs: list[str]
+) -> list[tuple[str, ...]] | None:
+    """For a group whose indices sit at segment ``positions`` of names like ``segs``: per
+    rule, the captures that take the indices (empty where the rule cannot produce any of
+    the names), or None when the rules cannot be shown to treat every name alike."""
+    out: list[tuple[str, ...]] = []
+    for t in targets:
+        if len(t.segs) != len(segs):
+            out.append(())  # a template matches only names of its segment count
+            continue
+        if all(p in t.free for p in positions):
+            out.append(tuple(t.free[p] for p in positions))
+            continue
+        if any(segs[k] != lit for k, lit in t.literal.items() if k not in positions):
+            out.append(())  # a literal segment that no name of the group has
+            continue
+        return None
+    return out
+
+
+class _Acc:
+    """Findings data, added up over groups of units: (first name in sorted order, count)."""
+
+    def __init__(self, hfmap: HFMap, good: list[int], keys: bool) -> None:
+        self.hfmap = hfmap
+        self.good = good
+        self.keys = keys  # collect the HF keys each unit needs (for the HF manifest)
+        self.not_produced: dict[str, list[Any]] = {}  # group key -> [unit, count]
+        self.twice: dict[tuple[int, ...], list[Any]] = {}  # rules -> [name, count]
+        self.transform_bad: dict[tuple[int, str], list[Any]] = {}  # -> [name, count]
+        self.used: set[int] = set()
+        # HF key -> (unit, spec map line, expected shape or None where transforms fail)
+        self.needed: dict[str, tuple[str, int, tuple[int, ...] | None]] = {}
+
+    @staticmethod
+    def _add(table: dict, key: object, first: object, name: str, count: int) -> None:
+        cur = table.get(key)
+        if cur is None:
+            table[key] = [first, name, count]
+        else:
+            if name < cur[1]:
+                cur[0], cur[1] = first, name
+            cur[2] += count
+
+    def unit(
+        self,
+        grp: _Group,
+        name: str,
+        count: int,
+        names: list[str] | None = None,
+        values: list[tuple[int, ...]] | None = None,
+        xs: list[tuple[str, ...]] | None = None,
+    ) -> None:
+        """Check unit ``name`` of group ``grp``, standing for ``count`` units (``names``,
+        with their index ``values`` and per rule the captures ``xs`` that take them,
+        when more than one)."""
+        found = self.hfmap.sources(name, grp.shape)
+        if not found:
+            self._add(self.not_produced, _group_key(name), grp.unit(name), name, count)
+            return
+        rules = [self.good[s.rule] for s in found]
+        self.used.update(rules)
+        if len(found) > 1:
+            self._add(self.twice, tuple(sorted(rules)), name, name, count)
+            return
+        (src,) = found
+        rule = self.hfmap.rules[src.rule]
+        slice_shape = grp.shape[1:] if src.stacked else grp.shape
+        why = transform_problem(slice_shape, rule.transforms)
+        if why:
+            self._add(self.transform_bad, (rules[0], why), name, name, count)
+        if not self.keys:
+            return
+        expected = None if why else src.shape
+        if names is None:
+            self._need(src.keys, name, rules[0], expected)
+            return
+        assert values is not None and xs is not None
+        caps = rule.target_regex.match(name)
+        assert caps is not None
+        fill = _key_filler(rule, caps.groupdict(), xs[src.rule])
+        if isinstance(fill, list):  # one index, no stack: key = str(index).join(fill)
+            keys = [str(v).join(fill) for (v,) in values]
+            needed = self.needed
+            if needed.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+                needed.update(
+                    zip(
+                        keys,
+                        zip(names, repeat(rules[0]), repeat(expected), strict=False),
+                        strict=True,
+                    )
+                )
+                return
+            for k, n in zip(keys, names, strict=True):
+                self._need((k,), n, rules[0], expected)
+            return
+        stack = range(grp.shape[0]) if src.stacked else None
+        for n, v in zip(names, values, strict=True):
+            if stack is None:
+                self._need((fill(v, None),), n, rules[0], expected)
+            else:
+                self._need(tuple(fill(v, e) for e in stack), n, rules[0], expected)
+
+    def _need(
+        self, keys: tuple[str, ...], name: str, rule: int, expected: tuple[int, ...] | None
+    ) -> None:
+        needed = self.needed
+        for k in keys:
+            cur = needed.get(k)
+            if cur is None or name < cur[0]:
+                needed[k] = (name, rule, expected)
+
+
+def _key_filler(
+    rule: MapRule, caps: dict[str, str], xs: tuple[str, ...]
+) -> list[str] | Callable[[tuple[int, ...], int | None], str]:
+    """How to name the HF keys of a group's units: ``rule.hf`` filled with ``caps``, the
+    captures ``xs`` taking the index values and the stack capture the stack index. Either
+    literal chunks, ``str(index).join(chunks)`` being the key (one index, no stack: the
+    common case, fast), or ``(index values, stack index) -> key``."""
+    pieces = _CAPTURE_SPLIT.split(rule.hf)  # literal, capture, literal, ..., literal
+    if len(xs) == 1 and not rule.stack and set(pieces[1::2]) <= caps.keys():
+        chunks: list[str] = []
+        cur: list[str] = []
+        for k, p in enumerate(pieces):
+            if k % 2 == 1 and p == xs[0]:
+                chunks.append("".join(cur))
+                cur = []
+            else:
+                cur.append(p if k % 2 == 0 else caps[p])
+        chunks.append("".join(cur))
+        return chunks
+
+    def fill(values: tuple[int, ...], e: int | None) -> str:
+        filled = dict(caps)
+        filled.update((x, str(v)) for x, v in zip(xs, values, strict=True))
+        if rule.stack:
+            filled[rule.stack] = str(e)
+        return "".join(p if k % 2 == 0 else filled[p] for k, p in enumerate(pieces))
+
+    return fill
+
+
+_CAPTURE_SPLIT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _group_key(name: str) -> str:
@@ -232,57 +517,54 @@ def check_hf_units(
     good = [i for i in range(len(full.rules)) if i not in bad]
     hfmap = HFMap(tuple(full.rules[i] for i in good), full.drops, full.ties, full.keeps)
     out: list[Diagnostic] = []
-    facts = _Facts(units=_units(res))
-    not_produced: dict[str, list[_Unit]] = defaultdict(list)
-    twice: dict[tuple[int, ...], list[str]] = defaultdict(list)
-    transform_bad: dict[tuple[int, str], list[str]] = defaultdict(list)
-    prefixes = [_literal_prefix(r.target) for r in hfmap.rules]
-    for name, unit in sorted(facts.units.items()):
-        if hfmap.kept(name):
+    groups, by_name = _groups(res)
+    acc = _Acc(hfmap, good, keys=hf_manifest is not None)
+    targets = [_Target(r.target) for r in hfmap.rules]
+    kept = _keep_matcher(hfmap)
+    for grp in groups:
+        if not grp.counts:
+            name = grp.parts[0]
+            if kept is None or not kept(name):
+                acc.unit(grp, name, 1)
             continue
-        found = _sources(hfmap, prefixes, name, unit.shape)
-        srcs = [replace(s, rule=good[s.rule]) for s in found]
-        if not srcs:
-            not_produced[_group_key(name)].append(unit)
+        names = grp.names()
+        live = names if kept is None else [n for n in names if not kept(n)]
+        if not live:
             continue
-        facts.used.update(s.rule for s in srcs)
-        if len(srcs) > 1:
-            twice[tuple(sorted(s.rule for s in srcs))].append(name)
-            continue
-        (src,) = srcs
-        facts.source[name] = src
-        rule = full.rules[src.rule]
-        slice_shape = unit.shape[1:] if src.stacked else unit.shape
-        why = transform_problem(slice_shape, rule.transforms)
-        if why:
-            transform_bad[(src.rule, why)].append(name)
-            facts.unsized.add(name)
-        for k in src.keys:
-            facts.needed.setdefault(k, (src.rule, name))
-    out += _report_not_produced(res, not_produced)
-    for rules, names in sorted(twice.items()):
+        positions = _span_segments(grp.parts)
+        xs = None
+        if positions is not None and len(live) == len(names):
+            xs = _uniform(targets, positions, names[0].split("."))
+        if xs is None:
+            for n in live:
+                acc.unit(grp, n, 1)
+        else:
+            acc.unit(grp, names[0], len(names), names, grp.values(), xs)
+    out += _report_not_produced(res, acc.not_produced)
+    for rules, (_, first, n) in sorted(acc.twice.items()):
         maps = [hf.maps[i] for i in rules]
         lines = ", ".join(str(m.span.line) for m in maps)
         out.append(
             diag(
                 "SS072",
-                f"storage unit {_more(names)} is produced by {len(maps)} map lines (lines {lines})",
+                f"storage unit {_more_n(first, n)} is produced by {len(maps)} map lines "
+                f"(lines {lines})",
                 maps[-1].target.span,
                 "each unit comes from exactly one Hugging Face tensor: narrow or delete one",
             )
         )
-    for (i, why), names in sorted(transform_bad.items()):
+    for (i, why), (_, first, n) in sorted(acc.transform_bad.items()):
         m = hf.maps[i]
         out.append(
             diag(
                 "SS076",
-                f"{_more(names)}: {why}",
+                f"{_more_n(first, n)}: {why}",
                 m.transforms[0].span if m.transforms else m.span,
                 "the transforms must apply to the unit's shape (and so invert on export)",
             )
         )
     for i, m in enumerate(hf.maps):
-        if i not in bad and i not in facts.used:
+        if i not in bad and i not in acc.used:
             out.append(
                 diag(
                     "SS078",
@@ -296,7 +578,7 @@ def check_hf_units(
         if glob_problem(g.pattern.text) is not None:
             continue
         only = HFMap(keeps=(g.pattern.text,))
-        if not any(only.kept(n) for n in facts.units):
+        if not any(only.kept(n) for n in by_name):
             out.append(
                 diag(
                     "SS078",
@@ -308,29 +590,31 @@ def check_hf_units(
     unknown = _check_config_names(res, hf)
     out += unknown
     if hf_manifest is not None:
-        out += _check_keys(res, hfmap, hf_manifest, facts)
+        out += _check_keys(res, hfmap, hf_manifest, acc, by_name)
         named = [c for c in hf.configs if not any(d.span == c.name.span for d in unknown)]
         out += _check_config_values(res, named, hf_manifest)
     return out
 
 
-def _literal_prefix(template: str) -> str:
-    return template.split("{", 1)[0]
+def _more_n(first: str, n: int) -> str:
+    """:func:`_more` of ``n`` names whose first is ``first``."""
+    return repr(first) + (f" (and {n - 1} more)" if n > 1 else "")
 
 
-def _sources(hfmap: HFMap, prefixes: list[str], name: str, shape: tuple[int, ...]) -> list[Source]:
-    """``hfmap.sources`` with the rules whose literal prefix cannot match skipped first."""
-    if not any(name.startswith(p) for p in prefixes):
-        return []
-    return hfmap.sources(name, shape)
+def _keep_matcher(hfmap: HFMap) -> Callable[[str], object] | None:
+    """``hfmap.kept`` as one regex (None when nothing is kept)."""
+    if not hfmap.keeps:
+        return None
+    pattern = "|".join(f"(?:{_glob_regex(g).pattern})" for g in hfmap.keeps)
+    return re.compile(pattern).match
 
 
-def _report_not_produced(res: Resolved, groups: dict[str, list[_Unit]]) -> list[Diagnostic]:
+def _report_not_produced(res: Resolved, groups: dict[str, list[Any]]) -> list[Diagnostic]:
+    """SS071 from ``{group key: [first unit, its name, count]}``."""
     out = []
-    items = sorted(groups.items(), key=lambda kv: kv[1][0].name)
-    for _, units in items[:MAX_GROUPS]:
-        first = units[0]
-        more = f" (and {len(units) - 1} more like it)" if len(units) > 1 else ""
+    items = sorted(groups.values(), key=lambda v: v[1])
+    for first, _, count in items[:MAX_GROUPS]:
+        more = f" (and {count - 1} more like it)" if count > 1 else ""
         out.append(
             diag(
                 "SS071",
@@ -343,8 +627,8 @@ def _report_not_produced(res: Resolved, groups: dict[str, list[_Unit]]) -> list[
         )
     rest = items[MAX_GROUPS:]
     if rest:
-        n = sum(len(u) for _, u in rest)
-        first = rest[0][1][0]
+        n = sum(count for _, _, count in rest)
+        first = rest[0][0]
         out.append(
             diag(
                 "SS071",
@@ -360,57 +644,63 @@ def _template_of(name: str) -> str:
     return _DIGITS.sub("{i}", name, count=1)
 
 
-def _check_keys(res: Resolved, hfmap: HFMap, hfm: HFManifest, facts: _Facts) -> list[Diagnostic]:
+def _check_keys(
+    res: Resolved, hfmap: HFMap, hfm: HFManifest, acc: _Acc, units: dict[str, _Group]
+) -> list[Diagnostic]:
     hf = res.spec.hf
     assert hf is not None
     out: list[Diagnostic] = []
     tensors = hfm.tensors
-    missing: dict[int, list[str]] = defaultdict(list)
-    wrong: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[str]] = defaultdict(list)
+    # Each finding shows the first key of its kind (in sorted order) and a count.
+    missing: dict[int, list[Any]] = {}  # rule -> [first key, count]
+    wrong: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[Any]] = {}
     read: set[str] = set()
-    for key, (i, unit) in sorted(facts.needed.items()):
-        present = key if key in tensors else hfmap.tie_of(key)
-        if present is None or present not in tensors:
-            missing[i].append(key)
-            continue
+    get = tensors.get
+    for key, (_, i, expected) in acc.needed.items():
+        t = get(key)
+        if t is not None:
+            present = key
+        else:
+            tied = hfmap.tie_of(key)
+            t = None if tied is None else get(tied)
+            if t is None or tied is None:
+                _first(missing, i, key, key)
+                continue
+            present = tied
         read.add(present)
-        if unit in facts.unsized:
-            continue
-        expected = facts.source[unit].shape
-        got = tensors[present].shape
-        if got != expected:
-            wrong[(i, expected, got)].append(present)
-    for i, keys in sorted(missing.items()):
+        if expected is not None and t.shape != expected:
+            _first(wrong, (i, expected, t.shape), key, present)
+    for i, (_, keys, n) in sorted(missing.items()):
         m = hf.maps[i]
         out.append(
             diag(
                 "SS074",
-                f"HF key {_more(keys)} that line {m.span.line} needs is not in the HF manifest",
+                f"HF key {_more_n(keys, n)} that line {m.span.line} needs is not in the HF "
+                "manifest",
                 m.hf.span,
                 "check the Hugging Face name against the HF manifest (a tied key may be "
                 "absent when its `tie` source is there)",
             )
         )
-    for (i, expected, got), keys in sorted(wrong.items()):
+    for (i, expected, got), (_, present, n) in sorted(wrong.items()):
         m = hf.maps[i]
         out.append(
             diag(
                 "SS075",
-                f"HF key {_more(keys)} has shape {_shape(got)}, line {m.span.line} expects "
-                f"{_shape(expected)}",
+                f"HF key {_more_n(present, n)} has shape {_shape(got)}, line {m.span.line} "
+                f"expects {_shape(expected)}",
                 m.hf.span,
                 "the expected shape is the unit's, inverted through the transforms "
                 "(and without the stacked first dimension for `[e]`)",
             )
         )
     unexpected: dict[str, list[str]] = defaultdict(list)
-    prefixes = [_literal_prefix(r.hf) for r in hfmap.rules]
-    for key in sorted(tensors):
-        if key in facts.needed or key in read:
-            continue
+    needed = acc.needed
+    rest = sorted(tensors.keys() - needed.keys() - read)
+    for key in rest:
         if hfmap.tie_of(key) is not None or hfmap.dropped(key):
             continue
-        if _consumed(hfmap, prefixes, key, facts):
+        if _consumed(hfmap, key, units):
             continue
         unexpected[_group_key(key)].append(key)
     groups = sorted(unexpected.values(), key=lambda ks: ks[0])
@@ -424,26 +714,35 @@ def _check_keys(res: Resolved, hfmap: HFMap, hfm: HFManifest, facts: _Facts) -> 
                 "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
             )
         )
-    rest = groups[MAX_GROUPS:]
-    if rest:
-        n = sum(len(k) for k in rest)
+    rest_groups = groups[MAX_GROUPS:]
+    if rest_groups:
+        n = sum(len(k) for k in rest_groups)
         out.append(
             diag(
                 "SS073",
-                f"{n} more unexpected HF keys, such as {rest[0][0]!r}",
-                _key_span(hfm, rest[0][0]),
+                f"{n} more unexpected HF keys, such as {rest_groups[0][0]!r}",
+                _key_span(hfm, rest_groups[0][0]),
                 "map them, or `drop` them",
             )
         )
     return out
 
 
-def _consumed(hfmap: HFMap, prefixes: list[str], key: str, facts: _Facts) -> bool:
+def _first(table: dict, kind: object, key: str, shown: str) -> None:
+    """Count ``key`` under ``kind``, showing ``shown`` for the smallest key of the kind."""
+    cur = table.get(kind)
+    if cur is None:
+        table[kind] = [key, shown, 1]
+    else:
+        if key < cur[0]:
+            cur[0], cur[1] = key, shown
+        cur[2] += 1
+
+
+def _consumed(hfmap: HFMap, key: str, units: dict[str, _Group]) -> bool:
     """A rule reads ``key`` for a real unit (with a stack index inside its first dim)."""
-    if not any(key.startswith(p) for p in prefixes):
-        return False
     for _, unit, index in hfmap.consumers(key):
-        u = facts.units.get(unit)
+        u = units.get(unit)
         if u is None:
             continue
         if index is None or (u.shape and 0 <= index < u.shape[0]):
@@ -459,19 +758,24 @@ def _key_span(hfm: HFManifest, key: str) -> Span:
 # ------------------------------------------------------------------------------ config
 
 
-def _sizes(res: Resolved, name: str) -> list[tuple[int, str]]:
-    """(global size, parameter) of dimension or component ``name``, per placed parameter."""
-    out = []
+def _sizes(res: Resolved) -> dict[str, list[tuple[int, str]]]:
+    """Per dimension or component name: (global size, parameter), per placed parameter in
+    order."""
+    out: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    of_layout: dict[int, list[tuple[str, int]]] = {}  # layouts are shared between params
     for fqn, m in res.params:
         if m.layout is None:
             continue
-        for d in m.layout.dims:
-            if d.name == name:
-                out.append((d.size, fqn))
-            if d.fusion is not None:
-                for comp, size in d.fusion.components:
-                    if comp == name:
-                        out.append((size * d.fusion.groups, fqn))
+        found = of_layout.get(id(m.layout))
+        if found is None:
+            found = []
+            for d in m.layout.dims:
+                found.append((d.name, d.size))
+                if d.fusion is not None:
+                    found += [(comp, size * d.fusion.groups) for comp, size in d.fusion.components]
+            of_layout[id(m.layout)] = found
+        for name, size in found:
+            out[name].append((size, fqn))
     return out
 
 
@@ -496,6 +800,7 @@ def _check_config_values(
     res: Resolved, configs: list[ir.HFConfig], hfm: HFManifest
 ) -> list[Diagnostic]:
     out = []
+    all_sizes: dict[str, list[tuple[int, str]]] | None = None
     for c in configs:
         values: list[int] = []
         for f in c.factors:
@@ -526,7 +831,9 @@ def _check_config_values(
             values.append(v)
         else:
             value = math.prod(values)
-            sizes = _sizes(res, c.name.text)
+            if all_sizes is None:
+                all_sizes = _sizes(res)
+            sizes = all_sizes.get(c.name.text, [])
             off = [(s, fqn) for s, fqn in sizes if s != value]
             if off:
                 s, fqn = off[0]

@@ -108,10 +108,10 @@ def lint_specs(
     results: list[tuple[str, Resolved | None]] = []
     for path in paths:
         shown = display_path(path)
-        spec, diags = parse_file(path)
+        # Every span carries the displayed path, so findings, their source lines and
+        # suppressions agree whichever way the path was given.
+        spec, diags = parse_file(path, shown)
         if spec is not None:
-            spec = spec.model_copy(update={"path": shown})
-            diags = [_reroot(d, str(path), shown) for d in diags]
             out.sources[shown] = spec.source
             res, more = check(spec, overrides=overrides, world=world)
             if res.manifest is not None:
@@ -122,21 +122,13 @@ def lint_specs(
             out.diagnostics.extend(diags + more)
             results.append((shown, res))
         else:
-            out.diagnostics.extend(_reroot(d, str(path), shown) for d in diags)
+            out.diagnostics.extend(diags)
             try:
                 out.sources[shown] = Path(path).read_text(encoding="utf-8-sig")
             except (OSError, UnicodeDecodeError):
                 pass
             results.append((shown, None))
     return results, out
-
-
-def _reroot(d: Diagnostic, old: str, new: str) -> Diagnostic:
-    if d.span.file != old:
-        return d
-    from dataclasses import replace
-
-    return replace(d, span=replace(d.span, file=new))
 
 
 def render_specs(

@@ -558,9 +558,13 @@ def _suppressions(path: str, text: str) -> list[ir.Suppression]:
     return out
 
 
-def parse_file(path: str | Path) -> tuple[ir.Spec | None, list[Diagnostic]]:
-    """Read and parse a spec file; an unreadable file is an ``SS002`` diagnostic."""
+def parse_file(
+    path: str | Path, name: str | None = None
+) -> tuple[ir.Spec | None, list[Diagnostic]]:
+    """Read and parse a spec file; an unreadable file is an ``SS002`` diagnostic. ``name``
+    is the path that spans (and so diagnostics) carry, ``path`` itself by default."""
     p = Path(path)
+    name = name if name is not None else str(path)
     try:
         text = p.read_text(encoding="utf-8-sig")  # a byte order mark is not part of the text
     except UnicodeDecodeError as e:
@@ -568,13 +572,13 @@ def parse_file(path: str | Path) -> tuple[ir.Spec | None, list[Diagnostic]]:
             diag(
                 "SS002",
                 f"cannot read spec: byte {e.start} is not UTF-8",
-                Span(str(path), 1, 1),
+                Span(name, 1, 1),
                 "save the spec as UTF-8 text",
             )
         ]
     except OSError as e:
         reason = e.strerror or str(e)
         return None, [
-            diag("SS002", f"cannot read spec: {reason}", Span(str(path), 1, 1), "check the path")
+            diag("SS002", f"cannot read spec: {reason}", Span(name, 1, 1), "check the path")
         ]
-    return parse(text, str(path))
+    return parse(text, name)

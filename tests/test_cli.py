@@ -197,6 +197,34 @@ def test_lint_reports_errors_in_text(capsys: pytest.CaptureFixture[str], work: P
     assert re.search(r"^\d+ error\(s\), \d+ warning\(s\)$", err, re.M)
 
 
+NO_HF_MANIFEST = """\
+mesh over 2 ranks { tp: 2 }
+param x [a] {}
+hf {
+    m.x -> x
+}
+"""
+
+
+@pytest.mark.parametrize("absolute", [False, True])
+def test_findings_and_suppressions_whichever_way_the_path_is_given(
+    capsys: pytest.CaptureFixture[str], work: Path, absolute: bool
+) -> None:
+    """Every span carries the displayed path: an absolute path inside the working directory
+    shows the same findings, source lines and suppressions as the relative one."""
+    spec = work / "specs" / "nohf.shard"
+    spec.write_text(NO_HF_MANIFEST, encoding="utf-8")
+    arg = str(spec) if absolute else "specs/nohf.shard"
+    status, _, err = run(capsys, "lint", arg)
+    assert status == 0 and codes(err) == ["SS061", "SS079"], err
+    (m,) = [m for m in DIAG_LINE.finditer(err) if m["code"] == "SS079"]
+    assert m["file"] == "specs/nohf.shard"
+    assert err[m.start() :].splitlines()[1] == " 3 | hf {"
+    spec.write_text(NO_HF_MANIFEST.replace("hf {", "hf {  # shardspec: ignore[SS079]"), "utf-8")
+    status, _, err = run(capsys, "lint", arg)
+    assert status == 0 and codes(err) == ["SS061"], err
+
+
 def test_lint_json(capsys: pytest.CaptureFixture[str], work: Path) -> None:
     (work / "specs" / "broken.shard").write_text(BROKEN, encoding="utf-8")
     status, out, err = run(capsys, "lint", "--format", "json", "specs/broken.shard")

@@ -91,8 +91,6 @@ LABELS = {
 }
 TARGET_READ = 1.1  # bytes read / bytes owned per rank, sharded tensors
 # Dispatcher ops that do not talk to another rank.
-_LOCAL_OPS = ("wait_tensor", "_wrap_tensor_autograd")
-
 # ----------------------------------------------------------------------------- the map
 
 
@@ -276,25 +274,6 @@ def count_safetensors() -> Iterator[dict[str, int]]:
     finally:
         for m, fn in saved:
             m.safe_open = fn
-
-
-@contextlib.contextmanager
-def count_dispatched_collectives() -> Iterator[dict[str, int]]:
-    """Every ``c10d`` and functional-collective op that reaches the dispatcher (process
-    group calls from Python or C++, DTensor redistributions), by op name."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    counts: dict[str, int] = {}
-
-    class Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if "c10d" in func.namespace and not any(s in str(func) for s in _LOCAL_OPS):
-                name = str(func).removesuffix(".default")
-                counts[name] = counts.get(name, 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    with Mode():
-        yield counts
 
 
 # ------------------------------------------------------------------------------ methods
@@ -613,7 +592,7 @@ def _rank(rank: int, world: int, opts: dict) -> dict:
 
 def _counted(fn: Callable[[], Any]) -> tuple[Any, dict, dict, dict]:
     """``fn()``, and the collectives (wrapped, dispatched) and safetensors bytes it used."""
-    from tests.hf_scenarios import count_collectives
+    from tests.hf_scenarios import count_collectives, count_dispatched_collectives
 
     with count_collectives() as calls, count_dispatched_collectives() as seen:
         with count_safetensors() as st:

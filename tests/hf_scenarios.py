@@ -82,6 +82,29 @@ def count_collectives() -> Iterator[dict[str, int]]:
             setattr(mod, name, fn)
 
 
+# c10d ops that are not communication (waiting on a result, autograd wrapping).
+_LOCAL_OPS = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+@contextlib.contextmanager
+def count_dispatched_collectives() -> Iterator[dict[str, int]]:
+    """Every ``c10d`` and functional-collective op that reaches the dispatcher (process
+    group calls from Python or C++, DTensor redistributions), by op name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, int] = {}
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if "c10d" in func.namespace and not any(s in str(func) for s in _LOCAL_OPS):
+                name = str(func).removesuffix(".default")
+                counts[name] = counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        yield counts
+
+
 @contextlib.contextmanager
 def count_opens() -> Iterator[dict[str, int]]:
     """Count ``safetensors.safe_open`` calls per file."""
@@ -263,10 +286,11 @@ def load_case(root: str, case: Case, item: Item) -> None:
     model = build(case, mesh)
     before = snapshot(model)
     hf_dir = os.path.join(root, case.hf)
-    with count_collectives() as calls, count_opens() as opens:
-        report = mod.load_hf(model, hf_dir, mesh)
-    if calls:
-        item.fail.append(f"{item.label}: load_hf called collectives {calls}")
+    with count_collectives() as calls, count_dispatched_collectives() as ops:
+        with count_opens() as opens:
+            report = mod.load_hf(model, hf_dir, mesh)
+    if calls or ops:
+        item.fail.append(f"{item.label}: load_hf communicated: calls {calls}, c10d ops {ops}")
     if any(n != 1 for n in opens.values()):
         item.fail.append(f"{item.label}: files opened more than once: {opens}")
     if report.bytes_read != report.bytes_owned:
@@ -348,6 +372,22 @@ def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> d
         sys.path.insert(0, gen)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     out: dict[str, Item] = {}
+    # The counters must see communication when there is some, or "0 collectives" proves
+    # nothing: a plain all_reduce, and the all-gather inside a DTensor's full_tensor().
+    control = Item("counters")
+    with count_collectives() as calls, count_dispatched_collectives() as ops:
+        dist.all_reduce(torch.ones(1))
+    if not calls or not ops:
+        control.fail.append(f"all_reduce not counted: calls {calls}, c10d ops {ops}")
+    with count_dispatched_collectives() as ops:
+        mesh = importlib.import_module("generated.llama").build_mesh(tp=2)
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        distribute_tensor(torch.ones(8, 2), mesh, (Shard(0), Shard(0))).full_tensor()
+    if not ops:
+        control.fail.append("DTensor.full_tensor()'s all-gather not counted")
+    control.checked = 2
+    out[control.label] = control
     for case in cases:
         item = Item(case.label)
         try:

@@ -175,6 +175,12 @@ def test_load_and_export(results: dict, case: Case) -> None:
     assert sum(1 for w in written if w) >= 2 and max(written) < sum(written), written
 
 
+def test_the_collective_counters_see_communication(results: dict) -> None:
+    fails = [f for r in results["ranks"] for f in r["counters"].fail]
+    assert not fails, "\n".join(fails)
+    assert all(r["counters"].checked == 2 for r in results["ranks"])
+
+
 def test_bad_input_is_refused_before_the_model_changes(results: dict) -> None:
     fails = [f for r in results["ranks"] for f in r["bad input"].fail]
     assert not fails, "\n".join(fails)

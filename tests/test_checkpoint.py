@@ -132,6 +132,7 @@ def compile_gqa4(gen: Path) -> None:
     ):
         assert text.count(old) == 1, f"specs/llama.shard changed: {old!r} not found once"
         text = text.replace(old, new)
+    text = _without_hf_blocks(text)
     gen.mkdir(parents=True, exist_ok=True)
     (gen / "llama_gqa4.shard").write_text(text, encoding="utf-8")
     args = [f"--arg={k}={v}" for k, v in ckpt_scenarios.GQA4_ARGS.items()]
@@ -153,6 +154,23 @@ def compile_gqa4(gen: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, f"shardspec {command[0]}: {done.stdout}{done.stderr}"
+
+
+def _without_hf_blocks(text: str) -> str:
+    """The spec without its ``hf "..." { ... }`` blocks: their Hugging Face manifest
+    describes the 2-group model, and these checkpoints never go through Hugging Face."""
+    out: list[str] = []
+    depth = 0
+    for line in text.splitlines(keepends=True):
+        code = line.split("#", 1)[0]
+        if depth == 0 and code.lstrip().startswith("hf ") and "{" in code:
+            depth = code.count("{") - code.count("}")
+            continue
+        if depth > 0:
+            depth += code.count("{") - code.count("}")
+            continue
+        out.append(line)
+    return "".join(out)
 
 
 def n_params(spec: str, gen: Path) -> int:

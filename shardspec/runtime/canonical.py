@@ -213,10 +213,38 @@ def assign_writers(
         if ident in seen:
             continue
         seen.add(ident)
-        w = min(replicas, key=lambda r: (load[r], r))
+        w = replicas[0]  # the replica with the fewest bytes, lowest rank on ties
+        lw = load[w]
+        for r in replicas:
+            lr = load[r]
+            if lr < lw or (lr == lw and r < w):
+                w, lw = r, lr
         out[ident] = w
-        load[w] += nbytes
+        load[w] = lw + nbytes
     return out
+
+
+@lru_cache(maxsize=4096)
+def chunk_table(
+    layout: ParamLayout, mesh: Mesh
+) -> tuple[tuple[str | None, tuple[int, ...], tuple[int, ...], int], ...]:
+    """Every distinct non-empty chunk of a layout without name-indexed dimensions, once:
+    ``(component, offsets, replicas, elements)``, in rank order of first holder. What the
+    writer choice needs of a parameter, computed once per layout instead of once per
+    parameter and rank."""
+    if any(d.virtual for d in layout.dims):
+        raise ValueError("name-indexed dimensions: each rank stores other keys")
+    groups = replica_groups(layout, mesh)
+    seen: set[tuple[str | None, tuple[int, ...]]] = set()
+    out = []
+    for r, row in enumerate(rank_pieces(layout, mesh)):
+        for k, p in enumerate(row):
+            ident = (p.component, p.offsets)
+            if ident in seen or any(s == 0 for s in p.sizes):
+                continue
+            seen.add(ident)
+            out.append((p.component, p.offsets, groups[r][k], math.prod(p.sizes)))
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)

@@ -12,6 +12,10 @@ param groups, other objects) goes through DCP's default handling.
 * Loading validates the whole checkpoint before a byte is read and reports every missing,
   unexpected or mismatched key in one error. ``load`` reads into staging buffers and
   changes the live tensors only after every rank's reads succeeded.
+* The canonical plan (units, writers, fingerprint) is cached per spec under the state
+  dict's structure, the mesh and the rank, so repeated saves and loads only bind tensors;
+  the coordinator checks the global plan in linear time (shardspec's chunks form a grid),
+  where DCP's own check is quadratic for FSDP x TP layouts.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import math
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -61,6 +68,7 @@ from shardspec.runtime.canonical import (
     CanonicalPlan,
     Unit,
     assign_writers,
+    chunk_table,
     fingerprint,
     rank_elements,
     rank_pieces,
@@ -165,6 +173,42 @@ class _Names:
         return "".join(out)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Structural:
+    """What :func:`canonical_plan` derives from a state dict's structure alone (no tensor
+    data): reused while keys, tensor kinds, shapes and dtypes stay the same."""
+
+    plan: CanonicalPlan
+    rest: tuple[tuple[str, str], ...]  # (caller's key, stored key) for DCP's default handling
+    # (caller's key, the spec's DTensor placements, ((stored key, unit), ...)) per parameter
+    params: tuple[tuple[str, tuple, tuple[tuple[str, Unit], ...]], ...]
+
+
+# Per spec (weakly held): structure key -> _Structural, most recently used last.
+_PLANS: weakref.WeakKeyDictionary[CompiledSpec, OrderedDict[tuple, _Structural]] = (
+    weakref.WeakKeyDictionary()
+)
+PLAN_CACHE_SIZE = 8  # structures remembered per spec (model, optimizer, both; save, load)
+
+
+def _signature(flat: Mapping[str, Any]) -> tuple:
+    """Everything of a flat state dict that the canonical plan depends on: keys in order,
+    and per value whether it is a DTensor or another tensor, its shape and dtype, or else
+    its type. Values themselves (tensor data, placements) are bound anew on every call."""
+    out = []
+    for key, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            out.append((key, isinstance(value, DTensor), tuple(value.shape), value.dtype))
+        else:
+            out.append((key, type(value)))
+    return tuple(out)
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached canonical plan (they are rebuilt on the next call)."""
+    _PLANS.clear()
+
+
 def canonical_plan(
     spec: CompiledSpec,
     mesh: Mesh,
@@ -181,13 +225,43 @@ def canonical_plan(
     Returns the plan, the entries left for DCP's default handling (under their stored
     names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
     entries are dropped. Parameter-shaped entries must be on the spec's layout.
+
+    The plan depends only on the state dict's structure (keys, shapes, dtypes, which
+    values are DTensors), the mesh, the rank and ``saving``; it is cached under exactly
+    those, so a repeated save or load binds only this call's tensors. The returned plan is
+    shared between such calls: read it, do not change it.
     """
+    key = (mesh, rank, saving, _signature(flat))
+    per_spec = _PLANS.get(spec)
+    if per_spec is None:
+        per_spec = _PLANS.setdefault(spec, OrderedDict())
+    hit = per_spec.get(key)
+    if hit is None:
+        hit = _structural(spec, mesh, rank, flat, saving=saving)
+        per_spec[key] = hit
+        while len(per_spec) > PLAN_CACHE_SIZE:
+            per_spec.popitem(last=False)
+    else:
+        per_spec.move_to_end(key)
+    rest = {new: flat[old] for old, new in hit.rest}
+    local: dict[str, tuple[Unit, torch.Tensor]] = {}
+    for source, placements, units in hit.params:
+        tensor = _local_of(flat[source], placements, source)
+        for skey, unit in units:
+            local[skey] = (unit, tensor)
+    return hit.plan, rest, local
+
+
+def _structural(
+    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any], *, saving: bool
+) -> _Structural:
+    """Build :func:`canonical_plan`'s structural part (uncached)."""
     from shardspec.runtime.dtensor import to_torch
 
     names = _Names(spec, mesh)
     plan = CanonicalPlan()
-    rest: dict[str, Any] = {}
-    local: dict[str, tuple[Unit, torch.Tensor]] = {}
+    rest: list[tuple[str, str]] = []
+    params: list[tuple[str, tuple, tuple[tuple[str, Unit], ...]]] = []
     structure: dict[str, tuple] = {}
     chunks = []
     single: dict[tuple[ParamLayout, int], int] = {}
@@ -198,7 +272,7 @@ def canonical_plan(
         if span is None:
             if ignored_key(spec, key):
                 continue
-            rest[key] = value
+            rest.append((key, key))
             structure[key] = _describe(value)
             continue
         a, b = span
@@ -215,7 +289,7 @@ def canonical_plan(
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
             vstart = pieces[rank][0].virtual_start if pieces[rank] else ()
             new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
-            rest[new_key] = value
+            rest.append((key, new_key))
             plan.renamed[key] = new_key
             for row in pieces:  # other ranks' names of the same entry (per-expert modules)
                 if row:
@@ -229,50 +303,61 @@ def canonical_plan(
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
         structure[key] = ("param", shape, str(tensor.dtype), declared)
-        # Chunks with one holder need no choice of writer: count their bytes per rank by
-        # layout (O(world) per distinct layout, not per parameter) and look only at this
-        # rank's pieces. Name-indexed modules still visit every rank, for their keys.
-        virtual = any(d.virtual for d in layout.dims)
-        balanced = not (unreplicated(layout, mesh) and not virtual)
-        if not balanced:
+        mine: list[tuple[str, Unit]] = []
+        for k, piece in enumerate(pieces[rank]):
+            name = names.canonical(fqn, layout, piece.virtual_start)
+            if piece.component is not None:
+                name = f"{name}.{piece.component}"
+            skey = key[:a] + name + key[b:]
+            unit = Unit(
+                skey,
+                key,
+                piece.shape,
+                piece.offsets,
+                piece.sizes,
+                piece.runs,
+                groups[rank][k],
+                itemsize,
+                piece.fused,
+            )
+            plan.units.append(unit)
+            plan.paths[skey] = (a, b, name)
+            plan.dtypes[skey] = tensor.dtype
+            mine.append((skey, unit))
+        params.append((key, placements, tuple(mine)))
+        if any(d.virtual for d in layout.dims):
+            # Name-indexed modules: every rank stores other keys; visit them all.
+            for r, row in enumerate(pieces):
+                for k, piece in enumerate(row):
+                    name = names.canonical(fqn, layout, piece.virtual_start)
+                    if piece.component is not None:
+                        name = f"{name}.{piece.component}"
+                    skey = key[:a] + name + key[b:]
+                    plan.keys.add(skey)
+                    if not any(s == 0 for s in piece.sizes):
+                        nbytes = math.prod(piece.sizes) * itemsize
+                        chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
+            continue
+        # Every rank stores the same keys: the parameter's name, or one per component.
+        for piece in pieces[0] if pieces else ():
+            comp = piece.component
+            plan.keys.add(key if comp is None else key[:b] + f".{comp}" + key[b:])
+        if unreplicated(layout, mesh):
+            # One holder per chunk: no writer to choose. Count its bytes per rank by
+            # layout (O(world) per distinct layout, not per parameter).
             single[(layout, itemsize)] = single.get((layout, itemsize), 0) + 1
-            ranks: Any = ((rank, pieces[rank]),)
-        else:
-            ranks = enumerate(pieces)
-        for r, row in ranks:
-            for k, piece in enumerate(row):
-                name = names.canonical(fqn, layout, piece.virtual_start)
-                if piece.component is not None:
-                    name = f"{name}.{piece.component}"
-                skey = key[:a] + name + key[b:]
-                plan.keys.add(skey)
-                if r == rank:
-                    unit = Unit(
-                        skey,
-                        key,
-                        piece.shape,
-                        piece.offsets,
-                        piece.sizes,
-                        piece.runs,
-                        groups[r][k],
-                        itemsize,
-                        piece.fused,
-                    )
-                    plan.units.append(unit)
-                    plan.paths[skey] = (a, b, name)
-                    local[skey] = (unit, tensor)
-                    plan.dtypes[skey] = tensor.dtype
-                if balanced and not any(s == 0 for s in piece.sizes):
-                    # The same list on every rank: a static, shared choice of writers.
-                    nbytes = math.prod(piece.sizes) * itemsize
-                    chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
+            continue
+        # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
+        for comp, offsets, replicas, n in chunk_table(layout, mesh):
+            skey = key if comp is None else key[:b] + f".{comp}" + key[b:]
+            chunks.append(((skey, offsets), replicas, n * itemsize))
     base = [0] * mesh.world
     for (layout, itemsize), count in single.items():
         for r, n in enumerate(rank_elements(layout, mesh)):
             base[r] += n * itemsize * count
     plan.writer = assign_writers(chunks, mesh.world, base)
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
-    return plan, rest, local
+    return _Structural(plan, tuple(rest), tuple(params))
 
 
 def _virtual_counts(spec: CompiledSpec, names: _Names, flat: Mapping[str, Any]):
@@ -333,6 +418,82 @@ def _commit_cuts(cuts: list, target: torch.Tensor, data: torch.Tensor) -> None:
     for s, n in runs:
         _commit_cuts(rest, target.narrow(dim, s, n), data.narrow(dim, pos, n))
         pos += n
+
+
+def unit_commit_box(
+    unit: Unit,
+    tensor: torch.Tensor,
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    data: torch.Tensor,
+) -> None:
+    """Copy ``data``, the box ``offsets``/``lengths`` of a unit's chunk (in the chunk's own
+    coordinates, as a read item's ``dest_offsets``/``lengths``), into the local tensor."""
+    _commit_box(dict(unit.runs or ()), 0, tensor, data, tuple(offsets), tuple(lengths))
+
+
+def _commit_box(
+    cuts: dict[int, tuple[tuple[int, int], ...]],
+    d: int,
+    target: torch.Tensor,
+    data: torch.Tensor,
+    offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+) -> None:
+    if d == len(offsets):
+        target.copy_(data)
+        return
+    o, n = offsets[d], lengths[d]
+    runs = cuts.get(d)
+    if runs is None:  # not cut: the chunk spans the local tensor's whole dimension
+        _commit_box(cuts, d + 1, target.narrow(d, o, n), data, offsets, lengths)
+        return
+    pos = 0  # where each run starts in the chunk
+    for start, m in runs:
+        lo, hi = max(pos, o), min(pos + m, o + n)
+        if lo < hi:
+            _commit_box(
+                cuts,
+                d + 1,
+                target.narrow(d, start + lo - pos, hi - lo),
+                data.narrow(d, lo - o, hi - lo),
+                offsets,
+                lengths,
+            )
+        pos += m
+
+
+class _Sink(torch.Tensor):
+    """A staging tensor without storage. ``FileSystemReader`` copies each chunk it read
+    into the tensor ``resolve_tensor`` returns, then calls ``commit_tensor`` with it; a
+    sink keeps a reference to the chunk instead of copying it, so the chunk as read is the
+    staged copy (one copy of every byte less, and no separate buffer to fault in). Any
+    other use raises: only readers known to do just that get sinks."""
+
+    source: torch.Tensor | None
+
+    @staticmethod
+    def __new__(cls, shape: tuple[int, ...], dtype: torch.dtype) -> _Sink:
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
+        t.source = None
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.detach.default:
+            return args[0]
+        if func is torch.ops.aten.copy_.default and isinstance(args[1], torch.Tensor):
+            args[0].source = args[1]
+            return args[0]
+        raise CheckpointError(f"staging sink: unexpected {func} from the storage reader")
+
+
+def reader_fills_sinks(reader: Any) -> bool:
+    """Whether ``reader`` reads tensors the way :class:`_Sink` relies on: DCP's own
+    ``FileSystemReader.read_data`` (``resolve_tensor(...).detach().copy_(chunk)``, then
+    ``commit_tensor``), not overridden."""
+    own = getattr(dcp.FileSystemReader, "read_data", None)
+    return own is not None and getattr(type(reader), "read_data", None) is own
 
 
 def _mesh_and_rank(spec: CompiledSpec, mesh: Any) -> tuple[Mesh, int]:
@@ -403,6 +564,88 @@ def _dcp_caches_pending_plans() -> bool:
     except (OSError, TypeError):
         promotes = False
     return isinstance(cache, dict) and promotes
+
+
+def _grid_overlaps(
+    chunks: list[ChunkStorageMetadata],
+) -> tuple[list[tuple[Any, Any]], list[dict[int, int]]] | None:
+    """Overlapping chunk pairs, found in linear time where the chunks form a grid: in every
+    dimension, the distinct intervals the chunks span are pairwise disjoint. Then two chunks
+    overlap exactly when they span the same interval in every dimension, that is, when they
+    are the same box. Also returns those intervals (``offset -> size`` per dimension).
+    Returns None where the chunks are not such a grid (or one is empty): the caller then
+    runs DCP's general check."""
+    ndim = len(chunks[0].offsets)
+    spans: list[dict[int, int]] = [{} for _ in range(ndim)]
+    boxes: dict[tuple, Any] = {}
+    overlaps = []
+    for c in chunks:
+        offsets, sizes = tuple(c.offsets), tuple(c.sizes)
+        if len(offsets) != ndim or len(sizes) != ndim or min(sizes, default=1) <= 0:
+            return None
+        first = boxes.setdefault((offsets, sizes), c)
+        if first is not c:
+            overlaps.append((c, first))
+            continue
+        for d in range(ndim):
+            if spans[d].setdefault(offsets[d], sizes[d]) != sizes[d]:
+                return None  # two different intervals start at the same offset
+    for per_dim in spans:
+        starts = sorted(per_dim.items())
+        for (o, n), (o2, _) in itertools.pairwise(starts):
+            if o + n > o2:
+                return None
+    return overlaps, spans
+
+
+def _dcp_validate(global_plan: list[SavePlan], metadata: Metadata) -> list[str]:
+    """DCP's own global-plan check, as a list of errors (older DCPs return a bool)."""
+    from torch.distributed.checkpoint import default_planner
+
+    check = getattr(default_planner, "_validate_global_plan", None)
+    if check is None:  # not in any DCP this supports; nothing to add
+        return []
+    got = check(global_plan, metadata)
+    if isinstance(got, bool):
+        return [] if got else [f"{sorted(metadata.state_dict_metadata)}: DCP's check failed"]
+    return list(got)
+
+
+def validate_global_plan(global_plan: list[SavePlan], metadata: Metadata) -> list[str]:
+    """The checks of DCP's ``_validate_global_plan`` (chunks inside the tensor, no two
+    overlapping, their volumes summing to the tensor's), in time linear in the number of
+    chunks wherever a tensor's chunks form a grid, as shardspec's canonical chunks do. DCP's
+    own sweep is quadratic for FSDP x TP grids (every FSDP chunk of a TP column overlaps
+    every other on its sweep dimension). Tensors whose chunks are not a grid go through
+    DCP's own check, so a plan is rejected exactly when DCP would reject it."""
+    errors: list[str] = []
+    for key, value in metadata.state_dict_metadata.items():
+        if not isinstance(value, TensorStorageMetadata) or len(value.size) == 0:
+            continue
+        chunks = value.chunks
+        grid = _grid_overlaps(chunks) if chunks else None
+        size = tuple(value.size)
+        if grid is None or len(size) != len(grid[1]):
+            errors += _dcp_validate(global_plan, Metadata({key: value}))
+            continue
+        overlaps, spans = grid
+        # A chunk is inside the tensor when its interval in every dimension is.
+        outside = [
+            (d, o)
+            for d, per_dim in enumerate(spans)
+            for o, n in per_dim.items()
+            if o < 0 or o + n > size[d]
+        ]
+        for d, o in outside:
+            bad = next(c for c in chunks if c.offsets[d] == o)
+            errors.append(f"key:{key} has out of bounds chunk: tensor-size:{size} chunk: {bad}")
+        volume = sum(math.prod(c.sizes) for c in chunks)
+        errors += [f"key:{key} has overlapping chunks: {a} {b}" for a, b in overlaps]
+        if len(global_plan) > 1 and volume != math.prod(size):
+            errors.append(
+                f"key:{key} invalid fill tensor-volume: {math.prod(size)} chunks-volume: {volume}"
+            )
+    return errors
 
 
 class ShardspecSavePlanner(DefaultSavePlanner):
@@ -479,6 +722,34 @@ class ShardspecSavePlanner(DefaultSavePlanner):
             self._pending_local_plan = plan
         return plan
 
+    def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        """The coordinator's step, as DCP's (dedup, metadata, merged object paths), with
+        :func:`validate_global_plan` in place of DCP's quadratic check. DCPs without this
+        method (their ``create_global_plan`` does it inline) keep their own code."""
+        from collections import ChainMap
+
+        from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+
+        dedup = getattr(self, "_dedup_save_plans", None)
+        with _no_gc():  # a million small objects at scale: no full collections meanwhile
+            if dedup is None:  # DCPs with _create_global_plan have it
+                from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+
+                deduped = dedup_save_plans(all_plans)
+            else:
+                deduped = dedup(all_plans)
+            global_plan, metadata = create_default_global_save_plan(deduped)
+            if getattr(self, "flatten_state_dict", True):
+                merged = dict(ChainMap(*(p.planner_data for p in global_plan)))
+                metadata = dataclasses.replace(metadata, planner_data=merged)
+            errors = validate_global_plan(global_plan, metadata)
+        if errors:
+            summary = "; ".join(errors)
+            if len(summary) > 500:
+                summary = summary[:500] + "... (truncated)"
+            raise ValueError(f"Failed to validate global plan: {summary}")
+        return global_plan, metadata
+
     def resolve_data(self, write_item: WriteItem):
         hit = self.local.get(write_item.index.fqn)
         if hit is not None:
@@ -504,8 +775,11 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
     ``partial=True`` allows keys missing from the checkpoint (they keep their values; see
     ``skipped``) and keys the state dict does not ask for. ``staging=True`` reads every
     chunk into a separate buffer, and ``commit()`` then copies them into the live tensors
-    (``load`` does this once every rank's reads succeeded). With ``staging=False`` (a plain
-    ``dcp.load(..., planner=LoadPlanner())``) chunks land in the live tensors as they arrive.
+    (``load`` does this once every rank's reads succeeded). With ``capture`` (set by
+    ``load`` where the reader is DCP's ``FileSystemReader``) the chunks as read are those
+    buffers (see :class:`_Sink`). With ``staging=False`` (a plain
+    ``dcp.load(..., planner=LoadPlanner())``) chunks land in the live tensors as they arrive
+    (units cut in several runs through a short-lived buffer per read).
     """
 
     def __init__(
@@ -521,8 +795,12 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         self._mesh_arg = mesh
         self.partial = partial
         self.staging = staging
+        # Set by load() where the reader fills sinks: staged chunks are the tensors as read.
+        self.capture = False
         self._buffers: dict[str, torch.Tensor] = {}
         self._rest_buffers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Captured chunks: (stored key, dest_offsets, lengths) -> data, in read order.
+        self._pieces: dict[tuple[str, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self.skipped: list[str] = []
 
     def set_up_planner(self, state_dict, metadata: Metadata | None = None, is_coordinator=False):
@@ -613,12 +891,33 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
             self._rest_buffers[index.fqn] = hit
         return hit[0]
 
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        key = read_item.dest_index.fqn
+        hit = self.local.get(key)
+        if hit is not None:
+            unit, live = hit
+            if self.staging and self.capture:
+                return _Sink(tuple(read_item.lengths), live.dtype)
+            if not self.staging and unit.runs is not None:
+                # A unit cut in runs: a buffer for this one read, committed and dropped
+                # in commit_tensor (short-lived, so the allocator reuses its memory).
+                return torch.empty(tuple(read_item.lengths), dtype=live.dtype, device=live.device)
+        return super().resolve_tensor(read_item)
+
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         key = read_item.dest_index.fqn
+        if isinstance(tensor, _Sink):
+            data = tensor.source
+            if data is None:
+                raise CheckpointError(f"{key}: the storage reader left a chunk unread")
+            if 2 * data.numel() * data.element_size() < data.untyped_storage().nbytes():
+                data = data.clone()  # a small part of a large stored chunk: hold only it
+            self._pieces[(key, tuple(read_item.dest_offsets), tuple(read_item.lengths))] = data
+            return
         if key in self.local and not self.staging:
             unit, live = self.local[key]
-            if unit.runs is not None:
-                unit_commit(unit, live, self._buffers[key])
+            if unit.runs is not None:  # the read's buffer, into the unit's runs
+                unit_commit_box(unit, live, read_item.dest_offsets, read_item.lengths, tensor)
 
     def load_bytes(self, read_item: ReadItem, value) -> None:
         from torch.distributed.checkpoint._nested_dict import set_element
@@ -637,9 +936,13 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         for key, buf in self._buffers.items():
             unit, live = self.local[key]
             unit_commit(unit, live, buf)
+        for (key, offsets, lengths), data in self._pieces.items():
+            unit, live = self.local[key]
+            unit_commit_box(unit, live, offsets, lengths, data)
         for buf, target in self._rest_buffers.values():
             target.copy_(buf)
         self._buffers.clear()
+        self._pieces.clear()
         self._rest_buffers.clear()
 
 
@@ -820,6 +1123,7 @@ def load(
     else:
         planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
     reader = storage_reader if storage_reader is not None else dcp.FileSystemReader(path)
+    planner.capture = reader_fills_sinks(reader)
     try:
         with _no_gc():
             dcp.load(state, storage_reader=reader, planner=planner)

@@ -85,6 +85,18 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
             out = out.narrow(d, o, n)
         return out
 
+    @staticmethod
+    def _piece_key(item) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+        return (item.dest_index.fqn, tuple(item.dest_offsets), tuple(item.lengths))
+
+    def _read(self, item) -> torch.Tensor:
+        """What this rank read for a read item of its own files, contiguous and on the
+        live tensor's device (the process group's: chunks kept as read are on the CPU)."""
+        if self.capture:
+            _, live = self.local[item.dest_index.fqn]
+            return self._pieces[self._piece_key(item)].to(live.device).contiguous()
+        return self._region(item).contiguous()
+
     # Record what this rank read of the small, replicated entries, for the exchange.
     def load_bytes(self, read_item, value) -> None:
         super().load_bytes(read_item, value)
@@ -107,8 +119,10 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
         if not dist.is_initialized():
             return 0
         # Decided the same way on every rank (same marker, same structure), but make sure.
-        flags = [None] * dist.get_world_size()
-        dist.all_gather_object(flags, self.active)
+        # One gather: every rank's decision, and the small replicated entries it read.
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (self.active, self.read_rest if self.active else {}))
+        flags = [active for active, _ in gathered]
         if not all(flags):
             if any(flags):
                 raise RuntimeError("ranks disagree on file locality; load without it")
@@ -130,23 +144,24 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
             unit, _ = self.local[item.dest_index.fqn]
             peers = [p for p in unit.replicas if p != self.rank]
             if peers:
-                data = self._region(item).contiguous()
+                data = self._read(item)
                 ops += [dist.P2POp(dist.isend, data, peer) for peer in peers]
         for owner, item in sorted(self.recv_items, key=lambda x: order(x[1])):
-            region = self._region(item)
-            tmp = torch.empty(tuple(item.lengths), dtype=region.dtype, device=region.device)
+            _, live = self.local[item.dest_index.fqn]
+            tmp = torch.empty(tuple(item.lengths), dtype=live.dtype, device=live.device)
             ops.append(dist.P2POp(dist.irecv, tmp, owner))
-            pending.append((region, tmp))
+            pending.append((item, tmp))
             received += tmp.numel() * tmp.element_size()
         if ops:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
-        for region, tmp in pending:
-            region.copy_(tmp)
-        shared: list[dict] = [{} for _ in range(dist.get_world_size())]
-        dist.all_gather_object(shared, {k: v for k, v in self.read_rest.items()})
+        for item, tmp in pending:
+            if self.capture:  # the received chunk is the staged copy
+                self._pieces[self._piece_key(item)] = tmp
+            else:
+                self._region(item).copy_(tmp)
         merged: dict[str, Any] = {}
-        for part in shared:
+        for _, part in gathered:
             merged.update(part)
         for key in sorted(self.remote_rest):
             kind, value = merged[key]

@@ -300,6 +300,23 @@ def bad_checkpoints(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -
     if _same(before, _locals(target)):
         fail.append(f"{tag} a failed load changed the model on rank {rank}")
     _count(tag)
+    # atomic=False: straight into the live tensors. A good checkpoint loads bitwise; a
+    # failed read says the model may be partly loaded.
+    ck.load(mod.SPEC, {"model": target.state_dict()}, f"{root}/b", mesh=mesh, atomic=False)
+    diff = _same(_locals(model), _locals(target))
+    if diff:
+        fail.append(f"{tag} atomic=False load differs from the saved model: {diff[:3]}")
+    _count(tag)
+    err = _expect_error(
+        lambda: ck.load(
+            mod.SPEC, {"model": target.state_dict()}, f"{root}/trunc", mesh=mesh, atomic=False
+        ),
+        f"{root}/trunc",
+        "the model may be partly loaded",
+    )
+    if err:
+        fail.append(f"{tag} truncated file, atomic=False: {err}")
+    _count(tag)
 
 
 def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> None:

@@ -14,7 +14,7 @@ EXPECTED = {
     "[caching]": 4,
     "[validation]": 4,
     "[ignore]": 1,
-    "[bad-files]": 2,
+    "[bad-files]": 4,
     "[failed-save]": 1,
     "[empty]": 1,
     "[locality]": 2,

@@ -1100,6 +1100,7 @@ def load(
     partial: bool = False,
     locality: bool = True,
     storage_reader: Any = None,
+    atomic: bool = True,
 ) -> ShardspecLoadPlanner:
     """Load ``path`` into ``state`` in place. Validates everything before reading, reads
     into staging buffers, and changes the live tensors only after every rank's reads
@@ -1107,16 +1108,23 @@ def load(
 
     With ``locality`` (the default), a checkpoint saved on this very mesh with this very
     structure is read file-locally: each rank opens only the files it wrote, and replicas
-    receive their copies from the writer (see :mod:`shardspec.runtime.locality`)."""
+    receive their copies from the writer (see :mod:`shardspec.runtime.locality`).
+
+    ``atomic=False`` trades the guarantee for speed: after the same validation, DCP reads
+    straight into the live tensors (no staging memory, no file locality), as fast as the
+    planner alone. A read that fails then (a file truncated or removed after validation, an
+    I/O error) leaves the tensors it had reached loaded and the others as they were."""
     path = os.fspath(path)
     meta = os.path.join(path, ".metadata")
     if not os.path.isfile(meta):
         partial_dir = os.path.exists(path + ".partial")
         more = f" ({path}.partial is an unfinished save)" if partial_dir else ""
         raise CheckpointError(f"{meta} is missing: {path} is not a complete DCP checkpoint{more}")
-    marker = _read_marker(path) if locality else None
+    marker = _read_marker(path) if locality and atomic else None
     planner: ShardspecLoadPlanner
-    if marker is not None:
+    if not atomic:
+        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=False)
+    elif marker is not None:
         from shardspec.runtime.locality import LocalityLoadPlanner
 
         planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial)
@@ -1136,7 +1144,8 @@ def load(
         found = _first_checkpoint_error(e)
         if found is not None:
             raise found from None
-        raise CheckpointError(f"reading {path} failed; the model was not changed:\n{e}") from e
+        state_of = "the model was not changed" if atomic else "the model may be partly loaded"
+        raise CheckpointError(f"reading {path} failed; {state_of}:\n{e}") from e
     planner.commit()
     return planner
 

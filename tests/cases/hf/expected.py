@@ -286,11 +286,17 @@ def save(state: dict, path: str, *, mesh: DeviceMesh | None = None) -> SavePlann
 
 
 def load(
-    state: dict, path: str, *, mesh: DeviceMesh | None = None, partial: bool = False
+    state: dict,
+    path: str,
+    *,
+    mesh: DeviceMesh | None = None,
+    partial: bool = False,
+    atomic: bool = True,
 ) -> LoadPlanner:
     """``dcp.load`` with :class:`LoadPlanner` into ``state`` in place; the live tensors
-    change only after every rank has read all its bytes."""
-    return _checkpoint.load(SPEC, state, path, mesh=mesh, partial=partial)
+    change only after every rank has read all its bytes (``atomic=False``: straight into
+    the live tensors, faster, but a failed read may leave them partly loaded)."""
+    return _checkpoint.load(SPEC, state, path, mesh=mesh, partial=partial, atomic=atomic)
 
 
 def load_hf(

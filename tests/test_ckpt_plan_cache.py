@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime import units
 from shardspec.runtime.canonical import assign_writers, rank_pieces, replica_groups
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -100,18 +101,18 @@ def test_cached_plan_equals_a_fresh_build() -> None:
 def test_cache_is_bounded_and_holds_specs_weakly() -> None:
     ck.clear_plan_cache()
     sim = _sim()
-    for n in range(ck.PLAN_CACHE_SIZE + 3):
+    for n in range(units.PLAN_CACHE_SIZE + 3):
         state = _state(sim)
         state["extra"][f"k{n}"] = torch.zeros(1)
         _plan(sim, state)
-    assert len(ck._PLANS[SPEC]) == ck.PLAN_CACHE_SIZE
+    assert len(units._PLANS[SPEC]) == units.PLAN_CACHE_SIZE
     spec = bc.bench_spec({})
     flat, _ = ck._flat(_state(sim))
     ck.canonical_plan(spec, sim.lm, 0, flat)
-    assert spec in ck._PLANS
+    assert spec in units._PLANS
     del spec
     gc.collect()
-    assert len(ck._PLANS) == 1  # only SPEC's
+    assert len(units._PLANS) == 1  # only SPEC's
 
 
 def _reference_writers(sim: bc._Sim, state: dict) -> dict:

@@ -24,14 +24,10 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import itertools
 import json
-import math
 import os
 import shutil
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -61,406 +57,28 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-from torch.distributed.tensor import DTensor
 
-from shardspec.layout import Mesh, ParamLayout, dtensor_placements, module_shape
 from shardspec.runtime.canonical import (
     CanonicalPlan,
     Unit,
-    assign_writers,
-    chunk_table,
-    fingerprint,
-    rank_elements,
-    rank_pieces,
-    replica_groups,
-    unreplicated,
 )
-from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.runtime.global_plan import validate_global_plan
+from shardspec.runtime.spec import CompiledSpec
+from shardspec.runtime.units import (  # noqa: F401  (re-exported: the checkpoint API)
+    CheckpointError,
+    Names,
+    _flat,
+    canonical_plan,
+    clear_plan_cache,
+    ignored_key,
+    mesh_and_rank,
+    rename_path,
+    unit_commit,
+    unit_commit_box,
+    unit_data,
+)
 
 MARKER = ".shardspec.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be saved or loaded as asked; names every key or file."""
-
-
-# ----------------------------------------------------------------------------- mapping
-
-
-def _flat(state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-
-    return flatten_state_dict(state_dict)  # type: ignore[arg-type]
-
-
-def _dot_starts(key: str) -> list[int]:
-    return [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
-
-
-def ignored_key(spec: CompiledSpec, key: str) -> bool:
-    """Whether a flat key lies inside an ignored entry: an ignore pattern matches some
-    dot-bounded part of it (``model.x._extra_state.scale`` is inside ``x._extra_state``)."""
-    starts = _dot_starts(key)
-    stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
-    return any(spec.is_ignored(key[a:b]) for a in starts for b in stops if b > a)
-
-
-def _describe(value: Any) -> tuple:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), str(value.dtype))
-    return ("object", type(value).__name__)
-
-
-def rename_path(path: tuple, key: str, start: int, stop: int, new: str) -> tuple:
-    """The object path of ``key`` with the characters ``key[start:stop]`` (a parameter
-    name inside one path element) replaced by ``new``."""
-    out, pos = [], 0
-    for element in path:
-        text = str(element)
-        lo, hi = pos, pos + len(text)
-        if lo <= start and stop <= hi:
-            text = text[: start - lo] + new + text[stop - lo :]
-            out.append(text)
-        else:
-            out.append(element)
-        pos = hi + 1
-    return tuple(out)
-
-
-class _Names:
-    """Finds parameter names inside flat state-dict keys, and their canonical names."""
-
-    def __init__(self, spec: CompiledSpec, mesh: Mesh) -> None:
-        self.spec = spec
-        self.table = spec.table(mesh)
-        self.names = set(self.table) if self.table is not None else None
-
-    def split(self, key: str) -> tuple[int, int] | None:
-        """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
-        starts = _dot_starts(key)
-        stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
-        for a in starts:
-            for b in reversed(stops):
-                if b > a and self._is_param(key[a:b]):
-                    return a, b
-        return None
-
-    def _is_param(self, name: str) -> bool:
-        if self.names is not None:
-            return name in self.names
-        try:
-            self.spec.match(name)
-        except SpecError:
-            return False
-        return True
-
-    def canonical(self, fqn: str, layout: ParamLayout, virtual_start: tuple[int, ...]) -> str:
-        """``fqn`` with each name-indexed capture replaced by its global index."""
-        virtual = [d for d in layout.dims if d.virtual]
-        if not virtual:
-            return fqn
-        if self.table is not None and fqn in self.table:
-            rule = self.table[fqn].rule
-        else:
-            rule, _ = self.spec.match(fqn)
-        m = self.spec.glob(rule).regex.match(fqn)
-        assert m is not None
-        out, last = [], 0
-        for (s, e), k in sorted((m.span(d.name), k) for k, d in enumerate(virtual)):
-            out += [fqn[last:s], str(virtual_start[k] + int(fqn[s:e]))]
-            last = e
-        out.append(fqn[last:])
-        return "".join(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Structural:
-    """What :func:`canonical_plan` derives from a state dict's structure alone (no tensor
-    data): reused while keys, tensor kinds, shapes and dtypes stay the same."""
-
-    plan: CanonicalPlan
-    rest: tuple[tuple[str, str], ...]  # (caller's key, stored key) for DCP's default handling
-    # (caller's key, the spec's DTensor placements, ((stored key, unit), ...)) per parameter
-    params: tuple[tuple[str, tuple, tuple[tuple[str, Unit], ...]], ...]
-
-
-# Per spec (weakly held): structure key -> _Structural, most recently used last.
-_PLANS: weakref.WeakKeyDictionary[CompiledSpec, OrderedDict[tuple, _Structural]] = (
-    weakref.WeakKeyDictionary()
-)
-PLAN_CACHE_SIZE = 8  # structures remembered per spec (model, optimizer, both; save, load)
-
-
-def _signature(flat: Mapping[str, Any]) -> tuple:
-    """Everything of a flat state dict that the canonical plan depends on: keys in order,
-    and per value whether it is a DTensor or another tensor, its shape and dtype, or else
-    its type. Values themselves (tensor data, placements) are bound anew on every call."""
-    out = []
-    for key, value in flat.items():
-        if isinstance(value, torch.Tensor):
-            out.append((key, isinstance(value, DTensor), tuple(value.shape), value.dtype))
-        else:
-            out.append((key, type(value)))
-    return tuple(out)
-
-
-def clear_plan_cache() -> None:
-    """Forget every cached canonical plan (they are rebuilt on the next call)."""
-    _PLANS.clear()
-
-
-def canonical_plan(
-    spec: CompiledSpec,
-    mesh: Mesh,
-    rank: int,
-    flat: Mapping[str, Any],
-    *,
-    saving: bool = True,
-) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
-    """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
-
-    Saving applies the spec's checkpoint-only splits (each replica stores its own piece);
-    loading does not: a rank reads every index it holds, whoever wrote it.
-
-    Returns the plan, the entries left for DCP's default handling (under their stored
-    names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
-    entries are dropped. Parameter-shaped entries must be on the spec's layout.
-
-    The plan depends only on the state dict's structure (keys, shapes, dtypes, which
-    values are DTensors), the mesh, the rank and ``saving``; it is cached under exactly
-    those, so a repeated save or load binds only this call's tensors. The returned plan is
-    shared between such calls: read it, do not change it.
-    """
-    key = (mesh, rank, saving, _signature(flat))
-    per_spec = _PLANS.get(spec)
-    if per_spec is None:
-        per_spec = _PLANS.setdefault(spec, OrderedDict())
-    hit = per_spec.get(key)
-    if hit is None:
-        hit = _structural(spec, mesh, rank, flat, saving=saving)
-        per_spec[key] = hit
-        while len(per_spec) > PLAN_CACHE_SIZE:
-            per_spec.popitem(last=False)
-    else:
-        per_spec.move_to_end(key)
-    rest = {new: flat[old] for old, new in hit.rest}
-    local: dict[str, tuple[Unit, torch.Tensor]] = {}
-    for source, placements, units in hit.params:
-        tensor = _local_of(flat[source], placements, source)
-        for skey, unit in units:
-            local[skey] = (unit, tensor)
-    return hit.plan, rest, local
-
-
-def _structural(
-    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any], *, saving: bool
-) -> _Structural:
-    """Build :func:`canonical_plan`'s structural part (uncached)."""
-    from shardspec.runtime.dtensor import to_torch
-
-    names = _Names(spec, mesh)
-    plan = CanonicalPlan()
-    rest: list[tuple[str, str]] = []
-    params: list[tuple[str, tuple, tuple[tuple[str, Unit], ...]]] = []
-    structure: dict[str, tuple] = {}
-    chunks = []
-    single: dict[tuple[ParamLayout, int], int] = {}
-    counts = _virtual_counts(spec, names, flat)
-    for key in sorted(flat):
-        value = flat[key]
-        span = names.split(key)
-        if span is None:
-            if ignored_key(spec, key):
-                continue
-            rest.append((key, key))
-            structure[key] = _describe(value)
-            continue
-        a, b = span
-        fqn = key[a:b]
-        if spec.is_ignored(fqn):
-            continue
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-        layout = spec.layout(fqn, mesh, shape if names.table is None else None, counts.get(fqn))
-        declared = layout  # what the fingerprint describes, for saving and loading alike
-        if not saving and layout.ckpt:
-            layout = dataclasses.replace(layout, ckpt=())
-        pieces = rank_pieces(layout, mesh)
-        if shape != module_shape(layout, mesh):
-            # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
-            vstart = pieces[rank][0].virtual_start if pieces[rank] else ()
-            new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
-            rest.append((key, new_key))
-            plan.renamed[key] = new_key
-            for row in pieces:  # other ranks' names of the same entry (per-expert modules)
-                if row:
-                    other = names.canonical(fqn, layout, row[0].virtual_start)
-                    plan.keys.add(key[:a] + other + key[b:])
-            structure[key] = _describe(value)  # the caller's key: the same on every rank
-            continue
-        placements = tuple(to_torch(p) for p in dtensor_placements(layout, mesh))
-        tensor = _local_of(value, placements, key)
-        groups = replica_groups(layout, mesh)
-        itemsize = tensor.element_size()
-        # The same on every rank: the layout fixes every rank's chunk offsets.
-        structure[key] = ("param", shape, str(tensor.dtype), declared)
-        mine: list[tuple[str, Unit]] = []
-        for k, piece in enumerate(pieces[rank]):
-            name = names.canonical(fqn, layout, piece.virtual_start)
-            if piece.component is not None:
-                name = f"{name}.{piece.component}"
-            skey = key[:a] + name + key[b:]
-            unit = Unit(
-                skey,
-                key,
-                piece.shape,
-                piece.offsets,
-                piece.sizes,
-                piece.runs,
-                groups[rank][k],
-                itemsize,
-                piece.fused,
-            )
-            plan.units.append(unit)
-            plan.paths[skey] = (a, b, name)
-            plan.dtypes[skey] = tensor.dtype
-            mine.append((skey, unit))
-        params.append((key, placements, tuple(mine)))
-        if any(d.virtual for d in layout.dims):
-            # Name-indexed modules: every rank stores other keys; visit them all.
-            for r, row in enumerate(pieces):
-                for k, piece in enumerate(row):
-                    name = names.canonical(fqn, layout, piece.virtual_start)
-                    if piece.component is not None:
-                        name = f"{name}.{piece.component}"
-                    skey = key[:a] + name + key[b:]
-                    plan.keys.add(skey)
-                    if not any(s == 0 for s in piece.sizes):
-                        nbytes = math.prod(piece.sizes) * itemsize
-                        chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
-            continue
-        # Every rank stores the same keys: the parameter's name, or one per component.
-        for piece in pieces[0] if pieces else ():
-            comp = piece.component
-            plan.keys.add(key if comp is None else key[:b] + f".{comp}" + key[b:])
-        if unreplicated(layout, mesh):
-            # One holder per chunk: no writer to choose. Count its bytes per rank by
-            # layout (O(world) per distinct layout, not per parameter).
-            single[(layout, itemsize)] = single.get((layout, itemsize), 0) + 1
-            continue
-        # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
-        for comp, offsets, replicas, n in chunk_table(layout, mesh):
-            skey = key if comp is None else key[:b] + f".{comp}" + key[b:]
-            chunks.append(((skey, offsets), replicas, n * itemsize))
-    base = [0] * mesh.world
-    for (layout, itemsize), count in single.items():
-        for r, n in enumerate(rank_elements(layout, mesh)):
-            base[r] += n * itemsize * count
-    plan.writer = assign_writers(chunks, mesh.world, base)
-    plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
-    return _Structural(plan, tuple(rest), tuple(params))
-
-
-def _virtual_counts(spec: CompiledSpec, names: _Names, flat: Mapping[str, Any]):
-    """Where the manifest's table does not apply: modules per name-indexed dim, counted
-    from the state dict."""
-    if names.table is not None:
-        return {}
-    fqns = set()
-    for key in flat:
-        span = names.split(key)
-        if span is not None:
-            fqns.add(key[span[0] : span[1]])
-    return spec.virtual_counts_of(sorted(fqns))
-
-
-def _local_of(value: Any, placements: tuple, key: str) -> torch.Tensor:
-    if isinstance(value, DTensor):
-        got = tuple(value.placements)
-        if got != placements:
-            raise CheckpointError(
-                f"{key}: its DTensor placements {got} differ from the spec's {placements}; "
-                "the model is not on the spec's layout (was it distributed with this spec?)"
-            )
-        return value.to_local()
-    if isinstance(value, torch.Tensor):
-        return value
-    raise CheckpointError(f"{key}: expected a tensor, got {type(value).__name__}")
-
-
-def unit_data(unit: Unit, tensor: torch.Tensor) -> torch.Tensor:
-    """The unit's chunk cut from the local tensor (a view when it is one block)."""
-    if unit.runs is None:
-        return tensor
-    out = tensor
-    for dim, runs in unit.runs:
-        if len(runs) == 1:
-            out = out.narrow(dim, runs[0][0], runs[0][1])
-        else:
-            out = torch.cat([out.narrow(dim, s, n) for s, n in runs], dim=dim)
-    return out
-
-
-def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
-    """Copy a unit's chunk back into the local tensor."""
-    if unit.runs is None:
-        if data.data_ptr() != tensor.data_ptr():
-            tensor.copy_(data)
-        return
-    _commit_cuts(list(unit.runs), tensor, data)
-
-
-def _commit_cuts(cuts: list, target: torch.Tensor, data: torch.Tensor) -> None:
-    if not cuts:
-        target.copy_(data)
-        return
-    (dim, runs), rest = cuts[0], cuts[1:]
-    pos = 0
-    for s, n in runs:
-        _commit_cuts(rest, target.narrow(dim, s, n), data.narrow(dim, pos, n))
-        pos += n
-
-
-def unit_commit_box(
-    unit: Unit,
-    tensor: torch.Tensor,
-    offsets: Sequence[int],
-    lengths: Sequence[int],
-    data: torch.Tensor,
-) -> None:
-    """Copy ``data``, the box ``offsets``/``lengths`` of a unit's chunk (in the chunk's own
-    coordinates, as a read item's ``dest_offsets``/``lengths``), into the local tensor."""
-    _commit_box(dict(unit.runs or ()), 0, tensor, data, tuple(offsets), tuple(lengths))
-
-
-def _commit_box(
-    cuts: dict[int, tuple[tuple[int, int], ...]],
-    d: int,
-    target: torch.Tensor,
-    data: torch.Tensor,
-    offsets: tuple[int, ...],
-    lengths: tuple[int, ...],
-) -> None:
-    if d == len(offsets):
-        target.copy_(data)
-        return
-    o, n = offsets[d], lengths[d]
-    runs = cuts.get(d)
-    if runs is None:  # not cut: the chunk spans the local tensor's whole dimension
-        _commit_box(cuts, d + 1, target.narrow(d, o, n), data, offsets, lengths)
-        return
-    pos = 0  # where each run starts in the chunk
-    for start, m in runs:
-        lo, hi = max(pos, o), min(pos + m, o + n)
-        if lo < hi:
-            _commit_box(
-                cuts,
-                d + 1,
-                target.narrow(d, start + lo - pos, hi - lo),
-                data.narrow(d, lo - o, hi - lo),
-                offsets,
-                lengths,
-            )
-        pos += m
 
 
 class _Sink(torch.Tensor):
@@ -494,18 +112,6 @@ def reader_fills_sinks(reader: Any) -> bool:
     ``commit_tensor``), not overridden."""
     own = getattr(dcp.FileSystemReader, "read_data", None)
     return own is not None and getattr(type(reader), "read_data", None) is own
-
-
-def _mesh_and_rank(spec: CompiledSpec, mesh: Any) -> tuple[Mesh, int]:
-    mesh = mesh if mesh is not None else spec.last_mesh
-    if mesh is None:
-        raise CheckpointError(
-            "no mesh: pass mesh=... to the planner, or build it with build_mesh()/distribute()"
-        )
-    lm = spec.layout_mesh(mesh)
-    coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
-    rank = lm.rank_of(coord) if coord is not None else dist.get_rank()
-    return lm, rank
 
 
 # ----------------------------------------------------------------------------- save
@@ -566,88 +172,6 @@ def _dcp_caches_pending_plans() -> bool:
     return isinstance(cache, dict) and promotes
 
 
-def _grid_overlaps(
-    chunks: list[ChunkStorageMetadata],
-) -> tuple[list[tuple[Any, Any]], list[dict[int, int]]] | None:
-    """Overlapping chunk pairs, found in linear time where the chunks form a grid: in every
-    dimension, the distinct intervals the chunks span are pairwise disjoint. Then two chunks
-    overlap exactly when they span the same interval in every dimension, that is, when they
-    are the same box. Also returns those intervals (``offset -> size`` per dimension).
-    Returns None where the chunks are not such a grid (or one is empty): the caller then
-    runs DCP's general check."""
-    ndim = len(chunks[0].offsets)
-    spans: list[dict[int, int]] = [{} for _ in range(ndim)]
-    boxes: dict[tuple, Any] = {}
-    overlaps = []
-    for c in chunks:
-        offsets, sizes = tuple(c.offsets), tuple(c.sizes)
-        if len(offsets) != ndim or len(sizes) != ndim or min(sizes, default=1) <= 0:
-            return None
-        first = boxes.setdefault((offsets, sizes), c)
-        if first is not c:
-            overlaps.append((c, first))
-            continue
-        for d in range(ndim):
-            if spans[d].setdefault(offsets[d], sizes[d]) != sizes[d]:
-                return None  # two different intervals start at the same offset
-    for per_dim in spans:
-        starts = sorted(per_dim.items())
-        for (o, n), (o2, _) in itertools.pairwise(starts):
-            if o + n > o2:
-                return None
-    return overlaps, spans
-
-
-def _dcp_validate(global_plan: list[SavePlan], metadata: Metadata) -> list[str]:
-    """DCP's own global-plan check, as a list of errors (older DCPs return a bool)."""
-    from torch.distributed.checkpoint import default_planner
-
-    check = getattr(default_planner, "_validate_global_plan", None)
-    if check is None:  # not in any DCP this supports; nothing to add
-        return []
-    got = check(global_plan, metadata)
-    if isinstance(got, bool):
-        return [] if got else [f"{sorted(metadata.state_dict_metadata)}: DCP's check failed"]
-    return list(got)
-
-
-def validate_global_plan(global_plan: list[SavePlan], metadata: Metadata) -> list[str]:
-    """The checks of DCP's ``_validate_global_plan`` (chunks inside the tensor, no two
-    overlapping, their volumes summing to the tensor's), in time linear in the number of
-    chunks wherever a tensor's chunks form a grid, as shardspec's canonical chunks do. DCP's
-    own sweep is quadratic for FSDP x TP grids (every FSDP chunk of a TP column overlaps
-    every other on its sweep dimension). Tensors whose chunks are not a grid go through
-    DCP's own check, so a plan is rejected exactly when DCP would reject it."""
-    errors: list[str] = []
-    for key, value in metadata.state_dict_metadata.items():
-        if not isinstance(value, TensorStorageMetadata) or len(value.size) == 0:
-            continue
-        chunks = value.chunks
-        grid = _grid_overlaps(chunks) if chunks else None
-        size = tuple(value.size)
-        if grid is None or len(size) != len(grid[1]):
-            errors += _dcp_validate(global_plan, Metadata({key: value}))
-            continue
-        overlaps, spans = grid
-        # A chunk is inside the tensor when its interval in every dimension is.
-        outside = [
-            (d, o)
-            for d, per_dim in enumerate(spans)
-            for o, n in per_dim.items()
-            if o < 0 or o + n > size[d]
-        ]
-        for d, o in outside:
-            bad = next(c for c in chunks if c.offsets[d] == o)
-            errors.append(f"key:{key} has out of bounds chunk: tensor-size:{size} chunk: {bad}")
-        volume = sum(math.prod(c.sizes) for c in chunks)
-        errors += [f"key:{key} has overlapping chunks: {a} {b}" for a, b in overlaps]
-        if len(global_plan) > 1 and volume != math.prod(size):
-            errors.append(
-                f"key:{key} invalid fill tensor-volume: {math.prod(size)} chunks-volume: {volume}"
-            )
-    return errors
-
-
 class ShardspecSavePlanner(DefaultSavePlanner):
     """Saves a state dict in the spec's canonical, topology-independent layout.
 
@@ -678,7 +202,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
         flat, mappings = _flat(state_dict)
-        self.lmesh, self.rank = _mesh_and_rank(self.spec, self._mesh_arg)
+        self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
@@ -808,7 +332,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
             raise CheckpointError("the checkpoint has no metadata")
         self.original_state_dict = state_dict
         flat, self.flat_mappings = _flat(state_dict)
-        self.lmesh, self.rank = _mesh_and_rank(self.spec, self._mesh_arg)
+        self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(
             self.spec, self.lmesh, self.rank, flat, saving=False
         )

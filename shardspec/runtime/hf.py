@@ -33,16 +33,15 @@ import torch.distributed as dist
 from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
 from shardspec.layout import Mesh
 from shardspec.runtime.canonical import Unit, rank_pieces, replica_groups
-from shardspec.runtime.checkpoint import (
-    _barrier,
-    _mesh_and_rank,
-    _Names,
-    _virtual_counts,
+from shardspec.runtime.spec import CompiledSpec
+from shardspec.runtime.units import (
+    Names,
     canonical_plan,
+    mesh_and_rank,
     unit_commit,
     unit_data,
+    virtual_counts,
 )
-from shardspec.runtime.spec import CompiledSpec
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -83,6 +82,11 @@ class HFExportReport:
 # --------------------------------------------------------------------------------- units
 
 
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 @dataclass(frozen=True)
 class _GlobalUnit:
     name: str
@@ -97,11 +101,11 @@ def _model_state(model: Any) -> dict[str, Any]:
 
 
 def _global_units(
-    spec: CompiledSpec, names: _Names, lm: Mesh, flat: Mapping[str, Any], local: Mapping[str, tuple]
+    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], local: Mapping[str, tuple]
 ) -> dict[str, _GlobalUnit]:
     """Every storage unit of every rank (the same on every rank), by name."""
     dtypes = {unit.source: tensor.dtype for unit, tensor in local.values()}
-    counts = _virtual_counts(spec, names, flat)
+    counts = virtual_counts(spec, names, flat)
     out: dict[str, _GlobalUnit] = {}
     for key in sorted(flat):
         if key not in dtypes:
@@ -302,10 +306,10 @@ def load_hf(
     error). ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
     """
     path = os.fspath(path)
-    lm, rank = _mesh_and_rank(spec, mesh)
+    lm, rank = mesh_and_rank(spec, mesh)
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     _plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=False)
-    names = _Names(spec, lm)
+    names = Names(spec, lm)
     units = _global_units(spec, names, lm, flat, local)
     sources, problems = _resolve_sources(hfmap, units, strict)
     handles: dict[str, Any] = {}
@@ -420,12 +424,12 @@ class _Chunk:
 
 
 def _global_chunks(
-    spec: CompiledSpec, names: _Names, lm: Mesh, flat: Mapping[str, Any], plan: Any
+    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], plan: Any
 ) -> dict[str, list[_Chunk]]:
     """Every stored chunk of every unit, with the one rank that sends it."""
     out: dict[str, list[_Chunk]] = {}
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    counts = _virtual_counts(spec, names, flat)
+    counts = virtual_counts(spec, names, flat)
     for key in sorted(flat):
         shape = tuple(flat[key].shape) if names.table is None else None
         layout = spec.layout(key, lm, shape, counts.get(key))
@@ -503,11 +507,11 @@ def export_hf(
     has written its file, so a failed export leaves no half-written checkpoint at ``path``.
     """
     path = os.fspath(path).rstrip("/") or "/"
-    lm, rank = _mesh_and_rank(spec, mesh)
+    lm, rank = mesh_and_rank(spec, mesh)
     world = lm.world
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=True)
-    names = _Names(spec, lm)
+    names = Names(spec, lm)
     units = _global_units(spec, names, lm, flat, local)
     sources, problems = _resolve_sources(hfmap, units, strict=True)
     _raise(problems, path)

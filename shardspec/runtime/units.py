@@ -1,0 +1,429 @@
+"""A state dict cut into the spec's canonical storage units, for one rank.
+
+Checkpoints (:mod:`shardspec.runtime.checkpoint`) and Hugging Face load/export
+(:mod:`shardspec.runtime.hf`) both work on these units: every parameter-shaped entry (a
+DTensor on the spec's layout, or a Megatron-style local shard) becomes the chunks it holds
+of its stored tensors (``<fqn>``, ``<fqn>.<component>`` for a fused dimension, global
+expert indices for name-indexed modules), with how to cut them from, and copy them back
+into, the local tensor. Plans are cached per spec under the state dict's structure and the
+mesh, so a repeated save or load only binds the current tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from shardspec.layout import Mesh, ParamLayout, dtensor_placements, module_shape
+from shardspec.runtime.canonical import (
+    CanonicalPlan,
+    Unit,
+    assign_writers,
+    chunk_table,
+    fingerprint,
+    rank_elements,
+    rank_pieces,
+    replica_groups,
+    unreplicated,
+)
+from shardspec.runtime.spec import CompiledSpec, SpecError
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved or loaded as asked; names every key or file."""
+
+
+def _flat(state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    return flatten_state_dict(state_dict)  # type: ignore[arg-type]
+
+
+def _dot_starts(key: str) -> list[int]:
+    return [0] + [i + 1 for i, ch in enumerate(key) if ch == "."]
+
+
+def ignored_key(spec: CompiledSpec, key: str) -> bool:
+    """Whether a flat key lies inside an ignored entry: an ignore pattern matches some
+    dot-bounded part of it (``model.x._extra_state.scale`` is inside ``x._extra_state``)."""
+    starts = _dot_starts(key)
+    stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+    return any(spec.is_ignored(key[a:b]) for a in starts for b in stops if b > a)
+
+
+def _describe(value: Any) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    return ("object", type(value).__name__)
+
+
+def rename_path(path: tuple, key: str, start: int, stop: int, new: str) -> tuple:
+    """The object path of ``key`` with the characters ``key[start:stop]`` (a parameter
+    name inside one path element) replaced by ``new``."""
+    out, pos = [], 0
+    for element in path:
+        text = str(element)
+        lo, hi = pos, pos + len(text)
+        if lo <= start and stop <= hi:
+            text = text[: start - lo] + new + text[stop - lo :]
+            out.append(text)
+        else:
+            out.append(element)
+        pos = hi + 1
+    return tuple(out)
+
+
+class Names:
+    """Finds parameter names inside flat state-dict keys, and their canonical names."""
+
+    def __init__(self, spec: CompiledSpec, mesh: Mesh) -> None:
+        self.spec = spec
+        self.table = spec.table(mesh)
+        self.names = set(self.table) if self.table is not None else None
+
+    def split(self, key: str) -> tuple[int, int] | None:
+        """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
+        starts = _dot_starts(key)
+        stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+        for a in starts:
+            for b in reversed(stops):
+                if b > a and self._is_param(key[a:b]):
+                    return a, b
+        return None
+
+    def _is_param(self, name: str) -> bool:
+        if self.names is not None:
+            return name in self.names
+        try:
+            self.spec.match(name)
+        except SpecError:
+            return False
+        return True
+
+    def canonical(self, fqn: str, layout: ParamLayout, virtual_start: tuple[int, ...]) -> str:
+        """``fqn`` with each name-indexed capture replaced by its global index."""
+        virtual = [d for d in layout.dims if d.virtual]
+        if not virtual:
+            return fqn
+        if self.table is not None and fqn in self.table:
+            rule = self.table[fqn].rule
+        else:
+            rule, _ = self.spec.match(fqn)
+        m = self.spec.glob(rule).regex.match(fqn)
+        assert m is not None
+        out, last = [], 0
+        for (s, e), k in sorted((m.span(d.name), k) for k, d in enumerate(virtual)):
+            out += [fqn[last:s], str(virtual_start[k] + int(fqn[s:e]))]
+            last = e
+        out.append(fqn[last:])
+        return "".join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Structural:
+    """What :func:`canonical_plan` derives from a state dict's structure alone (no tensor
+    data): reused while keys, tensor kinds, shapes and dtypes stay the same."""
+
+    plan: CanonicalPlan
+    rest: tuple[tuple[str, str], ...]  # (caller's key, stored key) for DCP's default handling
+    # (caller's key, the spec's DTensor placements, ((stored key, unit), ...)) per parameter
+    params: tuple[tuple[str, tuple, tuple[tuple[str, Unit], ...]], ...]
+
+
+# Per spec (weakly held): structure key -> _Structural, most recently used last.
+_PLANS: weakref.WeakKeyDictionary[CompiledSpec, OrderedDict[tuple, _Structural]] = (
+    weakref.WeakKeyDictionary()
+)
+PLAN_CACHE_SIZE = 8  # structures remembered per spec (model, optimizer, both; save, load)
+
+
+def _signature(flat: Mapping[str, Any]) -> tuple:
+    """Everything of a flat state dict that the canonical plan depends on: keys in order,
+    and per value whether it is a DTensor or another tensor, its shape and dtype, or else
+    its type. Values themselves (tensor data, placements) are bound anew on every call."""
+    out = []
+    for key, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            out.append((key, isinstance(value, DTensor), tuple(value.shape), value.dtype))
+        else:
+            out.append((key, type(value)))
+    return tuple(out)
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached canonical plan (they are rebuilt on the next call)."""
+    _PLANS.clear()
+
+
+def canonical_plan(
+    spec: CompiledSpec,
+    mesh: Mesh,
+    rank: int,
+    flat: Mapping[str, Any],
+    *,
+    saving: bool = True,
+) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
+    """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
+
+    Saving applies the spec's checkpoint-only splits (each replica stores its own piece);
+    loading does not: a rank reads every index it holds, whoever wrote it.
+
+    Returns the plan, the entries left for DCP's default handling (under their stored
+    names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
+    entries are dropped. Parameter-shaped entries must be on the spec's layout.
+
+    The plan depends only on the state dict's structure (keys, shapes, dtypes, which
+    values are DTensors), the mesh, the rank and ``saving``; it is cached under exactly
+    those, so a repeated save or load binds only this call's tensors. The returned plan is
+    shared between such calls: read it, do not change it.
+    """
+    key = (mesh, rank, saving, _signature(flat))
+    per_spec = _PLANS.get(spec)
+    if per_spec is None:
+        per_spec = _PLANS.setdefault(spec, OrderedDict())
+    hit = per_spec.get(key)
+    if hit is None:
+        hit = _structural(spec, mesh, rank, flat, saving=saving)
+        per_spec[key] = hit
+        while len(per_spec) > PLAN_CACHE_SIZE:
+            per_spec.popitem(last=False)
+    else:
+        per_spec.move_to_end(key)
+    rest = {new: flat[old] for old, new in hit.rest}
+    local: dict[str, tuple[Unit, torch.Tensor]] = {}
+    for source, placements, units in hit.params:
+        tensor = _local_of(flat[source], placements, source)
+        for skey, unit in units:
+            local[skey] = (unit, tensor)
+    return hit.plan, rest, local
+
+
+def _structural(
+    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any], *, saving: bool
+) -> _Structural:
+    """Build :func:`canonical_plan`'s structural part (uncached)."""
+    from shardspec.runtime.dtensor import to_torch
+
+    names = Names(spec, mesh)
+    plan = CanonicalPlan()
+    rest: list[tuple[str, str]] = []
+    params: list[tuple[str, tuple, tuple[tuple[str, Unit], ...]]] = []
+    structure: dict[str, tuple] = {}
+    chunks = []
+    single: dict[tuple[ParamLayout, int], int] = {}
+    counts = virtual_counts(spec, names, flat)
+    for key in sorted(flat):
+        value = flat[key]
+        span = names.split(key)
+        if span is None:
+            if ignored_key(spec, key):
+                continue
+            rest.append((key, key))
+            structure[key] = _describe(value)
+            continue
+        a, b = span
+        fqn = key[a:b]
+        if spec.is_ignored(fqn):
+            continue
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+        layout = spec.layout(fqn, mesh, shape if names.table is None else None, counts.get(fqn))
+        declared = layout  # what the fingerprint describes, for saving and loading alike
+        if not saving and layout.ckpt:
+            layout = dataclasses.replace(layout, ckpt=())
+        pieces = rank_pieces(layout, mesh)
+        if shape != module_shape(layout, mesh):
+            # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
+            vstart = pieces[rank][0].virtual_start if pieces[rank] else ()
+            new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
+            rest.append((key, new_key))
+            plan.renamed[key] = new_key
+            for row in pieces:  # other ranks' names of the same entry (per-expert modules)
+                if row:
+                    other = names.canonical(fqn, layout, row[0].virtual_start)
+                    plan.keys.add(key[:a] + other + key[b:])
+            structure[key] = _describe(value)  # the caller's key: the same on every rank
+            continue
+        placements = tuple(to_torch(p) for p in dtensor_placements(layout, mesh))
+        tensor = _local_of(value, placements, key)
+        groups = replica_groups(layout, mesh)
+        itemsize = tensor.element_size()
+        # The same on every rank: the layout fixes every rank's chunk offsets.
+        structure[key] = ("param", shape, str(tensor.dtype), declared)
+        mine: list[tuple[str, Unit]] = []
+        for k, piece in enumerate(pieces[rank]):
+            name = names.canonical(fqn, layout, piece.virtual_start)
+            if piece.component is not None:
+                name = f"{name}.{piece.component}"
+            skey = key[:a] + name + key[b:]
+            unit = Unit(
+                skey,
+                key,
+                piece.shape,
+                piece.offsets,
+                piece.sizes,
+                piece.runs,
+                groups[rank][k],
+                itemsize,
+                piece.fused,
+            )
+            plan.units.append(unit)
+            plan.paths[skey] = (a, b, name)
+            plan.dtypes[skey] = tensor.dtype
+            mine.append((skey, unit))
+        params.append((key, placements, tuple(mine)))
+        if any(d.virtual for d in layout.dims):
+            # Name-indexed modules: every rank stores other keys; visit them all.
+            for r, row in enumerate(pieces):
+                for k, piece in enumerate(row):
+                    name = names.canonical(fqn, layout, piece.virtual_start)
+                    if piece.component is not None:
+                        name = f"{name}.{piece.component}"
+                    skey = key[:a] + name + key[b:]
+                    plan.keys.add(skey)
+                    if not any(s == 0 for s in piece.sizes):
+                        nbytes = math.prod(piece.sizes) * itemsize
+                        chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
+            continue
+        # Every rank stores the same keys: the parameter's name, or one per component.
+        for piece in pieces[0] if pieces else ():
+            comp = piece.component
+            plan.keys.add(key if comp is None else key[:b] + f".{comp}" + key[b:])
+        if unreplicated(layout, mesh):
+            # One holder per chunk: no writer to choose. Count its bytes per rank by
+            # layout (O(world) per distinct layout, not per parameter).
+            single[(layout, itemsize)] = single.get((layout, itemsize), 0) + 1
+            continue
+        # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
+        for comp, offsets, replicas, n in chunk_table(layout, mesh):
+            skey = key if comp is None else key[:b] + f".{comp}" + key[b:]
+            chunks.append(((skey, offsets), replicas, n * itemsize))
+    base = [0] * mesh.world
+    for (layout, itemsize), count in single.items():
+        for r, n in enumerate(rank_elements(layout, mesh)):
+            base[r] += n * itemsize * count
+    plan.writer = assign_writers(chunks, mesh.world, base)
+    plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
+    return _Structural(plan, tuple(rest), tuple(params))
+
+
+def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
+    """Where the manifest's table does not apply: modules per name-indexed dim, counted
+    from the state dict."""
+    if names.table is not None:
+        return {}
+    fqns = set()
+    for key in flat:
+        span = names.split(key)
+        if span is not None:
+            fqns.add(key[span[0] : span[1]])
+    return spec.virtual_counts_of(sorted(fqns))
+
+
+def _local_of(value: Any, placements: tuple, key: str) -> torch.Tensor:
+    if isinstance(value, DTensor):
+        got = tuple(value.placements)
+        if got != placements:
+            raise CheckpointError(
+                f"{key}: its DTensor placements {got} differ from the spec's {placements}; "
+                "the model is not on the spec's layout (was it distributed with this spec?)"
+            )
+        return value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value
+    raise CheckpointError(f"{key}: expected a tensor, got {type(value).__name__}")
+
+
+def unit_data(unit: Unit, tensor: torch.Tensor) -> torch.Tensor:
+    """The unit's chunk cut from the local tensor (a view when it is one block)."""
+    if unit.runs is None:
+        return tensor
+    out = tensor
+    for dim, runs in unit.runs:
+        if len(runs) == 1:
+            out = out.narrow(dim, runs[0][0], runs[0][1])
+        else:
+            out = torch.cat([out.narrow(dim, s, n) for s, n in runs], dim=dim)
+    return out
+
+
+def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
+    """Copy a unit's chunk back into the local tensor."""
+    if unit.runs is None:
+        if data.data_ptr() != tensor.data_ptr():
+            tensor.copy_(data)
+        return
+    _commit_cuts(list(unit.runs), tensor, data)
+
+
+def _commit_cuts(cuts: list, target: torch.Tensor, data: torch.Tensor) -> None:
+    if not cuts:
+        target.copy_(data)
+        return
+    (dim, runs), rest = cuts[0], cuts[1:]
+    pos = 0
+    for s, n in runs:
+        _commit_cuts(rest, target.narrow(dim, s, n), data.narrow(dim, pos, n))
+        pos += n
+
+
+def unit_commit_box(
+    unit: Unit,
+    tensor: torch.Tensor,
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    data: torch.Tensor,
+) -> None:
+    """Copy ``data``, the box ``offsets``/``lengths`` of a unit's chunk (in the chunk's own
+    coordinates, as a read item's ``dest_offsets``/``lengths``), into the local tensor."""
+    _commit_box(dict(unit.runs or ()), 0, tensor, data, tuple(offsets), tuple(lengths))
+
+
+def _commit_box(
+    cuts: dict[int, tuple[tuple[int, int], ...]],
+    d: int,
+    target: torch.Tensor,
+    data: torch.Tensor,
+    offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+) -> None:
+    if d == len(offsets):
+        target.copy_(data)
+        return
+    o, n = offsets[d], lengths[d]
+    runs = cuts.get(d)
+    if runs is None:  # not cut: the chunk spans the local tensor's whole dimension
+        _commit_box(cuts, d + 1, target.narrow(d, o, n), data, offsets, lengths)
+        return
+    pos = 0  # where each run starts in the chunk
+    for start, m in runs:
+        lo, hi = max(pos, o), min(pos + m, o + n)
+        if lo < hi:
+            _commit_box(
+                cuts,
+                d + 1,
+                target.narrow(d, start + lo - pos, hi - lo),
+                data.narrow(d, lo - o, hi - lo),
+                offsets,
+                lengths,
+            )
+        pos += m
+
+
+def mesh_and_rank(spec: CompiledSpec, mesh: Any) -> tuple[Mesh, int]:
+    mesh = mesh if mesh is not None else spec.last_mesh
+    if mesh is None:
+        raise CheckpointError(
+            "no mesh: pass mesh=... to the planner, or build it with build_mesh()/distribute()"
+        )
+    lm = spec.layout_mesh(mesh)
+    coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
+    rank = lm.rank_of(coord) if coord is not None else dist.get_rank()
+    return lm, rank

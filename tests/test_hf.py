@@ -151,6 +151,16 @@ CASES = [
 ]
 
 
+# 3 ranks: FSDP chunks that cut through RoPE heads, even through a rotation pair (k's
+# head of 16 rows as 11 + 5, q's third head as 6 + 10), and uneven experts and vocabulary
+# (8 experts as 3 + 3 + 2; 256 rows as 86 + 86 + 84): torchtitan's RoPE permute failed on
+# such uneven DTensors.
+CASES3 = [
+    Case("generated.llama", (("tp", 1),), "llama", "llama"),
+    Case("generated.deepseek_moe", (("ep", 1),), "moe", "qwen3"),
+]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("hf")
@@ -158,7 +168,19 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     compile_tied(root / "gen", root / "llama_tied")
     bad = write_bad(root)
     per_rank = run_ranks(hf_scenarios.run_all, WORLD, str(root), CASES, bad, timeout=600)
-    return {"ranks": per_rank}
+    return {"ranks": per_rank, "root": str(root)}
+
+
+@pytest.fixture(scope="module")
+def results3(results: dict) -> dict:
+    """The same checkpoints on 3 ranks (after ``results``, which writes them)."""
+    root = results["root"]
+    return {"ranks": run_ranks(hf_scenarios.run_all, 3, root, CASES3, [], timeout=600)}
+
+
+@pytest.mark.parametrize("case", CASES3, ids=lambda c: c.label)
+def test_uneven_chunks_through_heads_and_experts(results3: dict, case: Case) -> None:
+    test_load_and_export(results3, case)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)

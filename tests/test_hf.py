@@ -152,7 +152,7 @@ CASES = [
 
 
 # 3 ranks: FSDP chunks that cut through RoPE heads, even through a rotation pair (k's
-# head of 16 rows as 11 + 5, q's third head as 6 + 10), and uneven experts and vocabulary
+# head of 16 rows as 11 + 5, q's last head as 6 + 10), and uneven experts and vocabulary
 # (8 experts as 3 + 3 + 2; 256 rows as 86 + 86 + 84): torchtitan's RoPE permute failed on
 # such uneven DTensors.
 CASES3 = [

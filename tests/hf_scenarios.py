@@ -168,8 +168,11 @@ def hf_state(folder: str) -> dict[str, torch.Tensor]:
 def reference(case: Case, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The example model's global state dict from the HF tensors, by hand."""
     if case.model.startswith("llama"):
-        return hfm.llama_from_hf(hf, llama.LlamaConfig(tie_embeddings=case.model == "llama_tied"))
-    return hfm.moe_from_hf(hf, moe.MoEConfig())
+        cfg = llama.LlamaConfig(tie_embeddings=case.model == "llama_tied")
+        out = hfm.llama_from_hf(hf, cfg)
+    else:
+        out = hfm.moe_from_hf(hf, moe.MoEConfig())
+    return {k: v.float() for k, v in out.items()}  # the models are fp32, whatever the files
 
 
 def global_model(case: Case, *, hf_twin: bool = False) -> nn.Module:
@@ -266,7 +269,8 @@ def logits_check(case: Case, item: Item, model: nn.Module, hf_dir: str, tag: str
         missing, unexpected = ours.load_state_dict(full, strict=False)
         if unexpected or any(not k.endswith("._extra_state") for k in missing):
             raise AssertionError(f"state does not fit: missing {missing}, unexpected {unexpected}")
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        theirs.eval()
         vocab = 256
         tokens = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
@@ -307,7 +311,8 @@ def load_case(root: str, case: Case, item: Item) -> None:
         root, f"export-{dist.get_world_size()}", item.label.replace(" ", "_").replace(">", "")
     )
     with count_collectives() as calls:
-        exported = mod.export_hf(model, out, mesh, config=hf_dir)
+        file_dtype = next(iter(hf_state(hf_dir).values())).dtype
+        exported = mod.export_hf(model, out, mesh, config=hf_dir, dtype=file_dtype)
     item.extra["export calls"] = dict(calls)
     item.extra["written"] = exported.bytes_written
     if dist.get_rank() == 0:

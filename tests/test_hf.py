@@ -82,6 +82,9 @@ def write_checkpoints(root: Path) -> None:
     m = transformers.LlamaForCausalLM(hfm.llama_config(tied=True))
     _randomize(m, 2)
     m.save_pretrained(root / "llama_tied")  # one model.safetensors, no lm_head
+    m = transformers.LlamaForCausalLM(hfm.llama_config(tied=False))
+    _randomize(m, 4)
+    m.to(torch.bfloat16).save_pretrained(root / "llama_bf16")  # cast into the fp32 model
     m = transformers.Qwen3MoeForCausalLM(hfm.qwen3_moe_config())
     _randomize(m, 3)
     m.save_pretrained(root / "qwen3", max_shard_size="100KB")
@@ -143,6 +146,7 @@ CASES = [
     Case("generated.llama", (("tp", 1),), "llama", "llama"),
     Case("llama_tied", (("tp", 2),), "llama_tied", "llama_tied"),
     Case("generated.llama", (("tp", 1),), "llama", "llama_tied"),  # a tied checkpoint, untied model
+    Case("generated.llama", (("tp", 2),), "llama", "llama_bf16"),  # bf16 files, fp32 model
     Case("generated.llama_local", (("tp", 2),), "llama_local", "llama"),
     Case("generated.deepseek_moe", (("ep", 2),), "moe", "qwen3"),
     Case("generated.deepseek_moe", (("ep", 4),), "moe", "qwen3"),

@@ -496,10 +496,12 @@ def export_hf(
     *,
     config: Any = None,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> HFExportReport:
     """Write ``model`` as a Hugging Face checkpoint at ``path``: one safetensors file per
     writing rank, ``model.safetensors.index.json``, and ``config.json`` when ``config`` is
-    given (a dict, a transformers config, or a path to copy it from).
+    given (a dict, a transformers config, or a path to copy it from). Tensors keep the
+    parameters' dtypes unless ``dtype`` is given (``torch.bfloat16`` for an fp32 model).
 
     Every rank calls it. Tensors go to writers balanced by bytes; every stored chunk is
     sent once, point to point, by the replica that the checkpoint writer balancing picks.
@@ -579,6 +581,8 @@ def export_hf(
             if dest[u.name] == rank:
                 part = fulls[u.name][k] if src.stacked else fulls[u.name]
                 tensors[key] = _to_hf(part, transforms)
+                if dtype is not None:
+                    tensors[key] = tensors[key].to(dtype)
     file_of = {
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
     }
@@ -600,7 +604,7 @@ def export_hf(
     if rank == 0:
         total = 0
         for u in todo:
-            total += math.prod(u.shape) * u.dtype.itemsize
+            total += math.prod(u.shape) * (dtype or u.dtype).itemsize
         index = {
             "metadata": {"total_size": total},
             "weight_map": {k: file_of[r] for k, r in sorted(weight_map.items())},

@@ -26,7 +26,7 @@ from shardspec.hfmap import (
     unit_names,
 )
 from shardspec.layout import Dim, Fusion
-from shardspec.runtime.hf import _progress, _read_box, _to_hf
+from shardspec.runtime.hf import _progress, _read_box, _to_hf, _written_twice
 
 ROPE8 = Transform("rope", 8)
 T = Transform("transpose")
@@ -186,3 +186,12 @@ def test_progress_bar_only_on_rank_0() -> None:
     bar = _progress(10, True, 0)
     assert bar is not None
     bar.close()
+
+
+def test_export_refuses_two_units_under_one_key() -> None:
+    m = HFMap((MapRule("emb.weight", "a.weight"), MapRule("emb.weight", "b.weight")))
+    sources = {n: m.sources(n, (4, 4))[0] for n in ("a.weight", "b.weight")}
+    assert _written_twice(sources) == [
+        "emb.weight: both a.weight and b.weight would be written under it"
+    ]
+    assert _written_twice({"a.weight": sources["a.weight"]}) == []

@@ -76,6 +76,9 @@ def load_spec_hf_manifest(spec: ir.Spec) -> tuple[HFManifest | None, list[Diagno
 # ------------------------------------------------------------------------ SS070: the items
 
 
+_CAPTURE_NAME = re.compile(r"\{[^}]*\}")
+
+
 def check_hf_items(spec: ir.Spec) -> tuple[list[Diagnostic], set[int]]:
     """SS070 for malformed items; returns the findings and the map lines (indices into
     ``spec.hf.maps``) that take no further part."""
@@ -89,6 +92,24 @@ def check_hf_items(spec: ir.Spec) -> tuple[list[Diagnostic], set[int]]:
             if why:
                 out.append(diag("SS070", f"{side} {pat.text!r}: {why}", pat.span, _TEMPLATE_HINT))
                 bad.add(i)
+    first: dict[str, ir.HFMapItem] = {}
+    for i, m in enumerate(hf.maps):
+        if i in bad:
+            continue
+        # The same name whatever its captures are called: `{i}` and `{j}` read alike.
+        shape = _CAPTURE_NAME.sub("{}", m.hf.text)
+        if shape in first:
+            line = first[shape].span.line
+            out.append(
+                diag(
+                    "SS080",
+                    f"Hugging Face name {m.hf.text!r} is read by line {line} too",
+                    m.hf.span,
+                    "map an HF tensor once; for tied weights, map the source and declare "
+                    "the other key with `tie ALIAS = SOURCE`",
+                )
+            )
+        first.setdefault(shape, m)
     hfmap = build_hfmap(hf)
     for i, why in hfmap.problems():
         if i in bad:

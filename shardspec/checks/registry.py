@@ -458,6 +458,20 @@ CHECKS: tuple[Check, ...] = (
         "hf { model.norm.weight -> norm.weight }",
         'hf "llama.hf.json" { model.norm.weight -> norm.weight }',
     ),
+    Check(
+        "SS080",
+        "hf-name-read-twice",
+        E,
+        "Two map lines read the same Hugging Face name.",
+        "Loading would copy one tensor into two parameters, and export would have to write "
+        "two parameters under one key. Tied weights are one tensor in the HF checkpoint: "
+        "map it once, and name the other key with `tie ALIAS = SOURCE`.",
+        "model.embed_tokens.weight -> tok_embeddings.weight\n"
+        "model.embed_tokens.weight -> output.weight",
+        "model.embed_tokens.weight -> tok_embeddings.weight\n"
+        "lm_head.weight -> output.weight\n"
+        "tie lm_head.weight = model.embed_tokens.weight",
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

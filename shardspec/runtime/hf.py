@@ -448,6 +448,19 @@ def _global_chunks(
     return out
 
 
+def _written_twice(sources: Mapping[str, Source]) -> list[str]:
+    """HF keys that two units would be written under (lint's SS080 catches the lines)."""
+    owner: dict[str, str] = {}
+    out = []
+    for name, src in sorted(sources.items()):
+        for key in src.keys:
+            if key in owner:
+                out.append(f"{key}: both {owner[key]} and {name} would be written under it")
+            else:
+                owner[key] = name
+    return out
+
+
 def _assign(units: Sequence[_GlobalUnit], world: int) -> dict[str, int]:
     """Which rank writes each unit: largest first, to the rank with the fewest bytes."""
     load = [0] * world
@@ -516,6 +529,7 @@ def export_hf(
     names = Names(spec, lm)
     units = _global_units(spec, names, lm, flat, local)
     sources, problems = _resolve_sources(hfmap, units, strict=True)
+    problems += _written_twice(sources)
     _raise(problems, path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")

@@ -371,6 +371,46 @@ def bad_inputs(root: str, item: Item, bad: list[tuple[str, str, str]]) -> None:
         item.checked += 1
 
 
+def export_faults(root: str, item: Item) -> None:
+    """A config that cannot be read, and a write that fails on one rank: every rank raises
+    HFError naming the cause, and neither the target nor ``<target>.partial`` is left."""
+    import safetensors.torch
+
+    case = Case("generated.llama", (("tp", 2),), "llama", "llama")
+    mod = importlib.import_module(case.module)
+    mesh = mod.build_mesh(tp=2)
+    model = build(case, mesh)
+    rank = dist.get_rank()
+    target = os.path.join(root, "export-faults", "out")
+
+    def expect(what: str, needle: str, **options: Any) -> None:
+        try:
+            mod.export_hf(model, target, mesh, **options)
+        except HFError as e:
+            if needle not in str(e):
+                item.fail.append(f"{what}: the error does not name {needle!r}:\n{e}")
+        else:
+            item.fail.append(f"{what}: exported without an error")
+        dist.barrier()
+        left = [p for p in (target, target + ".partial") if os.path.exists(p)]
+        if left:
+            item.fail.append(f"{what}: left {left}")
+        item.checked += 1
+
+    expect("a missing config", "no-such-dir", config=os.path.join(root, "no-such-dir"))
+    real = safetensors.torch.save_file
+
+    def broken(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    if rank == 1:
+        safetensors.torch.save_file = broken
+    try:
+        expect("a write failing on rank 1", "rank 1: OSError: [Errno 28] No space left on device")
+    finally:
+        safetensors.torch.save_file = real
+
+
 def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> dict[str, Item]:
     """Run every case, then the bad inputs, on this rank. ``root/gen`` holds the specs the
     test compiled (the tied Llama's)."""
@@ -405,6 +445,12 @@ def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> d
         out[item.label] = item
     if not bad:
         return out
+    item = Item("export faults")
+    try:
+        export_faults(root, item)
+    except Exception:
+        item.fail.append(f"export faults raised:\n{traceback.format_exc()}")
+    out[item.label] = item
     item = Item("bad input")
     try:
         bad_inputs(root, item, bad)

@@ -207,6 +207,12 @@ def test_the_collective_counters_see_communication(results: dict) -> None:
     assert all(r["counters"].checked == 2 for r in results["ranks"])
 
 
+def test_failed_exports_raise_on_every_rank_and_leave_nothing(results: dict) -> None:
+    fails = [f for r in results["ranks"] for f in r["export faults"].fail]
+    assert not fails, "\n".join(fails)
+    assert all(r["export faults"].checked == 2 for r in results["ranks"])
+
+
 def test_bad_input_is_refused_before_the_model_changes(results: dict) -> None:
     fails = [f for r in results["ranks"] for f in r["bad input"].fail]
     assert not fails, "\n".join(fails)

@@ -82,11 +82,6 @@ class HFExportReport:
 # --------------------------------------------------------------------------------- units
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 @dataclass(frozen=True)
 class _GlobalUnit:
     name: str
@@ -500,6 +495,71 @@ def _write_config(config: Any, path: str) -> None:
         raise HFError(f"config must be a dict, a path or a transformers config, not {type(config)}")
 
 
+def _check_config(config: Any) -> None:
+    """Refuse a config that cannot be written, before any rank writes anything."""
+    if config is None or isinstance(config, Mapping) or hasattr(config, "to_json_file"):
+        return
+    if isinstance(config, (str, os.PathLike)):
+        src = os.fspath(config)
+        src = os.path.join(src, "config.json") if os.path.isdir(src) else src
+        try:
+            with open(src, encoding="utf-8") as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            raise HFError(f"config: {src} is not a readable config.json ({e})") from None
+        return
+    raise HFError(f"config must be a dict, a path or a transformers config, not {type(config)}")
+
+
+def _attempt(step: Any) -> str | None:
+    """Run ``step()``; its error as text, or None."""
+    try:
+        step()
+    except Exception as e:  # reported to every rank by _agree
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _agree(error: str | None, path: str, partial: str | None = None) -> None:
+    """Share every rank's error; if any rank failed, all raise (rank 0 removes
+    ``partial`` first), so no rank waits for one that gave up."""
+    errors = [error]
+    if dist.is_initialized():
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return
+    if partial is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+        shutil.rmtree(partial, ignore_errors=True)
+    lines = "\n  ".join(f"rank {r}: {e}" for r, e in failed)
+    raise HFError(f"export to {path} failed; nothing was written there:\n  {lines}")
+
+
+def _fresh_dir(partial: str) -> None:
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+
+
+def _write_file(tensors: dict[str, torch.Tensor], partial: str, name: str | None) -> None:
+    from safetensors.torch import save_file
+
+    assert name is not None
+    tmp = os.path.join(partial, name + ".tmp")
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(partial, name))
+
+
+def _finish(partial: str, path: str, index: dict, config: Any) -> None:
+    with open(os.path.join(partial, INDEX), "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=2)
+    if config is not None:
+        _write_config(config, partial)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(partial, path)
+
+
 def export_hf(
     spec: CompiledSpec,
     hfmap: HFMap,
@@ -533,6 +593,7 @@ def export_hf(
     _raise(problems, path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
+    _check_config(config)
     flat_params = {u.source: flat[u.source] for u, _ in local.values()}
     chunks = _global_chunks(spec, names, lm, flat_params, plan)
     todo = [units[n] for n in sorted(sources)]
@@ -601,34 +662,22 @@ def export_hf(
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
     }
     partial = path + ".partial"
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    _barrier()
+    # Every step that can fail on one rank ends in an exchange of errors, so all ranks
+    # raise together instead of leaving the others waiting.
+    _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
     if tensors:
-        from safetensors.torch import save_file
-
         report.file = file_of[rank]
-        tmp = os.path.join(partial, file_of[rank] + ".tmp")
-        save_file(tensors, tmp, metadata={"format": "pt"})
-        os.replace(tmp, os.path.join(partial, file_of[rank]))
         report.tensors = len(tensors)
         report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
-    _barrier()
+    mine = _attempt(lambda: _write_file(tensors, partial, file_of.get(rank))) if tensors else None
+    _agree(mine, path, partial)
+    error = None
     if rank == 0:
-        total = 0
-        for u in todo:
-            total += math.prod(u.shape) * (dtype or u.dtype).itemsize
+        total = sum(math.prod(u.shape) * (dtype or u.dtype).itemsize for u in todo)
         index = {
             "metadata": {"total_size": total},
             "weight_map": {k: file_of[r] for k, r in sorted(weight_map.items())},
         }
-        with open(os.path.join(partial, INDEX), "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=2)
-        if config is not None:
-            _write_config(config, partial)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(partial, path)
-    _barrier()
+        error = _attempt(lambda: _finish(partial, path, index, config))
+    _agree(error, path, partial)
     return report

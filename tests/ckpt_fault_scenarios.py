@@ -438,6 +438,8 @@ class _Replicated(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.e = nn.Parameter(torch.arange(48.0).reshape(8, 6))
+        # fused rows [gate; up], 4 + 4, replicated over tp at run time
+        self.f = nn.Parameter(100.0 + torch.arange(48.0).reshape(8, 6))
 
 
 def checkpoint_placement(rank: int, root: str, fail: Failures) -> None:
@@ -453,26 +455,39 @@ def checkpoint_placement(rank: int, root: str, fail: Failures) -> None:
         shard=(("rows", ("dp",)),),
         ckpt_shard=(("cols", ("tp",)),),
     )
+    # A checkpoint split on a fused dimension: tp 0 stores gate, tp 1 stores up.
+    fused = RuleSpec(
+        pattern="f",
+        dims=("ffn", "hidden"),
+        shard=(("hidden", ("dp",)),),
+        fuse=(("ffn", (("gate", None), ("up", None)), 1),),
+        ckpt_shard=(("ffn", ("tp",)),),
+    )
     spec = CompiledSpec(
         name="ckpt_split",
         axes=("dp", "tp"),
         sizes={"dp": None, "tp": 2},
         world=None,
-        rules=(rule,),
+        rules=(rule, fused),
         params=None,
     )
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     model = _Replicated()
     distribute(spec, model, mesh)
     planner = ck.save(spec, {"m": model.state_dict()}, f"{root}/cp", mesh=mesh)
-    (unit,) = planner.canon.units
+    unit, *components = planner.canon.units
+    tp_rank = mesh.get_coordinate()[1]
+    stored = {u.key.rsplit(".", 1)[1]: u.sizes for u in components}
+    want = {"gate": (4, 3), "up": (0, 3)} if tp_rank == 0 else {"gate": (0, 3), "up": (4, 3)}
+    if stored != want:
+        fail.append(f"{tag} fused f: tp rank {tp_rank} stores {stored}, expected {want}")
     if unit.sizes != (4, 3) or len(unit.replicas) != 1:
         fail.append(f"{tag} stored {unit.sizes} with replicas {unit.replicas}")
     if planner.canon.writer_of(unit.key, unit.offsets, unit.replicas) != rank:
         fail.append(f"{tag} another rank writes this rank's piece")
     counts = [0] * dist.get_world_size()
     dist.all_gather_object(counts, planner.bytes_written())
-    if counts != [48] * 4:
+    if counts != [96] * 4:
         fail.append(f"{tag} bytes written per rank: {counts}")
     chunks = dcp.FileSystemReader(f"{root}/cp").read_metadata().state_dict_metadata["m.e"].chunks
     if len(chunks) != 4:
@@ -481,10 +496,13 @@ def checkpoint_placement(rank: int, root: str, fail: Failures) -> None:
     target = _Replicated()
     with torch.no_grad():
         target.e.zero_()
+        target.f.zero_()
     distribute(spec, target, other)
     ck.load(spec, {"m": target.state_dict()}, f"{root}/cp", mesh=other)
     if not torch.equal(target.e.full_tensor(), torch.arange(48.0).reshape(8, 6)):
         fail.append(f"{tag} reshard after a checkpoint split: {target.e.full_tensor()}")
+    if not torch.equal(target.f.full_tensor(), 100.0 + torch.arange(48.0).reshape(8, 6)):
+        fail.append(f"{tag} reshard after a split of fused rows: {target.f.full_tensor()}")
     _count(tag)
 
 

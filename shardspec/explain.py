@@ -3,9 +3,11 @@ rank's local shape and global offset."""
 
 from __future__ import annotations
 
+from shardspec import ir
 from shardspec.api import display_path, lint_specs
 from shardspec.diagnostics import attach_sources, render_all_text
 from shardspec.layout import (
+    ParamLayout,
     component_indices,
     dtensor_mesh,
     dtensor_placements,
@@ -177,8 +179,65 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
                 f"  {'':>4}  {'':<{3 * len(mesh.names) + 2}}    {comp}: "
                 f"{_ranges(component_indices(fusion, t.indices[d], comp))}"
             )
+    if spec.hf is not None:
+        found = res.globs[m.winner].regex.match(fqn) if m.winner in res.globs else None
+        spans = [found.span(d.name) for d in layout.dims if d.virtual] if found else []
+        # A module indexed by name is one global index per rank (the rows above).
+        mine = None
+        if virtual and len(spans) == len(virtual):
+            mine = set()
+            for t in rank_table(layout, mesh):
+                name, last = [], 0
+                for (a, b), (i, j) in zip(spans, sorted(virtual.items()), strict=True):
+                    if not t.indices[i]:
+                        break
+                    name += [fqn[last:a], str(t.indices[i][0][0] + j)]
+                    last = b
+                else:
+                    mine.add("".join([*name, fqn[last:]]))
+        lines += _hf_lines(spec.hf, fqn, layout, spans, shown, mine)
     findings = [d for d in outcome.diagnostics if d.is_error]
     if findings:
         lines.append("")
         lines.append(render_all_text(attach_sources(findings, outcome.sources)).rstrip())
     return "\n".join(lines) + "\n", 0
+
+
+def _hf_lines(
+    block: ir.HFBlock,
+    fqn: str,
+    layout: ParamLayout,
+    spans: list[tuple[int, int]],
+    shown: str,
+    mine: set[str] | None,
+) -> list[str]:
+    """Where each storage unit of ``fqn`` comes from in a Hugging Face checkpoint. A module
+    indexed by name is the global indices in ``mine`` (one per rank)."""
+    from shardspec.hfmap import unit_names
+    from shardspec.hfresolve import build_hfmap
+
+    hfmap = build_hfmap(block)
+    units = unit_names(fqn, layout.dims, spans)
+    if mine is not None:
+        units = [u for u in units if u[0] in mine or u[0].rsplit(".", 1)[0] in mine]
+    lines = ["", "  Hugging Face (the hf block):"]
+    for name, shape in units[:8]:
+        if hfmap.kept(name):
+            lines.append(f"    {name}: kept (not in the checkpoint)")
+            continue
+        found = hfmap.sources(name, shape)
+        if not found:
+            lines.append(f"    {name}: produced by no map line (SS071)")
+            continue
+        for src in found:
+            rule = hfmap.rules[src.rule]
+            keys = src.keys[0] if len(src.keys) == 1 else f"{src.keys[0]} ... {src.keys[-1]}"
+            tail = "".join(f", {t}" for t in rule.transforms)
+            count = f" ({len(src.keys)} tensors, stacked)" if src.stacked else ""
+            lines.append(
+                f"    {name} {list(shape)} <- {keys} {list(src.shape)}{count}"
+                f"  ({shown}:{rule.line}{tail})"
+            )
+    if len(units) > 8:
+        lines.append(f"    ... and {len(units) - 8} more units")
+    return lines

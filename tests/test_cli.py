@@ -644,3 +644,33 @@ def test_explain_names_each_ranks_global_expert(in_repo, capsys) -> None:
     }
     assert "1:2 x 0:8 x 0:64" in rows[0] and "[1, 0, 0]" in rows[0]
     assert "5:6 x 0:8 x 0:64" in rows[1] and "[5, 0, 0]" in rows[1]
+
+
+def test_explain_shows_the_hugging_face_sources(in_repo, capsys) -> None:
+    """Each storage unit's HF tensor(s), shape, map line and transforms; a name-indexed
+    module's global indices only; kept units say so."""
+    assert main(["explain", "specs/llama.shard", "layers.0.attention.wqkv.weight"]) == 0
+    out = capsys.readouterr().out.split("Hugging Face (the hf block):\n")[1]
+    q, k, v = out.splitlines()[:3]
+    assert q.split("(")[0].split() == [
+        "layers.0.attention.wqkv.weight.q",
+        "[64,",
+        "64]",
+        "<-",
+        "model.layers.0.self_attn.q_proj.weight",
+        "[64,",
+        "64]",
+    ]
+    assert q.endswith(", rope 16)") and k.endswith(", rope 16)") and "rope" not in v
+    fqn = "layers.0.moe.local_experts.1.w1.weight"
+    assert main(["explain", "specs/deepseek_moe_local.shard", fqn]) == 0
+    out = capsys.readouterr().out.split("Hugging Face (the hf block):\n")[1]
+    assert [line.split()[4] for line in out.splitlines()] == [
+        "model.layers.0.mlp.experts.1.gate_proj.weight",
+        "model.layers.0.mlp.experts.5.gate_proj.weight",
+    ]
+    assert main(["explain", "specs/deepseek_moe.shard", "layers.0.moe.experts.w2"]) == 0
+    out = capsys.readouterr().out
+    assert "... model.layers.0.mlp.experts.7.down_proj.weight [64, 32] (8 tensors, stacked)" in out
+    assert main(["explain", "specs/deepseek_moe.shard", "hc_head.fn"]) == 0
+    assert "hc_head.fn: kept (not in the checkpoint)" in capsys.readouterr().out

@@ -600,6 +600,11 @@ def export_hf(
     dest = _assign(todo, world)
     mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
 
+    partial = path + ".partial"
+    # Every step that can fail on one rank ends in an exchange of errors, so all ranks
+    # raise together instead of leaving the others waiting.
+    _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
+
     # Send every chunk to its unit's writer: one message per (sender, receiver) pair.
     report = HFExportReport()
     device = next((t.device for _, t in local.values()), torch.device("cpu"))
@@ -622,7 +627,7 @@ def export_hf(
             recv_bufs[rank] = buf
             continue
         report.bytes_sent += buf.numel()
-        ops.append(dist.isend(buf, dst=peer))
+        ops.append(dist.P2POp(dist.isend, buf, peer))
     for peer, parts in sorted(incoming.items()):
         if peer == rank:
             continue
@@ -630,9 +635,13 @@ def export_hf(
         buf = torch.empty(n, dtype=torch.uint8, device=device)
         report.bytes_received += n
         recv_bufs[peer] = buf
-        ops.append(dist.irecv(buf, src=peer))
-    for op in ops:
-        op.wait()
+        ops.append(dist.P2POp(dist.irecv, buf, peer))
+    # One batch: NCCL would deadlock on separate sends and receives between two ranks
+    # that both send first. (The collective in _agree above makes this not the group's
+    # first communication, as NCCL requires of a batch that not every rank joins.)
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
 
     # Assemble this rank's tensors and write them.
     fulls = {u.name: torch.empty(u.shape, dtype=u.dtype) for u in todo if dest[u.name] == rank}
@@ -661,10 +670,6 @@ def export_hf(
     file_of = {
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
     }
-    partial = path + ".partial"
-    # Every step that can fail on one rank ends in an exchange of errors, so all ranks
-    # raise together instead of leaving the others waiting.
-    _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
     if tensors:
         report.file = file_of[rank]
         report.tensors = len(tensors)

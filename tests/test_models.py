@@ -17,6 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
     sys.path.insert(0, str(REPO_ROOT))
 
+from examples.models import hf as hfm  # noqa: E402
 from examples.models import llama, moe  # noqa: E402
 
 Shapes = dict[str, tuple[int, ...]]
@@ -270,30 +271,15 @@ def test_llama_tp_local_modules_run_and_sum_to_the_full_output() -> None:
     torch.testing.assert_close(ffn_sum, full_ffn, atol=1e-5, rtol=1e-5)
 
 
-def _meta_to_hf_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The usual Meta -> HF checkpoint permutation (interleaved -> rotate-half RoPE rows)."""
-    return w.view(n_heads, w.shape[0] // n_heads // 2, 2, -1).transpose(1, 2).reshape(w.shape)
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_llama_matches_transformers_llama_after_the_meta_to_hf_permutation(tied: bool) -> None:
     transformers = pytest.importorskip("transformers")
     cfg = llama.LlamaConfig(tie_embeddings=tied)
     ours = llama.Llama(cfg).eval()
     llama.init_weights(ours, seed=5, std=0.1)
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=tied,
-        attn_implementation="eager",
-    )
+    # The configs and the RoPE permutation of examples/models/hf.py, which the HF
+    # load/export tests use as their oracle: checked here against transformers' logits.
+    hf_cfg = hfm.llama_config(cfg)
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     s = ours.state_dict()
     state = {"model.embed_tokens.weight": s["tok_embeddings.weight"]}
@@ -305,8 +291,8 @@ def test_llama_matches_transformers_llama_after_the_meta_to_hf_permutation(tied:
         gate, up = s[p + "feed_forward.w13.weight"].chunk(2)
         state |= {
             q + "input_layernorm.weight": s[p + "attention_norm.weight"],
-            q + "self_attn.q_proj.weight": _meta_to_hf_rope_rows(wq, cfg.n_heads),
-            q + "self_attn.k_proj.weight": _meta_to_hf_rope_rows(wk, cfg.n_kv_heads),
+            q + "self_attn.q_proj.weight": hfm.meta_rope_to_hf(wq, cfg.head_dim),
+            q + "self_attn.k_proj.weight": hfm.meta_rope_to_hf(wk, cfg.head_dim),
             q + "self_attn.v_proj.weight": wv,
             q + "self_attn.o_proj.weight": s[p + "attention.wo.weight"],
             q + "post_attention_layernorm.weight": s[p + "ffn_norm.weight"],
@@ -363,25 +349,7 @@ def test_moe_matches_transformers_qwen3_moe(tied: bool, norm_topk_prob: bool) ->
     ours = moe.tiny_qwen3(tie_embeddings=tied, norm_topk_prob=norm_topk_prob).eval()
     cfg = ours.config
     moe.init_weights(ours, seed=7, std=0.1)
-    hf_kwargs = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        intermediate_size=4 * cfg.dim,  # dense-MLP width; unused since every layer is MoE
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        moe_intermediate_size=cfg.moe_ffn_dim,
-        num_experts=cfg.n_experts,
-        num_experts_per_tok=cfg.top_k,
-        norm_topk_prob=cfg.norm_topk_prob,
-        decoder_sparse_step=1,
-        rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=tied,
-        attn_implementation="eager",
-    )
-    hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**hf_kwargs)).eval()
+    hf = transformers.Qwen3MoeForCausalLM(hfm.qwen3_moe_config(cfg)).eval()
     hf_keys = set(hf.state_dict())
     state = to_hf_qwen3_moe_state(ours.state_dict(), cfg, hf_keys)
     assert set(state) == hf_keys

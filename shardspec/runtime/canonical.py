@@ -65,6 +65,7 @@ class CanonicalPlan:
     """All of one rank's units, and the writer of every chunk it holds."""
 
     units: list[Unit] = field(default_factory=list)
+    # Save plans only (a load reads every chunk it holds): the chosen writer per chunk.
     writer: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
     renamed: dict[str, str] = field(default_factory=dict)  # non-tensor source key -> stored key
     paths: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # key -> name span

@@ -288,7 +288,7 @@ def _structural(
                         name = f"{name}.{piece.component}"
                     skey = key[:a] + name + key[b:]
                     plan.keys.add(skey)
-                    if not any(s == 0 for s in piece.sizes):
+                    if saving and not any(s == 0 for s in piece.sizes):
                         nbytes = math.prod(piece.sizes) * itemsize
                         chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
             continue
@@ -296,6 +296,8 @@ def _structural(
         for piece in pieces[0] if pieces else ():
             comp = piece.component
             plan.keys.add(key if comp is None else key[:b] + f".{comp}" + key[b:])
+        if not saving:
+            continue  # a load reads every chunk it holds: no writers to choose
         if unreplicated(layout, mesh):
             # One holder per chunk: no writer to choose. Count its bytes per rank by
             # layout (O(world) per distinct layout, not per parameter).
@@ -305,11 +307,12 @@ def _structural(
         for comp, offsets, replicas, n in chunk_table(layout, mesh):
             skey = key if comp is None else key[:b] + f".{comp}" + key[b:]
             chunks.append(((skey, offsets), replicas, n * itemsize))
-    base = [0] * mesh.world
-    for (layout, itemsize), count in single.items():
-        for r, n in enumerate(rank_elements(layout, mesh)):
-            base[r] += n * itemsize * count
-    plan.writer = assign_writers(chunks, mesh.world, base)
+    if saving:
+        base = [0] * mesh.world
+        for (layout, itemsize), count in single.items():
+            for r, n in enumerate(rank_elements(layout, mesh)):
+                base[r] += n * itemsize * count
+        plan.writer = assign_writers(chunks, mesh.world, base)
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
     return _Structural(plan, tuple(rest), tuple(params))
 

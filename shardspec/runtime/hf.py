@@ -23,7 +23,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
-from shardspec.layout import Mesh
+from shardspec.layout import Mesh, ParamLayout
 from shardspec.runtime.canonical import Unit, rank_pieces, replica_groups
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
@@ -95,27 +95,26 @@ def _model_state(model: Any) -> dict[str, Any]:
     return dict(model.state_dict(keep_vars=True))
 
 
+def _layouts(
+    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], keys: Iterable[str]
+) -> dict[str, tuple[ParamLayout, list[tuple[int, int]]]]:
+    """The layout of each parameter in ``keys``, and where its name-indexed captures are."""
+    counts = virtual_counts(spec, names, flat)
+    out = {}
+    for key in sorted(keys):
+        shape = tuple(flat[key].shape) if names.table is None else None
+        layout = spec.layout(key, lm, shape, counts.get(key))
+        out[key] = (layout, names.virtual_spans(key, layout))
+    return out
+
+
 def _global_units(
-    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], local: Mapping[str, tuple]
+    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]], local: Mapping[str, tuple]
 ) -> dict[str, _GlobalUnit]:
     """Every storage unit of every rank (the same on every rank), by name."""
     dtypes = {unit.source: tensor.dtype for unit, tensor in local.values()}
-    counts = virtual_counts(spec, names, flat)
     out: dict[str, _GlobalUnit] = {}
-    for key in sorted(flat):
-        if key not in dtypes:
-            continue
-        shape = tuple(flat[key].shape) if names.table is None else None
-        layout = spec.layout(key, lm, shape, counts.get(key))
-        virtual = [d for d in layout.dims if d.virtual]
-        spans: list[tuple[int, int]] = []
-        if virtual:
-            rule = names.table[key].rule if names.table and key in names.table else None
-            if rule is None:
-                rule, _ = spec.match(key)
-            m = spec.glob(rule).regex.match(key)
-            assert m is not None
-            spans = [m.span(d.name) for d in virtual]
+    for key, (layout, spans) in layouts.items():
         for name, shape in unit_names(key, layout.dims, spans):
             out.setdefault(name, _GlobalUnit(name, shape, dtypes[key]))
     return out
@@ -305,7 +304,8 @@ def load_hf(
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     _plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=False)
     names = Names(spec, lm)
-    units = _global_units(spec, names, lm, flat, local)
+    layouts = _layouts(spec, names, lm, flat, {u.source for u, _ in local.values()})
+    units = _global_units(layouts, local)
     sources, problems = _resolve_sources(hfmap, units, strict)
     handles: dict[str, Any] = {}
     weight_map, file_problems = _weight_map(path, handles)
@@ -419,20 +419,20 @@ class _Chunk:
 
 
 def _global_chunks(
-    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], plan: Any
+    names: Names,
+    lm: Mesh,
+    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]],
+    plan: Any,
 ) -> dict[str, list[_Chunk]]:
     """Every stored chunk of every unit, with the one rank that sends it."""
     out: dict[str, list[_Chunk]] = {}
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    counts = virtual_counts(spec, names, flat)
-    for key in sorted(flat):
-        shape = tuple(flat[key].shape) if names.table is None else None
-        layout = spec.layout(key, lm, shape, counts.get(key))
+    for key, (layout, spans) in layouts.items():
         pieces = rank_pieces(layout, lm)
         groups = replica_groups(layout, lm)
         for r, row in enumerate(pieces):
             for k, piece in enumerate(row):
-                name = names.canonical(key, layout, piece.virtual_start)
+                name = names.canonical(key, layout, piece.virtual_start, spans)
                 if piece.component is not None:
                     name = f"{name}.{piece.component}"
                 if any(s == 0 for s in piece.sizes) or (name, piece.offsets) in seen:
@@ -587,15 +587,15 @@ def export_hf(
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=True)
     names = Names(spec, lm)
-    units = _global_units(spec, names, lm, flat, local)
+    layouts = _layouts(spec, names, lm, flat, {u.source for u, _ in local.values()})
+    units = _global_units(layouts, local)
     sources, problems = _resolve_sources(hfmap, units, strict=True)
     problems += _written_twice(sources)
     _raise(problems, path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
     _check_config(config)
-    flat_params = {u.source: flat[u.source] for u, _ in local.values()}
-    chunks = _global_chunks(spec, names, lm, flat_params, plan)
+    chunks = _global_chunks(names, lm, layouts, plan)
     todo = [units[n] for n in sorted(sources)]
     dest = _assign(todo, world)
     mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}

@@ -108,19 +108,34 @@ class Names:
             return False
         return True
 
-    def canonical(self, fqn: str, layout: ParamLayout, virtual_start: tuple[int, ...]) -> str:
-        """``fqn`` with each name-indexed capture replaced by its global index."""
+    def virtual_spans(self, fqn: str, layout: ParamLayout) -> list[tuple[int, int]]:
+        """Where, in ``fqn``, the captures behind the layout's name-indexed dims are (in
+        dim order); empty for a parameter without such dims."""
         virtual = [d for d in layout.dims if d.virtual]
         if not virtual:
-            return fqn
+            return []
         if self.table is not None and fqn in self.table:
             rule = self.table[fqn].rule
         else:
             rule, _ = self.spec.match(fqn)
         m = self.spec.glob(rule).regex.match(fqn)
         assert m is not None
+        return [m.span(d.name) for d in virtual]
+
+    def canonical(
+        self,
+        fqn: str,
+        layout: ParamLayout,
+        virtual_start: tuple[int, ...],
+        spans: list[tuple[int, int]] | None = None,
+    ) -> str:
+        """``fqn`` with each name-indexed capture replaced by its global index (``spans``:
+        :meth:`virtual_spans`, when the caller has them)."""
+        spans = self.virtual_spans(fqn, layout) if spans is None else spans
+        if not spans:
+            return fqn
         out, last = [], 0
-        for (s, e), k in sorted((m.span(d.name), k) for k, d in enumerate(virtual)):
+        for (s, e), k in sorted((span, k) for k, span in enumerate(spans)):
             out += [fqn[last:s], str(virtual_start[k] + int(fqn[s:e]))]
             last = e
         out.append(fqn[last:])

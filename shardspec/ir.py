@@ -51,6 +51,16 @@ class ShardItem(Node):
     axes: list[Name]  # outer -> inner
 
 
+class StyleItem(Node):
+    """``style KIND [input LAYOUT] [output LAYOUT] [dtensor]``: the tensor-parallel style
+    of the module holding the parameter, and its activations' layouts."""
+
+    kind: Name
+    input: Name | None = None
+    output: Name | None = None
+    dtensor: bool = False
+
+
 class Pattern(Node):
     text: str
 
@@ -71,6 +81,8 @@ class Rule(Node):
     # is replicated on at run time; `checkpoint replicate`: the runtime chunks (the default).
     checkpoint_shards: list[ShardItem] = []
     checkpoint_replicate: Span | None = None
+    style: StyleItem | None = None
+    extra_styles: list[StyleItem] = []  # a second `style` in one rule (an error)
 
 
 class IgnoreRule(Node):

@@ -503,6 +503,30 @@ def torch_placement_indices(
     return tuple(r)
 
 
+@lru_cache(maxsize=4096)
+def same_layout(
+    shape: tuple[int, ...],
+    mesh: Mesh,
+    placements: tuple[Placement, ...],
+    names: tuple[str, ...],
+    other: tuple[Placement, ...],
+) -> tuple[tuple[int, ...], tuple[Ranges, ...], tuple[Ranges, ...]] | None:
+    """Whether ``other`` on the sub-mesh ``names`` of ``mesh`` (axes it leaves out are
+    replicated) puts every rank on the same indices as ``placements`` on ``mesh``, both read
+    with DTensor's own semantics. ``None`` when they agree; else the first coordinate that
+    differs, with its indices under ``placements`` and under ``other``. Compares layouts,
+    not spellings: ``Shard(0)`` on ``(dp,)`` equals ``(Shard(0), Replicate())`` on
+    ``(dp, tp)``, and ``_StridedShard(d, 1)`` equals ``Shard(d)``."""
+    sub = mesh.submesh(names)
+    pos = [mesh.names.index(n) for n in names]
+    for coord in mesh.coords():
+        want = torch_placement_indices(shape, mesh, placements, coord)
+        have = torch_placement_indices(shape, sub, other, [coord[p] for p in pos])
+        if want != have:
+            return tuple(coord), want, have
+    return None
+
+
 def torch_local_shape_and_offset(
     shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], coord: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -197,6 +197,18 @@ class _ToIR(Transformer):
     def checkpoint_replicate(self, meta, children):
         return ("checkpoint", _span(self.path, meta))
 
+    def style_opt(self, children):
+        if len(children) == 1:
+            return ("dtensor", None)
+        return (str(children[0]), self._name(children[1]))
+
+    @v_args(meta=True)
+    def style_item(self, meta, children):
+        fields: dict = {}
+        for key, value in children[1:]:
+            fields[key] = True if key == "dtensor" else value
+        return ir.StyleItem(span=_span(self.path, meta), kind=self._name(children[0]), **fields)
+
     def _pattern(self, tok: Token) -> ir.Pattern:
         return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
 
@@ -284,9 +296,12 @@ class _ToIR(Transformer):
         shards, fusions, local, replicate = [], [], [], []
         ckpt_shards: list[ir.ShardItem] = []
         ckpt_replicate: list[Span] = []
+        styles: list[ir.StyleItem] = []
         if body != "replicate":
             for item in body:
-                if isinstance(item, ir.ShardItem):
+                if isinstance(item, ir.StyleItem):
+                    styles.append(item)
+                elif isinstance(item, ir.ShardItem):
                     shards.append(item)
                 elif isinstance(item, ir.FuseItem):
                     fusions.append(item)
@@ -312,6 +327,8 @@ class _ToIR(Transformer):
             replicate=replicate,
             checkpoint_shards=ckpt_shards,
             checkpoint_replicate=ckpt_replicate[0] if ckpt_replicate else None,
+            style=styles[0] if styles else None,
+            extra_styles=styles[1:],
         )
         self.rule_index += 1
         return ("param", rule, None)
@@ -319,7 +336,7 @@ class _ToIR(Transformer):
 
 _STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param")
 _HF_ITEMS = ("config", "drop", "keep", "tie")
-_BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard")
+_BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard", "style")
 
 
 def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
@@ -476,7 +493,7 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         guess = _closest(word, _BODY_ITEMS)
         if guess:
             return f"did you mean `{guess}`?"
-        return "a rule's body holds shard, fuse, local, replicate and checkpoint lines"
+        return "a rule's body holds shard, fuse, local, replicate, checkpoint and style lines"
     return ""
 
 

@@ -132,7 +132,7 @@ def test_specs_without_hf_get_no_hf_code(in_repo: Path) -> None:
         if name == "hf":
             continue
         text = render_case(name)
-        assert "hfmap" not in text and "load_hf" not in text and "typing" not in text
+        assert "hfmap" not in text and "load_hf" not in text
 
 
 def test_generated_hf_table_is_the_compiled_map(

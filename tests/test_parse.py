@@ -346,7 +346,7 @@ def test_hints_list_the_expected_tokens() -> None:
     d = syntax_error("mesh { tp 2 }")
     assert d.hint.endswith("expected ':'")
     d = syntax_error("param a [x] { bogus }")
-    assert "expected 'checkpoint', 'fuse', 'local', 'replicate', 'shard' or '}'" in d.hint
+    assert "expected 'checkpoint', 'fuse', 'local', 'replicate', 'shard', 'style' or '}'" in d.hint
     d = syntax_error("param a [x] { fuse x as }")
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")

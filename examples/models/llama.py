@@ -242,8 +242,10 @@ class Llama(nn.Module):
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         h = self.norm(h)
-        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return F.linear(h, weight)
+        if self.output is not None:
+            # Call the module (not F.linear on its weight), so tensor-parallel hooks run.
+            return self.output(h)
+        return F.linear(h, self.tok_embeddings.weight)
 
 
 def split_wqkv(

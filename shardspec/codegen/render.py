@@ -248,6 +248,24 @@ def compile_command(spec_path: str, defines: list[tuple[str, int]]) -> str:
     return f"shardspec compile {flags}{spec_path}"
 
 
+def _styles(spec) -> dict[int, dict[str, str | bool]]:
+    """Each rule's stated tensor-parallel style (rule index -> kind and layouts)."""
+    out: dict[int, dict[str, str | bool]] = {}
+    for rule in spec.rules:
+        st = rule.style
+        if st is None:
+            continue
+        entry: dict[str, str | bool] = {"kind": st.kind.text}
+        if st.input is not None:
+            entry["input"] = st.input.text
+        if st.output is not None:
+            entry["output"] = st.output.text
+        if st.dtensor:
+            entry["local"] = False
+        out[rule.index] = entry
+    return out
+
+
 def render_module(
     res: Resolved,
     spec_path: str,
@@ -344,6 +362,7 @@ def render_module(
             {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
         ),
         "params": params,
+        "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec)),
         "hf": _hf_context(spec, spec_path),
     }
     return _env().get_template("module.py.j2").render(**ctx)

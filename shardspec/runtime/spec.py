@@ -64,6 +64,8 @@ class CompiledSpec:
         ignore: tuple[str, ...] = (),
         virtual_counts: Mapping[int, Mapping[str, int]] | None = None,
         factory_args: Mapping[str, object] | None = None,
+        fsdp: str | None = None,
+        styles: Mapping[int, Mapping[str, object]] | None = None,
     ) -> None:
         self.name = name
         self.axes = axes
@@ -72,6 +74,10 @@ class CompiledSpec:
         self.rules = rules
         self.params = dict(params) if params is not None else None
         self.ignore = ignore
+        # The FSDP2 axis (`fsdp AXIS`), and the tensor-parallel styles rules state
+        # (rule index -> {"kind": ..., "input": ..., "output": ..., "local": ...}).
+        self.fsdp_axis = fsdp
+        self.rule_styles = {k: dict(v) for k, v in (styles or {}).items()}
         self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
         # Local axes' sizes the manifest's model was built with (its factory arguments
         # named after mesh axes): the per-parameter table holds only at those sizes.
@@ -151,6 +157,14 @@ class CompiledSpec:
             pats = " and ".join(repr(self.rules[i].pattern) for i, _ in best)
             raise SpecError(f"rules {pats} have equal precedence and both match {fqn!r}")
         return best[0]
+
+    def style_of(self, fqn: str) -> dict[str, object]:
+        """The tensor-parallel style the spec states for ``fqn``'s rule (empty: derive it)."""
+        if self.params is not None and fqn in self.params:
+            rule = self.params[fqn].rule
+        else:
+            rule, _ = self.match(fqn)
+        return dict(self.rule_styles.get(rule, {}))
 
     def table(self, mesh: object) -> dict[str, Param] | None:
         """The manifest's per-parameter table, or None where it does not describe the model

@@ -8,10 +8,14 @@ Use it from a trainer::
     import generated.spec as layout
 
     mesh = layout.build_mesh()  # sizes: dp_replicate=2, dp_shard=rest, tp=2
-    layout.distribute(model, mesh)  # parameters become DTensors in place
+    layout.parallelize(model, mesh)  # torch's TP styles, then FSDP2 per block
+    layout.verify(model, mesh)  # or check a model parallelized by other means
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -20,6 +24,7 @@ from torch.distributed.tensor import Placement
 from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
+from shardspec.runtime import parallel as _parallel
 
 require(api=1, compiler="0.1.0")
 
@@ -91,6 +96,10 @@ IGNORE: tuple[str, ...] = ("**._extra_state", "**.rope.cache")
 PARAMS: dict[str, Param] | None = None
 VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}
 
+# Tensor-parallel styles the rules state (rule index -> kind, activation layouts);
+# parallelize derives the others from the placements.
+STYLES: dict[int, dict[str, str | bool]] = {}
+
 SPEC = CompiledSpec(
     name="spec",
     axes=AXES,
@@ -101,6 +110,8 @@ SPEC = CompiledSpec(
     ignore=IGNORE,
     virtual_counts=VIRTUAL_COUNTS,
     factory_args=FACTORY_ARGS,
+    fsdp=FSDP_AXIS,
+    styles=STYLES,
 )
 
 
@@ -121,6 +132,37 @@ def placements(
 def distribute(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Convert ``model``'s parameters to DTensors on this layout, in place."""
     return _dtensor.distribute(SPEC, model, mesh)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, **options: Any) -> nn.Module:
+    """Tensor parallelism with torch's ``parallelize_module`` (styles from this layout),
+    then FSDP2 ``fully_shard`` per block and on the root, in place. ``options``:
+    ``mp_policy``, ``reshard_after_forward``, ``offload_policy``, ``blocks``, ``styles``
+    (see ``shardspec.runtime.parallel.parallelize``)."""
+    return _parallel.parallelize(SPEC, model, mesh, **options)
+
+
+def verify(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Raise one error naming every parameter of ``model`` not on this layout (mesh axes,
+    placements, every rank's local shape and offset), however it was parallelized."""
+    _parallel.verify(SPEC, model, mesh)
+
+
+def tp_plan(mesh: DeviceMesh, model: nn.Module | None = None) -> dict[str, Any]:
+    """The plan for ``parallelize_module(model, mesh[<tp axis>], tp_plan(mesh))``."""
+    return _parallel.tp_plan(SPEC, mesh, model)
+
+
+def shard_placement_fn(model: nn.Module, mesh: DeviceMesh) -> Callable[[nn.Parameter], Any]:
+    """``fully_shard(..., shard_placement_fn=shard_placement_fn(model, mesh))``: the
+    dimension this layout shards over its fsdp axis, per parameter (call it after TP)."""
+    return _parallel.shard_placement_fn(SPEC, model, mesh)
+
+
+def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
+    """Parameters this layout replicates over its fsdp axis: ``fully_shard(...,
+    ignored_params=fsdp_ignored(model, mesh))``."""
+    return _parallel.fsdp_ignored(SPEC, model, mesh)
 
 
 class SavePlanner(_checkpoint.ShardspecSavePlanner):

@@ -1,0 +1,704 @@
+"""``parallelize``, ``verify``, ``tp_plan`` and ``shard_placement_fn``: the spec as a
+trainer's parallelization, with torch's own tensor parallelism and FSDP2.
+
+* :func:`tp_plan` gives ``parallelize_module`` a plan of :class:`SpecColwise` /
+  :class:`SpecRowwise` styles (subclasses of torch's ``ColwiseParallel`` /
+  ``RowwiseParallel``) that cut each parameter exactly as the spec does on the TP axis,
+  fused per component included, with torch's own input and output redistribution.
+* :func:`shard_placement_fn` tells ``fully_shard`` which dimension the spec shards over its
+  fsdp axis.
+* :func:`parallelize` applies both (FSDP2 per block, the root last) and checks the result
+  with :func:`verify`.
+* :func:`verify` checks a model parallelized by any means against the spec. It compares
+  layouts, not spellings: each DTensor's (mesh axes, placements) is read with DTensor's own
+  semantics into per-rank index sets and compared with the spec's, so FSDP2's ``Shard(0)``
+  on a 1-D ``dp_shard`` mesh equals ``(Shard(0), Replicate())`` on ``(dp_shard, tp)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from shardspec.layout import (
+    Mesh,
+    ParamLayout,
+    dtensor_mesh,
+    dtensor_placements,
+    module_shape,
+    ranges_len,
+    same_layout,
+    torch_placement_indices,
+)
+from shardspec.runtime.dtensor import submesh, take, to_torch
+from shardspec.runtime.spec import CompiledSpec, SpecError
+
+# --------------------------------------------------------------------------- placements
+
+
+def from_torch(p: Placement, ndim: int) -> tuple | None:
+    """A torch placement as a layout tuple; ``None`` for kinds a parameter cannot have
+    (``Partial``)."""
+    if isinstance(p, _StridedShard):
+        return ("SS", p.dim % max(ndim, 1), p.split_factor)
+    if isinstance(p, Shard):
+        return ("S", p.dim % max(ndim, 1))
+    if isinstance(p, Replicate):
+        return ("R",)
+    return None
+
+
+def _mesh_names(mesh: DeviceMesh) -> tuple[str, ...]:
+    return tuple(mesh.mesh_dim_names or ())
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """One parameter's spec layout, and where its axes go."""
+
+    fqn: str
+    layout: ParamLayout
+    placements: tuple  # layout tuples on ``names``
+    names: tuple[str, ...]  # the DTensor's mesh axes (the spec's axes minus local ones)
+
+    def on(self, axis: str) -> tuple:
+        return self.placements[self.names.index(axis)] if axis in self.names else ("R",)
+
+    def sharded_axes(self) -> tuple[str, ...]:
+        return tuple(n for n, p in zip(self.names, self.placements, strict=True) if p[0] != "R")
+
+
+def plan_params(
+    spec: CompiledSpec, model: nn.Module, lmesh: Mesh
+) -> tuple[dict[str, ParamPlan], dict[str, str]]:
+    """Every non-ignored parameter's plan by FQN, and tied aliases (alias -> FQN planned).
+
+    Raises :class:`SpecError` naming every parameter that does not fit."""
+    table = spec.table(lmesh)
+    named = list(model.named_parameters(remove_duplicate=False))
+    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
+    plans: dict[str, ParamPlan] = {}
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    errors: list[str] = []
+    for fqn, p in named:
+        if spec.is_ignored(fqn):
+            continue
+        if id(p) in first:
+            aliases[fqn] = first[id(p)]
+            continue
+        first[id(p)] = fqn
+        shape = _global_shape(p)
+        try:
+            layout = spec.layout(fqn, lmesh, shape if table is None else None, counts.get(fqn))
+        except SpecError as e:
+            errors.append(str(e))
+            continue
+        sub = dtensor_mesh(layout, lmesh)
+        plans[fqn] = ParamPlan(fqn, layout, dtensor_placements(layout, lmesh), sub.names)
+    if table is not None:
+        seen = {f for f, _ in named}
+        missing = sorted(f for f in table if f not in seen and not spec.is_ignored(f))
+        if missing:
+            errors.append(
+                f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"
+            )
+    if errors:
+        raise SpecError("the model does not fit the spec:\n  " + "\n  ".join(errors))
+    return plans, aliases
+
+
+def _global_shape(p: torch.Tensor) -> tuple[int, ...]:
+    return tuple(p.shape)
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def layout_problem(
+    plan: ParamPlan, value: torch.Tensor, lmesh: Mesh, mesh: DeviceMesh
+) -> str | None:
+    """Why ``value`` does not hold ``plan``'s layout on this rank's mesh, or ``None``."""
+    want_shape = module_shape(plan.layout, lmesh)
+    if tuple(value.shape) != want_shape:
+        return f"global shape {list(value.shape)}, the spec's is {list(want_shape)}"
+    if isinstance(value, DTensor):
+        dmesh = value.device_mesh
+        names = _mesh_names(dmesh)
+        if not names:
+            return "its DTensor's mesh has no axis names; build meshes from the spec's mesh"
+        unknown = [n for n in names if n not in plan.names]
+        if unknown:
+            local = [n for n in unknown if n in plan.layout.local]
+            why = "local to this parameter (its module holds its shard)" if local else "not"
+            return f"its DTensor spans mesh axes {names}; {unknown} is {why} a spec axis here"
+        if not _same_group(dmesh, mesh, names):
+            return f"its DTensor mesh {names} groups other ranks than the spec mesh's {names}"
+        got = [from_torch(p, value.ndim) for p in value.placements]
+        if any(g is None for g in got):
+            return f"placements {tuple(value.placements)} (partial values are not a layout)"
+        placements_a: tuple = tuple(got)
+    else:
+        names, placements_a = (), ()
+    sub = dtensor_mesh(plan.layout, lmesh)
+    bad = same_layout(want_shape, sub, plan.placements, names, placements_a)
+    if bad is None:
+        return None
+    coord, want, have = bad
+    desc = _describe(names, placements_a) if names else "a plain tensor (the whole parameter)"
+    return (
+        f"{desc}, but the spec says {_describe(plan.names, plan.placements)}: mesh "
+        f"coordinate {dict(zip(sub.names, coord, strict=True))} would hold {_fmt(have)}, "
+        f"the spec gives it {_fmt(want)}"
+    )
+
+
+def _describe(names: Iterable[str], placements: Iterable[tuple]) -> str:
+    def one(p: tuple) -> str:
+        return {"R": "R", "S": f"S({p[1]})", "SS": f"_S({p[1]}, {p[-1]})"}[p[0]]
+
+    return "(" + ", ".join(f"{n}={one(p)}" for n, p in zip(names, placements, strict=True)) + ")"
+
+
+def _fmt(ranges: tuple) -> str:
+    return "[" + ", ".join("+".join(f"{a}:{b}" for a, b in r) or "-" for r in ranges) + "]"
+
+
+def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> bool:
+    """Whether ``dmesh`` (axes ``names``) groups this rank with the same ranks, in the same
+    order, as the spec mesh's sub-mesh over ``names``."""
+    full = mesh.mesh
+    full_names = _mesh_names(mesh)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return False
+    index: list[Any] = []
+    for n, c in zip(full_names, coord, strict=True):
+        index.append(slice(None) if n in names else c)
+    group = full[tuple(index)]
+    kept = [n for n in full_names if n in names]
+    group = group.permute([kept.index(n) for n in names]) if len(names) > 1 else group
+    return bool(torch.equal(group.cpu(), dmesh.mesh.cpu()))
+
+
+def mismatches(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> list[str]:
+    """Every parameter of ``model`` whose layout differs from the spec's, one line each."""
+    lmesh = spec.layout_mesh(mesh)
+    if mesh.get_coordinate() is None:
+        raise SpecError("this rank is not part of the mesh")
+    plans, _ = plan_params(spec, model, lmesh)
+    out = []
+    params = dict(model.named_parameters())
+    for fqn, plan in plans.items():
+        problem = layout_problem(plan, params[fqn], lmesh, mesh)
+        if problem is not None:
+            out.append(f"{fqn}: {problem}")
+    return out
+
+
+def verify(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+    """Raise one :class:`SpecError` naming every parameter whose layout (mesh axes,
+    placements, local shape and global offset on every rank) differs from the spec."""
+    bad = mismatches(spec, model, mesh)
+    if bad:
+        raise SpecError(
+            f"{len(bad)} parameter(s) are not on spec {spec.name!r}'s layout:\n  "
+            + "\n  ".join(bad),
+            "SS031",
+        )
+
+
+# --------------------------------------------------------------------------- TP styles
+
+
+def _cut(value: torch.Tensor, mesh: DeviceMesh, placement: tuple) -> DTensor:
+    """``value`` (the module's whole tensor, possibly on meta) cut for this rank of the 1-D
+    ``mesh`` by ``placement``, with no communication."""
+    n = mesh.size()
+    coord = mesh.get_coordinate()
+    assert coord is not None
+    idx = torch_placement_indices(tuple(value.shape), Mesh(("tp",), (n,)), (placement,), coord)
+    if value.is_meta:
+        local = torch.empty([ranges_len(r) for r in idx], dtype=value.dtype, device="meta")
+    else:
+        local = take(value, idx)
+        if local.device.type != mesh.device_type:
+            local = local.to(mesh.device_type)
+    return DTensor.from_local(
+        local,
+        mesh,
+        [to_torch(placement)],
+        run_check=False,
+        shape=value.shape,
+        stride=_stride(value.shape),
+    )
+
+
+def _stride(shape: Iterable[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(tuple(shape)):
+        out.append(acc)
+        acc *= max(1, s)
+    return tuple(reversed(out))
+
+
+def _partition(style: Any, module: nn.Module, mesh: DeviceMesh) -> None:
+    for leaf, param in list(module.named_parameters(recurse=False)):
+        placement = style.param_placements.get(leaf, ("R",))
+        dt = _cut(param.detach(), mesh, placement)
+        module.register_parameter(leaf, nn.Parameter(dt, requires_grad=param.requires_grad))
+
+
+class SpecColwise(ColwiseParallel):
+    """torch's ``ColwiseParallel`` (input and output layouts, hooks), with each parameter
+    cut as the spec says: per component for a fused dimension (``_StridedShard``), not the
+    contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up."""
+
+    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.param_placements = dict(param_placements)
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        _partition(self, module, device_mesh)
+
+    def _partition_embedding_fn(self, name, module, device_mesh):
+        _partition(self, module, device_mesh)
+
+    def __repr__(self) -> str:
+        return f"SpecColwise({self.param_placements})"
+
+
+class SpecRowwise(RowwiseParallel):
+    """torch's ``RowwiseParallel`` with each parameter cut as the spec says."""
+
+    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.param_placements = dict(param_placements)
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        _partition(self, module, device_mesh)
+
+    def _partition_embedding_fn(self, name, module, device_mesh):
+        _partition(self, module, device_mesh)
+
+    def __repr__(self) -> str:
+        return f"SpecRowwise({self.param_placements})"
+
+
+_LAYOUTS = {"replicate": Replicate(), "sequence": Shard(1), "features": Shard(-1)}
+
+
+def _style_for(
+    fqn: str,
+    module: nn.Module,
+    leaves: Mapping[str, ParamPlan],
+    tp_axis: str,
+    stated: Mapping[str, Any] | None,
+) -> ColwiseParallel | RowwiseParallel | SequenceParallel | None:
+    """The style of ``module`` from its parameters' placements on ``tp_axis`` (and the
+    spec's stated style, which the compiler checked against them)."""
+    placements = {leaf: plan.on(tp_axis) for leaf, plan in leaves.items()}
+    stated = dict(stated or {})
+    kind = stated.pop("kind", None)
+    sharded = {leaf: p for leaf, p in placements.items() if p[0] != "R"}
+    if kind == "sequence_parallel":
+        if sharded:
+            raise SpecError(f"{fqn}: sequence parallelism needs parameters replicated over tp")
+        return SequenceParallel(**_style_kwargs(stated, sequence=True))
+    if not sharded:
+        return None
+    weight = placements.get("weight")
+    if isinstance(module, nn.Embedding) and weight is not None:
+        derived = "rowwise" if weight[1] == 0 else "colwise"
+    elif isinstance(module, nn.Linear) and weight is not None and weight[0] != "R":
+        derived = "colwise" if weight[1] == 0 else "rowwise"
+    else:
+        raise SpecError(
+            f"{fqn}: a {type(module).__name__} whose parameters {sorted(sharded)} are sharded "
+            f"over {tp_axis!r}: no tensor-parallel style derives from that (Linear and "
+            "Embedding weights do); give the module a style with the `styles` option, or keep "
+            f"its parameters replicated over {tp_axis!r}"
+        )
+    if kind not in (None, derived):
+        raise SpecError(
+            f"{fqn}: the spec states style {kind}, but its placements make it {derived}"
+        )
+    kwargs = _style_kwargs(stated)
+    weight_sf = placements.get("weight", ("R",))
+    if derived == "colwise" and weight_sf[0] == "SS" and "output" not in stated:
+        # A fused output dimension split per component: each rank's output columns are its
+        # slice of every component, which is what the module's own forward splits. Keep
+        # that layout (torch's default Shard(-1) would permute the columns across ranks).
+        kwargs["output_layouts"] = _StridedShard(-1, split_factor=weight_sf[2])
+    if isinstance(module, nn.Embedding):
+        # Token ids are whole on every TP rank (torch's RowwiseParallel would read them as
+        # Shard(-1) and all-gather them).
+        kwargs.setdefault("input_layouts", Replicate())
+    cls = SpecColwise if derived == "colwise" else SpecRowwise
+    return cls(placements, **kwargs)
+
+
+def _style_kwargs(stated: Mapping[str, Any], sequence: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if sequence:
+        if "local" in stated:
+            out["use_local_output"] = bool(stated["local"])
+        return out
+    if "input" in stated:
+        out["input_layouts"] = _LAYOUTS[stated["input"]]
+    if "output" in stated:
+        out["output_layouts"] = _LAYOUTS[stated["output"]]
+    if "local" in stated:
+        out["use_local_output"] = bool(stated["local"])
+    return out
+
+
+def tp_axes(spec: CompiledSpec) -> tuple[str, ...]:
+    """The model-parallel axes: every axis but the fsdp one."""
+    return tuple(a for a in spec.axes if a != spec.fsdp_axis)
+
+
+def _owner(fqn: str) -> tuple[str, str]:
+    owner, _, leaf = fqn.rpartition(".")
+    return owner, leaf
+
+
+def build_tp_plan(
+    spec: CompiledSpec,
+    model: nn.Module,
+    lmesh: Mesh,
+    plans: Mapping[str, ParamPlan],
+    styles: Mapping[str, Any] | None = None,
+) -> tuple[str | None, dict[str, Any]]:
+    """(the TP axis, {module FQN: ParallelStyle}) for ``model``. At most one axis is TP:
+    ``parallelize_module`` takes a 1-D mesh."""
+    by_module: dict[str, dict[str, ParamPlan]] = {}
+    for fqn, plan in plans.items():
+        owner, leaf = _owner(fqn)
+        by_module.setdefault(owner, {})[leaf] = plan
+    candidates = [a for a in tp_axes(spec) if lmesh.size(a) > 1] or list(tp_axes(spec))
+    used: set[str] = set()
+    for leaves in by_module.values():
+        for plan in leaves.values():
+            used.update(a for a in plan.sharded_axes() if a != spec.fsdp_axis)
+    if len(used) > 1:
+        raise SpecError(
+            f"parameters are sharded over several model-parallel axes {sorted(used)}; "
+            "parallelize applies tensor parallelism on one axis (torch's parallelize_module "
+            "takes a 1-D mesh)"
+        )
+    axis = next(iter(used)) if used else (candidates[0] if candidates else None)
+    plan_out: dict[str, Any] = {}
+    if axis is None:
+        return None, plan_out
+    errors = []
+    for owner, leaves in by_module.items():
+        if owner in (styles or {}):
+            plan_out[owner] = styles[owner]  # type: ignore[index]
+            continue
+        stated = spec.style_of(next(iter(leaves.values())).fqn)
+        module = model.get_submodule(owner) if owner else model
+        try:
+            style = _style_for(owner or "<root>", module, leaves, axis, stated)
+        except SpecError as e:
+            errors.append(str(e))
+            continue
+        if style is not None:
+            plan_out[owner] = style
+    if errors:
+        raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(errors))
+    return axis, plan_out
+
+
+# --------------------------------------------------------------------------- FSDP2
+
+
+def fsdp_dims(spec: CompiledSpec, plans: Mapping[str, ParamPlan]) -> dict[str, int | None]:
+    """Per parameter: the tensor dimension the fsdp axis shards (FSDP2's ``Shard(dim)``),
+    or ``None`` where the spec replicates it over that axis. Refuses layouts FSDP2 cannot
+    give: the fsdp axis must be the innermost on its dimension."""
+    axis = spec.fsdp_axis
+    out: dict[str, int | None] = {}
+    errors = []
+    for fqn, plan in plans.items():
+        if axis is None or axis not in plan.names:
+            out[fqn] = None
+            continue
+        dims = [i for i, d in enumerate(plan.layout.tensor_dims()) if axis in d.axes]
+        if not dims:
+            out[fqn] = None
+            continue
+        d = plan.layout.tensor_dims()[dims[0]]
+        if d.axes[-1] != axis:
+            errors.append(
+                f"{fqn}: {axis!r} is not the innermost axis of dimension {d.name!r} "
+                f"({', '.join(d.axes)}); FSDP2 shards the tensor-parallel shard, so it "
+                "always comes last"
+            )
+        out[fqn] = dims[0]
+    if errors:
+        raise SpecError("FSDP2 cannot give this layout:\n  " + "\n  ".join(errors))
+    return out
+
+
+def make_shard_placement_fn(
+    model: nn.Module, dims: Mapping[str, int | None]
+) -> Callable[[nn.Parameter], Shard | None]:
+    by_id = {}
+    for fqn, p in model.named_parameters(remove_duplicate=False):
+        if fqn in dims and dims[fqn] is not None:
+            by_id[id(p)] = Shard(dims[fqn])  # type: ignore[arg-type]
+
+    def shard_placement_fn(param: nn.Parameter) -> Shard | None:
+        return by_id.get(id(param))
+
+    return shard_placement_fn
+
+
+# Modules that hold a model's repeated blocks: torchtitan's `layers` ModuleDict, HF's
+# `model.layers` ModuleList, GPT-2's `h`.
+def default_blocks(model: nn.Module) -> list[str]:
+    """FSDP units: the members of the outermost ModuleList/ModuleDict whose members are all
+    of one class (transformer blocks), in order."""
+    out: list[str] = []
+    taken: list[str] = []
+    for name, module in model.named_modules():
+        if any(name == t or name.startswith(t + ".") for t in taken):
+            continue
+        if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and len(module) > 0:
+            kinds = {type(m) for m in module.children()}
+            if len(kinds) == 1 and any(True for _ in next(iter(module.children())).parameters()):
+                out.extend(f"{name}.{k}" if name else k for k, _ in module.named_children())
+                taken.append(name)
+    return out
+
+
+def _is_parallelized(model: nn.Module) -> str | None:
+    from torch.distributed.fsdp import FSDPModule
+
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            return f"module {name or '<root>'} is already wrapped by fully_shard"
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            return f"parameter {name} is already a DTensor"
+    return None
+
+
+def parallelize(
+    spec: CompiledSpec,
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    mp_policy: Any = None,
+    reshard_after_forward: bool | int | None = None,
+    offload_policy: Any = None,
+    blocks: Iterable[str] | None = None,
+    styles: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """Tensor parallelism (``parallelize_module`` with the spec's styles) on the TP axis,
+    then FSDP2 (``fully_shard`` per block, the root last) on the spec's fsdp axis, in place.
+
+    ``mp_policy``, ``reshard_after_forward`` and ``offload_policy`` go to every
+    ``fully_shard`` call; ``blocks`` names the FSDP units (default: the members of the
+    model's outermost list of identical blocks); ``styles`` overrides a module's style.
+    Everything is planned and checked before the model changes; afterwards every parameter
+    has exactly the spec's layout (checked with :func:`verify`).
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    lmesh = spec.layout_mesh(mesh)
+    if mesh.get_coordinate() is None:
+        raise SpecError("this rank is not part of the mesh")
+    already = _is_parallelized(model)
+    if already:
+        raise SpecError(
+            f"the model is already parallelized ({already}); parallelize a fresh model, or "
+            "check a model parallelized elsewhere with verify()"
+        )
+    plans, _aliases = plan_params(spec, model, lmesh)
+    axis, tp = build_tp_plan(spec, model, lmesh, plans, styles)
+    dims = fsdp_dims(spec, plans)
+    block_names = list(blocks) if blocks is not None else default_blocks(model)
+    block_modules = []
+    for name in block_names:
+        try:
+            block_modules.append(model.get_submodule(name))
+        except AttributeError:
+            raise SpecError(f"blocks: the model has no module {name!r}") from None
+    fsdp_kwargs: dict[str, Any] = {}
+    if mp_policy is not None:
+        fsdp_kwargs["mp_policy"] = mp_policy
+    if offload_policy is not None:
+        fsdp_kwargs["offload_policy"] = offload_policy
+    if reshard_after_forward is not None:
+        fsdp_kwargs["reshard_after_forward"] = reshard_after_forward
+    replicated = [fqn for fqn, d in dims.items() if d is None]
+    # -- from here on the model changes
+    spec.last_mesh = mesh
+    if axis is not None and tp:
+        parallelize_module(model, submesh(mesh, [axis]), tp)
+    if spec.fsdp_axis is not None:
+        params = dict(model.named_parameters(remove_duplicate=False))
+        ignored = {params[f] for f in replicated if f in params}
+        placement_fn = make_shard_placement_fn(model, dims)
+        dp = submesh(mesh, [spec.fsdp_axis])
+        for block in block_modules:
+            fully_shard(
+                block,
+                mesh=dp,
+                shard_placement_fn=placement_fn,
+                ignored_params=ignored or None,
+                **fsdp_kwargs,
+            )
+        fully_shard(
+            model,
+            mesh=dp,
+            shard_placement_fn=placement_fn,
+            ignored_params=ignored or None,
+            **fsdp_kwargs,
+        )
+        if ignored:
+            _average_grads(ignored, dp)
+    bad = mismatches(spec, model, mesh)
+    if bad:  # torch's machinery did not give the layout it was asked for
+        raise SpecError(
+            "parallelize did not reach the spec's layout (please report this):\n  "
+            + "\n  ".join(bad)
+        )
+    return model
+
+
+def _average_grads(params: Iterable[nn.Parameter], dp: DeviceMesh) -> None:
+    """Parameters the spec replicates over the fsdp axis (FSDP2 leaves them alone): average
+    their gradients over it, as DDP would."""
+    import torch.distributed as dist
+
+    group = dp.get_group()
+    n = dp.size()
+
+    def hook(p: torch.Tensor) -> None:
+        if p.grad is None or n == 1:
+            return
+        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        dist.all_reduce(g, group=group)
+        g.div_(n)
+
+    for p in params:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+
+# --------------------------------------------------------------------------- for trainers
+
+
+def tp_plan(spec: CompiledSpec, mesh: DeviceMesh, model: nn.Module | None = None) -> dict[str, Any]:
+    """The plan for ``parallelize_module(model, mesh[tp], plan)``.
+
+    With ``model``: exact module FQNs. Without: one entry per module pattern of the spec's
+    rules (``*`` per segment, as ``parallelize_module`` matches), which needs rules whose
+    module part is such a pattern."""
+    lmesh = spec.layout_mesh(mesh)
+    if model is not None:
+        plans, _ = plan_params(spec, model, lmesh)
+        return build_tp_plan(spec, model, lmesh, plans)[1]
+    return _pattern_plan(spec, lmesh)
+
+
+def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
+    from shardspec.layout import build_layout
+
+    if spec.params is None:
+        raise SpecError("the spec has no manifest: pass model= to tp_plan")
+    sizes = dict(zip(lmesh.names, lmesh.sizes, strict=True))
+    by_rule: dict[int, tuple[int, ...]] = {}
+    for p in spec.params.values():
+        by_rule.setdefault(p.rule, p.shape)
+    groups: dict[str, dict[str, tuple]] = {}
+    kinds: dict[str, str] = {}
+    axes = [a for a in tp_axes(spec)]
+    for i, rule in enumerate(spec.rules):
+        shape = by_rule.get(i)
+        if shape is None:
+            continue
+        layout = build_layout(rule, shape, sizes, spec.virtual_counts.get(i))
+        sub = dtensor_mesh(layout, lmesh)
+        placements = dtensor_placements(layout, lmesh)
+        on = {n: p for n, p in zip(sub.names, placements, strict=True) if n in axes}
+        sharded = {n: p for n, p in on.items() if p[0] != "R"}
+        style = spec.rule_styles.get(i)
+        if not sharded and not style:
+            continue
+        owner, leaf = _owner(rule.pattern)
+        if not re.fullmatch(r"[A-Za-z0-9_*]+(\.[A-Za-z0-9_*]+)*", owner) or "**" in owner:
+            raise SpecError(
+                f"rule {rule.pattern!r}: its module part is not a pattern parallelize_module "
+                "matches (one `*` per segment); pass model= to tp_plan"
+            )
+        p = next(iter(sharded.values())) if sharded else ("R",)
+        groups.setdefault(owner, {})[leaf] = p
+        if style:
+            kinds[owner] = style
+    out: dict[str, Any] = {}
+    for owner, leaves in groups.items():
+        stated = dict(kinds.get(owner, {}))
+        kind = stated.pop("kind", None)
+        if kind == "sequence_parallel":
+            out[owner] = SequenceParallel(**_style_kwargs(stated, sequence=True))
+            continue
+        weight = leaves.get("weight", ("R",))
+        if kind is None:
+            if weight[0] == "R":
+                continue
+            raise SpecError(
+                f"module pattern {owner!r}: without the model, the style (colwise or rowwise) "
+                "cannot be derived; state it in the spec or pass model= to tp_plan"
+            )
+        cls = SpecColwise if kind == "colwise" else SpecRowwise
+        out[owner] = cls(leaves, **_style_kwargs(stated))
+    return out
+
+
+def shard_placement_fn(
+    spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh
+) -> Callable[[nn.Parameter], Shard | None]:
+    """The ``shard_placement_fn`` for ``fully_shard``: the dimension the spec shards over
+    its fsdp axis, per parameter. Call it after tensor parallelism (it keys on the
+    parameters the model holds now)."""
+    lmesh = spec.layout_mesh(mesh)
+    plans, _ = plan_params(spec, model, lmesh)
+    return make_shard_placement_fn(model, fsdp_dims(spec, plans))
+
+
+def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
+    """Parameters the spec replicates over its fsdp axis: ``fully_shard(...,
+    ignored_params=...)``; their gradients need averaging over that axis."""
+    lmesh = spec.layout_mesh(mesh)
+    plans, _ = plan_params(spec, model, lmesh)
+    params = dict(model.named_parameters())
+    return {params[f] for f, d in fsdp_dims(spec, plans).items() if d is None and f in params}
+
+
+__all__ = [
+    "SpecColwise",
+    "SpecRowwise",
+    "fsdp_ignored",
+    "mismatches",
+    "parallelize",
+    "shard_placement_fn",
+    "tp_plan",
+    "verify",
+]

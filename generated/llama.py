@@ -194,7 +194,14 @@ HF = HFMap(
 
 # Tensor-parallel styles the rules state (rule index -> kind, activation layouts);
 # parallelize derives the others from the placements.
-STYLES: dict[int, dict[str, str | bool]] = {1: {"kind": "colwise", "output": "replicate"}}
+STYLES: dict[int, dict[str, str | bool]] = {
+    0: {"kind": "rowwise", "derived": True},
+    1: {"kind": "colwise", "output": "replicate"},
+    2: {"kind": "colwise", "derived": True},
+    3: {"kind": "rowwise", "derived": True},
+    4: {"kind": "colwise", "derived": True},
+    5: {"kind": "rowwise", "derived": True},
+}
 
 SPEC = CompiledSpec(
     name="llama",

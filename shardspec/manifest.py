@@ -39,6 +39,8 @@ class Entry(BaseModel):
     kind: Literal["param", "buffer", "extra_state"] = "param"
     shape: tuple[int, ...] = ()
     dtype: str = ""
+    # The kind of module that holds a parameter: "linear", "embedding" or the class name.
+    module: str | None = None
 
 
 class ManifestFile(BaseModel):

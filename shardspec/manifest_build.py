@@ -98,16 +98,31 @@ def build_entries(factory: str, kwargs: dict) -> list[dict]:
             entries.append({"fqn": name, "kind": "extra_state"})
             continue
         kind = "param" if name in params else "buffer"
-        entries.append(
-            {
-                "fqn": name,
-                "kind": kind,
-                "shape": list(value.shape),
-                "dtype": str(value.dtype).removeprefix("torch."),
-            }
-        )
+        entry = {
+            "fqn": name,
+            "kind": kind,
+            "shape": list(value.shape),
+            "dtype": str(value.dtype).removeprefix("torch."),
+        }
+        if kind == "param":
+            entry["module"] = _module_kind(model, name)
+        entries.append(entry)
     # Tied parameters appear once in the state dict under each name; keep them all.
     return entries
+
+
+def _module_kind(model, fqn: str) -> str:
+    """ "linear", "embedding" or the class name of the module holding parameter ``fqn``
+    (what tensor-parallel styles derive from)."""
+    from torch import nn
+
+    owner = fqn.rpartition(".")[0]
+    module = model.get_submodule(owner) if owner else model
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return type(module).__name__
 
 
 def _kw(kwargs: dict) -> str:

@@ -49,7 +49,12 @@ def compile_tied(gen: Path, hf_dir: Path) -> None:
     for old, new in (
         ('manifest "llama.manifest.json"', 'manifest "llama_tied.manifest.json"'),
         ('hf "llama.hf.json"', 'hf "llama_tied.hf.json"'),
-        ("param output.weight [vocab, hidden] {\n    shard vocab over tp\n}\n", ""),
+        (
+            "param output.weight [vocab, hidden] {\n    shard vocab over tp\n"
+            "    style colwise output replicate   # full logits for the loss (parallelize's "
+            "all-gather)\n}\n",
+            "",
+        ),
         ("    lm_head.weight -> output.weight\n", ""),
     ):
         assert text.count(old) == 1, f"specs/llama.shard changed: {old!r} not found once"

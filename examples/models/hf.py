@@ -25,6 +25,8 @@ __all__ = [
     "llama_from_hf",
     "meta_rope_to_hf",
     "moe_from_hf",
+    "qwen2_config",
+    "qwen2_tiny",
     "qwen3_moe_config",
 ]
 
@@ -142,3 +144,30 @@ def moe_from_hf(hf: Mapping[str, torch.Tensor], cfg: moe.MoEConfig) -> dict[str,
                 [hf[f"{q}mlp.experts.{e}.{theirs}.weight"] for e in range(cfg.n_experts)]
             )
     return out
+
+
+def qwen2_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.Qwen2Config`` (q/k/v biases, GQA with 2 kv heads, untied)."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "attn_implementation": "sdpa",
+        **overrides,
+    }
+    return transformers.Qwen2Config(**fields)
+
+
+def qwen2_tiny(**overrides: Any) -> Any:
+    """``transformers.Qwen2ForCausalLM`` from :func:`qwen2_config`, used as it is (no
+    changes to the model): the manifest factory of ``specs/qwen2.shard``."""
+    import transformers
+
+    return transformers.Qwen2ForCausalLM(qwen2_config(**overrides))

@@ -228,6 +228,53 @@ class Experts(nn.Module):
         """``(w1, w3, w2)`` of each expert, in expert order."""
         return [(self.w1[e], self.w3[e], self.w2[e]) for e in range(self.w1.shape[0])]
 
+    def expert_parallel(self) -> tuple[int, Any] | None:
+        """When ``parallelize`` placed the experts on an expert-parallel mesh axis (its
+        ``style none``: stacked experts as a DTensor sharded on dim 0): the first expert
+        this rank holds and that axis's process group; else ``None``."""
+        w = self.w1
+        if not hasattr(w, "device_mesh"):
+            return None
+        from torch.distributed.tensor import Shard
+
+        mesh = w.device_mesh
+        for i, p in enumerate(w.placements):
+            if isinstance(p, Shard) and p.dim == 0:
+                n_local = w.to_local().shape[0]
+                return mesh.get_local_rank(i) * n_local, mesh.get_group(i)
+        return None
+
+
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over ``group`` (Megatron's copy into a
+    model-parallel region: every rank's experts read the same tokens)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    """Sum over ``group`` forward (each rank holds some experts' outputs); identity
+    backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        x = x.contiguous().clone()
+        torch.distributed.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
 
 class LocalExpert(nn.Module):
     """One Megatron-style expert as its own module of three bias-free linears."""
@@ -287,6 +334,9 @@ class MoE(nn.Module):
             experts = [(e.w1.weight, e.w3.weight, e.w2.weight) for e in self.local_experts]
         else:
             assert self.experts is not None
+            ep = self.experts.expert_parallel()
+            if ep is not None:
+                return self._expert_parallel(x, *ep)
             experts = self.experts.expert_weights()
 
         rows = x.reshape(-1, x.shape[-1])
@@ -297,6 +347,22 @@ class MoE(nn.Module):
             gate = (weights * (indices == e)).sum(dim=-1)
             out = out + expert_ffn(rows, w1, w3, w2) * gate[:, None]
         return out.view_as(x)
+
+    def _expert_parallel(self, x: torch.Tensor, first: int, group: Any) -> torch.Tensor:
+        """Expert parallelism over a group whose ranks see the same tokens: each computes
+        its own experts' weighted outputs, and the partial sums are added over the group
+        (the same arithmetic as the loop above, summed in another order)."""
+        assert self.experts is not None
+        rows = x.reshape(-1, x.shape[-1])
+        weights, indices = self.route(rows)
+        rows_in = _CopyToGroup.apply(rows, group)
+        weights_in = _CopyToGroup.apply(weights, group)
+        w1, w3, w2 = (w.to_local() for w in (self.experts.w1, self.experts.w3, self.experts.w2))
+        out = torch.zeros_like(rows)
+        for j in range(w1.shape[0]):
+            gate = (weights_in * (indices == first + j)).sum(dim=-1)
+            out = out + expert_ffn(rows_in, w1[j], w3[j], w2[j]) * gate[:, None]
+        return _ReduceFromGroup.apply(out, group).view_as(x)
 
 
 class Block(nn.Module):

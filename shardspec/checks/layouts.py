@@ -270,4 +270,84 @@ def _representable_hint(layout: ParamLayout, rule: ir.Rule) -> tuple[str | None,
     return None, "uneven strided sharding: make the dimensions divisible by their axes"
 
 
-LAYOUT_CHECKS = (check_layout_errors, check_local_sizes, check_shards)
+def rule_styles(res: Resolved) -> dict[int, tuple[str, str, str | None, str | None]]:
+    """Per rule, from its first parameter in the manifest: (fqn, the derived style or
+    "?" or "", the module kind, the sharded dimension's name)."""
+    from shardspec.styles import derive
+
+    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    out: dict[int, tuple[str, str, str | None, str | None]] = {}
+    for fqn, m in res.matches.items():
+        if m.winner is None or m.layout is None or m.winner in out:
+            continue
+        if m.entry.kind != "param":
+            continue
+        dims = m.layout.tensor_dims()
+        sharded = [
+            i
+            for i, d in enumerate(dims)
+            if any(a != fsdp and a not in m.layout.local for a in d.axes)
+        ]
+        leaf = fqn.rpartition(".")[2]
+        dim = sharded[0] if len(sharded) == 1 else None
+        derived = derive(m.entry.module, leaf, dim) if sharded else None
+        if len(sharded) > 1:
+            derived = "?"
+        out[m.winner] = (
+            fqn,
+            derived or "",
+            m.entry.module,
+            dims[dim].name if dim is not None else None,
+        )
+    return out
+
+
+def check_module_styles(res: Resolved) -> list[Diagnostic]:
+    """SS032: a stated style contradicts the module's kind and placements; SS033: no style
+    derives for a module sharded over a model-parallel axis."""
+    from shardspec.styles import why_not
+
+    out = []
+    rules = {r.index: r for r in res.spec.rules}
+    for index, (fqn, derived, module, dim) in sorted(rule_styles(res).items()):
+        if module is None:
+            continue  # an older manifest, without module kinds: parallelize checks later
+        rule = rules[index]
+        st = rule.style
+        stated = st.kind.text if st is not None else None
+        if stated in ("colwise", "rowwise") and st is not None:
+            if derived == "?":
+                out.append(
+                    diag(
+                        "SS032",
+                        f"style {stated}: no tensor-parallel style applies to {fqn} "
+                        f"({why_not(module)})",
+                        st.kind.span,
+                        "use `style none` and let the module's forward handle its shards",
+                    )
+                )
+            elif derived and derived != stated:
+                out.append(
+                    diag(
+                        "SS032",
+                        f"style {stated} contradicts the placements: {fqn} belongs to a "
+                        f"{module} sharded on {dim!r}, which makes it {derived}",
+                        st.kind.span,
+                        f"state `style {derived}`, or shard the other dimension",
+                    )
+                )
+        elif stated is None and derived == "?":
+            out.append(
+                diag(
+                    "SS033",
+                    f"{fqn} is sharded over a model-parallel axis, but no tensor-parallel "
+                    f"style derives for it ({why_not(module)})",
+                    rule.pattern.span,
+                    "state `style none` if the module's forward handles its shards; "
+                    "parallelize refuses it otherwise",
+                )
+            )
+    return out
+
+
+LAYOUT_CHECKS = (check_layout_errors, check_local_sizes, check_shards, check_module_styles)

@@ -212,6 +212,20 @@ CHECKS: tuple[Check, ...] = (
     ),
     # --- layout --------------------------------------------------------------------------
     Check(
+        "SS029",
+        "bad-tp-style",
+        E,
+        "A `style` line names an unknown style or activation layout, is the rule's second "
+        "one, gives layouts to a style that takes none, or does not fit the rule's "
+        "placements (colwise and rowwise need one dimension sharded over a model-parallel "
+        "axis; sequence_parallel needs none).",
+        "`parallelize` applies the stated style with torch's ParallelStyles; one that does "
+        "not fit the placements would give the parameters another layout than the spec's, or "
+        "run the forward on the wrong shards.",
+        "param norm.weight [hidden] {\n    shard hidden over tp\n    style sequence_parallel\n}",
+        "param norm.weight [hidden] {\n    style sequence_parallel\n}",
+    ),
+    Check(
         "SS030",
         "non-contiguous-shard",
         E,
@@ -236,6 +250,35 @@ CHECKS: tuple[Check, ...] = (
         True,
     ),
     # --- rules ---------------------------------------------------------------------------
+    Check(
+        "SS032",
+        "tp-style-contradiction",
+        E,
+        "A stated `style` contradicts the style the placements give the module: a Linear "
+        "whose out dimension is sharded is colwise, in dimension rowwise; an Embedding "
+        "sharded on the vocabulary is rowwise, on its features colwise.",
+        "A contradicting style would cut the weight on another dimension than the spec "
+        "says, so the layout, the checkpoint and the forward would disagree.",
+        "param output.weight [vocab, hidden] {   # an nn.Linear\n    shard vocab over tp\n"
+        "    style rowwise\n}",
+        "param output.weight [vocab, hidden] {\n    shard vocab over tp\n"
+        "    style colwise output replicate\n}",
+        needs_manifest=True,
+    ),
+    Check(
+        "SS033",
+        "no-tp-style",
+        W,
+        "A parameter sharded over a model-parallel axis belongs to a module that is neither "
+        "a Linear nor an Embedding, so no tensor-parallel style derives from its placements.",
+        "`parallelize` refuses such a module (give it a style with its `styles` option); "
+        "a trainer that parallelizes itself can still check the result with `verify`.",
+        "param layers.*.moe.experts.w1 [expert, ffn, hidden] {   # an Experts module\n"
+        "    shard expert over ep\n}",
+        "param layers.*.moe.experts.w1 [expert, ffn, hidden] {\n    shard expert over ep\n"
+        "    style none   # parameters placed as declared; the module's forward handles ep\n}",
+        needs_manifest=True,
+    ),
     Check(
         "SS040",
         "unmatched-parameter",

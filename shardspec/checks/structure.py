@@ -500,4 +500,85 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
     return out
 
 
-STRUCTURE_CHECKS = (*STRUCTURE_CHECKS_BASE, check_checkpoint_placements)
+def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS029: a `style` line names known styles and layouts, once per rule, and fits the
+    rule's placements (colwise/rowwise: one dimension over a model-parallel axis)."""
+    from shardspec.resolve import rule_spec
+    from shardspec.styles import KINDS, LAYOUTS, mp_dims
+
+    out: list[Diagnostic] = []
+    axes = _axes(spec)
+    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axes else None
+    for rule in spec.rules:
+        st = rule.style
+        if st is None:
+            continue
+        for extra in rule.extra_styles:
+            out.append(
+                diag("SS029", "a rule states one style", extra.span, "keep one `style` line")
+            )
+        kind = st.kind.text
+        if kind not in KINDS:
+            out.append(
+                diag(
+                    "SS029",
+                    f"unknown style {kind!r}",
+                    st.kind.span,
+                    _did_you_mean(kind, list(KINDS)).replace("declared:", "styles:"),
+                )
+            )
+            continue
+        for what, name in (("input", st.input), ("output", st.output)):
+            if name is None:
+                continue
+            if kind in ("sequence_parallel", "none"):
+                out.append(
+                    diag(
+                        "SS029",
+                        f"style {kind} takes no {what} layout",
+                        name.span,
+                        "layouts belong to colwise and rowwise styles",
+                    )
+                )
+            elif name.text not in LAYOUTS:
+                out.append(
+                    diag(
+                        "SS029",
+                        f"unknown activation layout {name.text!r}",
+                        name.span,
+                        _did_you_mean(name.text, list(LAYOUTS)).replace("declared:", "layouts:"),
+                    )
+                )
+        if kind == "none" or not rule.dims_given:
+            continue
+        try:
+            runtime = rule_spec(rule, fsdp)
+        except PatternError:
+            continue
+        dims = [d for d in runtime.dims if d not in runtime.virtual]
+        sharded = mp_dims(dict(runtime.shard), dims, fsdp, set(runtime.local))
+        if kind == "sequence_parallel" and sharded:
+            out.append(
+                diag(
+                    "SS029",
+                    f"sequence parallelism needs the parameter replicated over the "
+                    f"model-parallel axes, but {dims[sharded[0]]!r} is sharded",
+                    st.kind.span,
+                    "drop the `shard` line, or state colwise or rowwise",
+                )
+            )
+        elif kind in ("colwise", "rowwise") and len(sharded) != 1:
+            what = "no dimension is" if not sharded else "several dimensions are"
+            out.append(
+                diag(
+                    "SS029",
+                    f"style {kind}: {what} sharded over a model-parallel axis",
+                    st.kind.span,
+                    f"{kind} needs exactly one dimension sharded over the tensor-parallel "
+                    "axis (`shard out over tp`)",
+                )
+            )
+    return out
+
+
+STRUCTURE_CHECKS = (*STRUCTURE_CHECKS_BASE, check_checkpoint_placements, check_styles)

@@ -248,12 +248,19 @@ def compile_command(spec_path: str, defines: list[tuple[str, int]]) -> str:
     return f"shardspec compile {flags}{spec_path}"
 
 
-def _styles(spec) -> dict[int, dict[str, str | bool]]:
-    """Each rule's stated tensor-parallel style (rule index -> kind and layouts)."""
+def _styles(spec, res) -> dict[int, dict[str, str | bool]]:
+    """Each rule's tensor-parallel style (rule index -> kind and layouts): as stated, or
+    derived from the manifest's module kinds and the placements (marked "derived")."""
+    from shardspec.checks.layouts import rule_styles
+
+    derived = rule_styles(res) if res.manifest is not None and res.mesh is not None else {}
     out: dict[int, dict[str, str | bool]] = {}
     for rule in spec.rules:
         st = rule.style
         if st is None:
+            kind = derived.get(rule.index, ("", ""))[1]
+            if kind in ("colwise", "rowwise"):
+                out[rule.index] = {"kind": kind, "derived": True}
             continue
         entry: dict[str, str | bool] = {"kind": st.kind.text}
         if st.input is not None:
@@ -362,7 +369,7 @@ def render_module(
             {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
         ),
         "params": params,
-        "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec)),
+        "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec, res)),
         "hf": _hf_context(spec, spec_path),
     }
     return _env().get_template("module.py.j2").render(**ctx)

@@ -34,6 +34,25 @@ def to_torch(p: tuple) -> Placement:
     return _StridedShard(p[1], split_factor=p[2])
 
 
+def from_torch(p: Placement, ndim: int) -> tuple | None:
+    """A torch placement as a layout tuple; ``None`` for kinds a parameter's layout cannot
+    have (``Partial``)."""
+    if isinstance(p, _StridedShard):
+        return ("SS", p.dim % max(ndim, 1), p.split_factor)
+    if isinstance(p, Shard):
+        return ("S", p.dim % max(ndim, 1))
+    if isinstance(p, Replicate):
+        return ("R",)
+    return None
+
+
+def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple | None]:
+    """A DTensor's (mesh axis names, placements as layout tuples or ``None``)."""
+    names = tuple(value.device_mesh.mesh_dim_names or ())
+    got = tuple(from_torch(p, value.ndim) for p in value.placements)
+    return names, None if any(g is None for g in got) else got
+
+
 def device_type() -> str:
     """``cuda`` when GPUs are present, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -212,6 +231,8 @@ __all__ = [
     "device_type",
     "distribute",
     "expected_local",
+    "from_torch",
+    "layout_of",
     "placements",
     "shard_for_rank",
     "submesh",

@@ -25,8 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+)
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from shardspec.layout import (
@@ -39,22 +44,11 @@ from shardspec.layout import (
     same_layout,
     torch_placement_indices,
 )
-from shardspec.runtime.dtensor import submesh, take, to_torch
+from shardspec.runtime.dtensor import layout_of, submesh, take, to_torch
 from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.styles import EMBEDDING, LINEAR, derive
 
 # --------------------------------------------------------------------------- placements
-
-
-def from_torch(p: Placement, ndim: int) -> tuple | None:
-    """A torch placement as a layout tuple; ``None`` for kinds a parameter cannot have
-    (``Partial``)."""
-    if isinstance(p, _StridedShard):
-        return ("SS", p.dim % max(ndim, 1), p.split_factor)
-    if isinstance(p, Shard):
-        return ("S", p.dim % max(ndim, 1))
-    if isinstance(p, Replicate):
-        return ("R",)
-    return None
 
 
 def _mesh_names(mesh: DeviceMesh) -> tuple[str, ...]:
@@ -100,9 +94,8 @@ def plan_params(
             aliases[fqn] = first[id(p)]
             continue
         first[id(p)] = fqn
-        shape = _global_shape(p)
         try:
-            layout = spec.layout(fqn, lmesh, shape if table is None else None, counts.get(fqn))
+            layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
         except SpecError as e:
             errors.append(str(e))
             continue
@@ -118,10 +111,6 @@ def plan_params(
     if errors:
         raise SpecError("the model does not fit the spec:\n  " + "\n  ".join(errors))
     return plans, aliases
-
-
-def _global_shape(p: torch.Tensor) -> tuple[int, ...]:
-    return tuple(p.shape)
 
 
 # --------------------------------------------------------------------------- verify
@@ -146,10 +135,10 @@ def layout_problem(
             return f"its DTensor spans mesh axes {names}; {unknown} is {why} a spec axis here"
         if not _same_group(dmesh, mesh, names):
             return f"its DTensor mesh {names} groups other ranks than the spec mesh's {names}"
-        got = [from_torch(p, value.ndim) for p in value.placements]
-        if any(g is None for g in got):
+        _, got = layout_of(value)
+        if got is None:
             return f"placements {tuple(value.placements)} (partial values are not a layout)"
-        placements_a: tuple = tuple(got)
+        placements_a: tuple = got
     else:
         names, placements_a = (), ()
     sub = dtensor_mesh(plan.layout, lmesh)
@@ -280,6 +269,22 @@ class SpecColwise(ColwiseParallel):
         return f"SpecColwise({self.param_placements})"
 
 
+class SpecPlaced(ParallelStyle):
+    """`style none`: the parameters cut as the spec says, and nothing else: the module's
+    own forward handles its shards (an expert-parallel MoE, say)."""
+
+    def __init__(self, param_placements: Mapping[str, tuple]) -> None:
+        super().__init__()
+        self.param_placements = dict(param_placements)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _partition(self, module, device_mesh)
+        return module
+
+    def __repr__(self) -> str:
+        return f"SpecPlaced({self.param_placements})"
+
+
 class SpecRowwise(RowwiseParallel):
     """torch's ``RowwiseParallel`` with each parameter cut as the spec says."""
 
@@ -312,6 +317,7 @@ def _style_for(
     placements = {leaf: plan.on(tp_axis) for leaf, plan in leaves.items()}
     stated = dict(stated or {})
     kind = stated.pop("kind", None)
+    stated.pop("derived", None)
     sharded = {leaf: p for leaf, p in placements.items() if p[0] != "R"}
     if kind == "sequence_parallel":
         if sharded:
@@ -319,12 +325,21 @@ def _style_for(
         return SequenceParallel(**_style_kwargs(stated, sequence=True))
     if not sharded:
         return None
-    weight = placements.get("weight")
-    if isinstance(module, nn.Embedding) and weight is not None:
-        derived = "rowwise" if weight[1] == 0 else "colwise"
-    elif isinstance(module, nn.Linear) and weight is not None and weight[0] != "R":
-        derived = "colwise" if weight[1] == 0 else "rowwise"
-    else:
+    if kind == "none":
+        return SpecPlaced(placements)
+    module_kind = (
+        LINEAR
+        if isinstance(module, nn.Linear)
+        else EMBEDDING
+        if isinstance(module, nn.Embedding)
+        else type(module).__name__
+    )
+    kinds = {
+        derive(module_kind, leaf, p[1] if p[0] != "R" else None) for leaf, p in placements.items()
+    }
+    kinds.discard(None)
+    derived = kinds.pop() if len(kinds) == 1 else "?"
+    if derived == "?":
         raise SpecError(
             f"{fqn}: a {type(module).__name__} whose parameters {sorted(sharded)} are sharded "
             f"over {tp_axis!r}: no tensor-parallel style derives from that (Linear and "
@@ -656,20 +671,29 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
     for owner, leaves in groups.items():
         stated = dict(kinds.get(owner, {}))
         kind = stated.pop("kind", None)
+        stated.pop("derived", None)
         if kind == "sequence_parallel":
             out[owner] = SequenceParallel(**_style_kwargs(stated, sequence=True))
-            continue
-        weight = leaves.get("weight", ("R",))
-        if kind is None:
-            if weight[0] == "R":
-                continue
+        elif kind == "none":
+            out[owner] = SpecPlaced(leaves)
+        elif kind in ("colwise", "rowwise"):
+            cls = SpecColwise if kind == "colwise" else SpecRowwise
+            out[owner] = cls(leaves, **_pattern_kwargs(stated, kind, leaves))
+        elif any(p[0] != "R" for p in leaves.values()):
             raise SpecError(
-                f"module pattern {owner!r}: without the model, the style (colwise or rowwise) "
-                "cannot be derived; state it in the spec or pass model= to tp_plan"
+                f"module pattern {owner!r}: no style is known for it (the manifest records "
+                "no module kind, or it is neither a Linear nor an Embedding); state one in "
+                "the spec, or pass model= to tp_plan"
             )
-        cls = SpecColwise if kind == "colwise" else SpecRowwise
-        out[owner] = cls(leaves, **_style_kwargs(stated))
     return out
+
+
+def _pattern_kwargs(stated: Mapping[str, Any], kind: str, leaves: Mapping[str, tuple]) -> dict:
+    kwargs = _style_kwargs(stated)
+    weight = leaves.get("weight", ("R",))
+    if kind == "colwise" and weight[0] == "SS" and "output" not in stated:
+        kwargs["output_layouts"] = _StridedShard(-1, split_factor=weight[2])
+    return kwargs
 
 
 def shard_placement_fn(

@@ -22,7 +22,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from shardspec.layout import Mesh, ParamLayout, dtensor_placements, module_shape
+from shardspec.layout import (
+    Mesh,
+    ParamLayout,
+    dtensor_mesh,
+    dtensor_placements,
+    module_shape,
+    same_layout,
+)
 from shardspec.runtime.canonical import (
     CanonicalPlan,
     Unit,
@@ -149,8 +156,8 @@ class _Structural:
 
     plan: CanonicalPlan
     rest: tuple[tuple[str, str], ...]  # (caller's key, stored key) for DCP's default handling
-    # (caller's key, the spec's DTensor placements, ((stored key, unit), ...)) per parameter
-    params: tuple[tuple[str, tuple, tuple[tuple[str, Unit], ...]], ...]
+    # (caller's key, the spec's DTensor layout, ((stored key, unit), ...)) per parameter
+    params: tuple[tuple[str, Expected, tuple[tuple[str, Unit], ...]], ...]
 
 
 # Per spec (weakly held): structure key -> _Structural, most recently used last.
@@ -214,8 +221,8 @@ def canonical_plan(
         per_spec.move_to_end(key)
     rest = {new: flat[old] for old, new in hit.rest}
     local: dict[str, tuple[Unit, torch.Tensor]] = {}
-    for source, placements, units in hit.params:
-        tensor = _local_of(flat[source], placements, source)
+    for source, expected, units in hit.params:
+        tensor = _local_of(flat[source], expected, source)
         for skey, unit in units:
             local[skey] = (unit, tensor)
     return hit.plan, rest, local
@@ -230,7 +237,7 @@ def _structural(
     names = Names(spec, mesh)
     plan = CanonicalPlan()
     rest: list[tuple[str, str]] = []
-    params: list[tuple[str, tuple, tuple[tuple[str, Unit], ...]]] = []
+    params: list[tuple[str, Expected, tuple[tuple[str, Unit], ...]]] = []
     structure: dict[str, tuple] = {}
     chunks = []
     single: dict[tuple[ParamLayout, int], int] = {}
@@ -266,8 +273,13 @@ def _structural(
                     plan.keys.add(key[:a] + other + key[b:])
             structure[key] = _describe(value)  # the caller's key: the same on every rank
             continue
-        placements = tuple(to_torch(p) for p in dtensor_placements(layout, mesh))
-        tensor = _local_of(value, placements, key)
+        expected = Expected(
+            tuple(to_torch(p) for p in dtensor_placements(layout, mesh)),
+            dtensor_placements(layout, mesh),
+            dtensor_mesh(layout, mesh),
+            shape,
+        )
+        tensor = _local_of(value, expected, key)
         groups = replica_groups(layout, mesh)
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
@@ -293,7 +305,7 @@ def _structural(
             plan.paths[skey] = (a, b, name)
             plan.dtypes[skey] = tensor.dtype
             mine.append((skey, unit))
-        params.append((key, placements, tuple(mine)))
+        params.append((key, expected, tuple(mine)))
         if any(d.virtual for d in layout.dims):
             # Name-indexed modules: every rank stores other keys; visit them all.
             for r, row in enumerate(pieces):
@@ -345,14 +357,40 @@ def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
     return spec.virtual_counts_of(sorted(fqns))
 
 
-def _local_of(value: Any, placements: tuple, key: str) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """The spec's DTensor layout of one parameter: torch placements, the same as layout
+    tuples, the DTensor's mesh and the module tensor's shape."""
+
+    placements: tuple
+    abstract: tuple
+    mesh: Mesh
+    shape: tuple[int, ...]
+
+
+def _local_of(value: Any, expected: Expected, key: str) -> torch.Tensor:
+    """The local tensor of ``value``, which must hold the spec's layout. Layouts are
+    compared, not spellings: FSDP2's ``Shard(0)`` on a 1-D ``dp_shard`` mesh is the spec's
+    ``(Shard(0), Replicate())`` on ``(dp_shard, tp)`` (see ``layout.same_layout``)."""
     if isinstance(value, DTensor):
         got = tuple(value.placements)
-        if got != placements:
-            raise CheckpointError(
-                f"{key}: its DTensor placements {got} differ from the spec's {placements}; "
-                "the model is not on the spec's layout (was it distributed with this spec?)"
+        names = tuple(value.device_mesh.mesh_dim_names or ())
+        if got != expected.placements or names != expected.mesh.names:
+            from shardspec.runtime.dtensor import layout_of
+
+            names, abstract = layout_of(value)
+            same = (
+                abstract is not None
+                and set(names) <= set(expected.mesh.names)
+                and same_layout(expected.shape, expected.mesh, expected.abstract, names, abstract)
+                is None
             )
+            if not same:
+                raise CheckpointError(
+                    f"{key}: its DTensor placements {got} on mesh axes {names} are not the "
+                    f"spec's layout {expected.placements} on {expected.mesh.names}; the model "
+                    "is not on the spec's layout (check it with verify(model, mesh))"
+                )
         return value.to_local()
     if isinstance(value, torch.Tensor):
         return value

@@ -1,0 +1,424 @@
+"""Multi-rank scenarios of ``parallelize`` and ``verify`` (run by tests/test_parallel.py).
+
+One spawn of 4 gloo ranks runs them all; each returns its failures (strings naming the
+scenario) and the number of checks it made, so a scenario that silently checks nothing
+is caught by the test.
+
+* ``train``: ``parallelize`` (dp_shard 2 x tp 2) trains AdamW steps; losses and every
+  parameter's full tensor match a single-process run of the same model on the same global
+  batch within fp32 tolerance. For the example llama (fused wqkv/w13), the same llama at
+  dim 512 (a spec variant without manifest), and transformers' Qwen2ForCausalLM as it is.
+* ``reshard``: train at dp_shard 2 x tp 2, ``save``; load at dp_shard 4 x tp 1, continue.
+  The loaded state equals the saved one bitwise, and the continued run equals, bitwise,
+  the same continuation from torch's own full-state reshard (``set_state_dict``).
+* ``handmade``: torchtitan-style ``parallelize_module`` + ``fully_shard`` driven by the
+  generated ``tp_plan``/``shard_placement_fn`` passes ``verify`` (FSDP2's 1-D dp mesh
+  for norms included) and round-trips through ``save``/``load`` and ``load_hf``; with
+  torch's plain ``ColwiseParallel`` on the fused w13, ``verify`` names exactly the w13s
+  and ``save`` refuses; a Megatron-style local-shard model plus FSDP2 passes ``verify``.
+* ``errors``: parallelize refuses a mesh without the spec's axes, a model already
+  parallelized, a module whose style cannot be derived, leaving the model unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from examples.models import hf as hf_models
+from examples.models import llama
+
+LR = 1e-3
+STEPS = 3
+BATCH = 4  # global batch, split over dp_shard
+SEQ = 17
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.fail: list[str] = []
+        self.count: dict[str, int] = {}
+
+    def check(self, tag: str, ok: bool, msg: str) -> None:
+        self.count[tag] = self.count.get(tag, 0) + 1
+        if not ok:
+            self.fail.append(f"[{tag}] {msg}")
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def batch(step: int, vocab: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, vocab, (BATCH, SEQ), generator=gen)
+
+
+def dp_part(tokens: torch.Tensor, mesh, axis: str = "dp_shard") -> torch.Tensor:
+    names = mesh.mesh_dim_names
+    dp = mesh[axis].get_local_rank() if axis in names else 0
+    n = mesh[axis].size() if axis in names else 1
+    return tokens.chunk(n)[dp]
+
+
+def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    out = model(tokens[:, :-1])
+    logits = out.logits if hasattr(out, "logits") else out
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def train(model, optim, steps, mesh, vocab: int) -> list[float]:
+    """AdamW steps on this rank's part of the global batch; the global mean loss."""
+    losses = []
+    for step in steps:
+        optim.zero_grad()
+        tokens = batch(step, vocab)
+        loss = lm_loss(model, dp_part(tokens, mesh) if mesh is not None else tokens)
+        loss.backward()
+        optim.step()
+        value = loss.detach().clone()
+        if mesh is not None:  # every dp part has as many tokens: the mean of the means
+            dp = mesh["dp_shard"]
+            dist.all_reduce(value, group=dp.get_group())
+            value /= dp.size()
+        losses.append(float(value))
+    return losses
+
+
+def compare_training(
+    c: Checks, tag: str, build: Callable[[], nn.Module], layout, mesh, vocab: int
+) -> None:
+    """``parallelize`` against a single process on the same global batches.
+
+    fp32 tolerance, where it is meaningful: first-step gradients within 1e-5 of the
+    largest gradient of their tensor, losses within 1e-5 relative at every step, and
+    parameters after the AdamW steps within 1e-6 on average. An element whose gradient
+    is near 0 can take an Adam step of opposite sign on the two sides (up to 2 lr per
+    step, however small the difference), so the largest parameter delta is bounded by
+    that, far below what a wrong layout gives (the values themselves, ~0.02-1)."""
+    ref = build()
+    model = build()
+    layout.parallelize(model, mesh)
+    layout.verify(model, mesh)
+    c.check(tag, True, "")
+    tokens = batch(0, vocab)
+    lm_loss(ref, tokens).backward()
+    lm_loss(model, dp_part(tokens, mesh)).backward()
+    ref_params = dict(ref.named_parameters())
+    for fqn, p in model.named_parameters():
+        want = ref_params[fqn].grad
+        delta = (full(p.grad) - want).abs().max().item()
+        scale = want.abs().max().item()
+        c.check(tag, delta <= 1e-5 * scale + 1e-9, f"{fqn}: grad delta {delta} (max {scale})")
+    ref.zero_grad()
+    model.zero_grad()
+    ref_optim = torch.optim.AdamW(ref.parameters(), lr=LR)
+    ref_losses = train(ref, ref_optim, range(STEPS), None, vocab)
+    optim = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = train(model, optim, range(STEPS), mesh, vocab)
+    for i, (a, b) in enumerate(zip(losses, ref_losses, strict=True)):
+        c.check(tag, abs(a - b) <= 1e-5 * max(1.0, abs(b)), f"step {i}: loss {a} vs {b}")
+    for fqn, p in model.named_parameters():
+        d = (full(p.detach()) - ref_params[fqn].detach()).abs()
+        worst, mean = d.max().item(), d.mean().item()
+        ok = mean <= 1e-6 and worst <= 2 * LR * STEPS
+        c.check(tag, ok, f"{fqn}: after {STEPS} steps max delta {worst}, mean {mean}")
+
+
+def seeded(
+    factory: Callable[[], nn.Module], seed: int = 0, init: Callable = llama.init_weights
+) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        model = factory()
+        init(model, seed)
+        return model
+
+    return build
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def scenario_train(c: Checks, big_module: str) -> None:
+    import generated.llama as layout
+    import generated.qwen2 as qwen2
+
+    mesh = layout.build_mesh(tp=2)
+    compare_training(c, "train llama", seeded(llama.tiny), layout, mesh, 256)
+    big = importlib.import_module(big_module)
+    cfg = dict(dim=512, head_dim=128, n_heads=4, n_kv_heads=2, ffn_dim=1024, n_layers=2)
+    compare_training(c, "train llama dim 512", seeded(lambda: llama.tiny(**cfg)), big, mesh, 256)
+    mesh = qwen2.build_mesh(tp=2)
+    compare_training(c, "train qwen2", seeded(hf_models.qwen2_tiny), qwen2, mesh, 256)
+    # The MoE: stacked experts on ep (`style none`, the model's own expert-parallel
+    # forward), FSDP2 on dp_shard, the replicated hyper-connection head outside FSDP2.
+    import generated.deepseek_moe as moe_layout
+    from examples.models import moe
+
+    mesh_moe = moe_layout.build_mesh(ep=2)
+    build_moe = seeded(moe.tiny, init=moe.init_weights)
+    compare_training(c, "train moe", build_moe, moe_layout, mesh_moe, 256)
+    # Meta-device start, as the README says: parallelize, to_empty, initialize, recompute
+    # RoPE's non-persistent inv_freq; the logits equal the reference's.
+    tag = "meta qwen2"
+    with torch.device("meta"):
+        model = hf_models.qwen2_tiny()
+    qwen2.parallelize(model, mesh)
+    model.to_empty(device="cpu")
+    llama.init_weights(model, 0)
+    rope = model.model.rotary_emb
+    inv_freq, _ = rope.compute_default_rope_parameters(rope.config, device="cpu")
+    with torch.no_grad():
+        rope.inv_freq.copy_(inv_freq)
+        rope.original_inv_freq.copy_(inv_freq)
+    ref = seeded(hf_models.qwen2_tiny)()
+    tokens = batch(0, 256)
+    with torch.no_grad():
+        delta = (model(tokens).logits - ref(tokens).logits).abs().max().item()
+    c.check(tag, delta <= 1e-5, f"logits differ by {delta} after a meta-device start")
+
+
+def scenario_reshard(c: Checks, root: str) -> None:
+    import generated.llama as layout
+
+    tag = "reshard"
+    path = os.path.join(root, "reshard")
+    build = seeded(llama.tiny)
+    mesh_a = layout.build_mesh(tp=2)
+    model = build()
+    layout.parallelize(model, mesh_a)
+    optim = torch.optim.AdamW(model.parameters(), lr=LR)
+    train(model, optim, range(2), mesh_a, 256)
+    msd, osd = get_state_dict(model, optim)
+    layout.save({"model": msd, "optim": osd}, path, mesh=mesh_a)
+    full_opts = StateDictOptions(full_state_dict=True)
+    saved_m, saved_o = get_state_dict(model, optim, options=full_opts)
+
+    mesh_b = layout.build_mesh(tp=1)
+    runs = []
+    for how in ("load", "torch"):
+        model_b = seeded(llama.tiny, seed=7)()
+        layout.parallelize(model_b, mesh_b)
+        optim_b = torch.optim.AdamW(model_b.parameters(), lr=LR)
+        msd_b, osd_b = get_state_dict(model_b, optim_b)
+        if how == "load":
+            state = {"model": msd_b, "optim": osd_b}
+            layout.load(state, path, mesh=mesh_b)
+            set_state_dict(
+                model_b, optim_b, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+            got_m, got_o = get_state_dict(model_b, optim_b, options=full_opts)
+            for k, v in saved_m.items():
+                c.check(tag, torch.equal(got_m[k], v), f"loaded {k} differs from the saved")
+            for pk, st in saved_o["state"].items():
+                for name, v in st.items():
+                    got = got_o["state"][pk][name]
+                    c.check(tag, torch.equal(full(got), full(v)), f"loaded {pk}.{name} differs")
+        else:  # torch's own reshard of the same full state
+            set_state_dict(
+                model_b,
+                optim_b,
+                model_state_dict=saved_m,
+                optim_state_dict=saved_o,
+                options=full_opts,
+            )
+        losses = train(model_b, optim_b, range(2, 4), mesh_b, 256)
+        runs.append(
+            (losses, {k: full(v.detach()).clone() for k, v in model_b.state_dict().items()})
+        )
+    (la, sa), (lb, sb) = runs
+    c.check(tag, la == lb, f"continued losses {la} vs {lb}")
+    for k in sa:
+        delta = (sa[k] - sb[k]).abs().max().item()
+        c.check(tag, delta == 0.0, f"{k}: continued run differs by {delta} (want bitwise)")
+
+
+def _handmade(layout, model: nn.Module, mesh, *, torch_w13: bool) -> nn.Module:
+    """torchtitan's way: parallelize_module on tp, fully_shard per block and the root."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    plan = layout.tp_plan(mesh)  # module patterns: layers.*.feed_forward.w13, ...
+    if torch_w13:
+        plan["layers.*.feed_forward.w13"] = ColwiseParallel()
+    parallelize_module(model, mesh["tp"], plan)
+    fn = layout.shard_placement_fn(model, mesh)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh["dp_shard"], shard_placement_fn=fn)
+    fully_shard(model, mesh=mesh["dp_shard"], shard_placement_fn=fn)
+    return model
+
+
+def scenario_handmade(c: Checks, root: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    import generated.llama as layout
+    import generated.llama_local as local_layout
+    from shardspec.runtime.checkpoint import CheckpointError
+    from shardspec.runtime.spec import SpecError
+
+    tag = "handmade"
+    mesh = layout.build_mesh(tp=2)
+    build = seeded(llama.tiny)
+    model = _handmade(layout, build(), mesh, torch_w13=False)
+    layout.verify(model, mesh)
+    norm = model.layers["0"].attention_norm.weight
+    c.check(
+        tag,
+        tuple(norm.device_mesh.mesh_dim_names) == ("dp_shard",),
+        f"FSDP2 should put norms on the 1-D dp mesh, got {norm.device_mesh}",
+    )
+    ref = dict(build().named_parameters())
+    for fqn, p in model.named_parameters():
+        c.check(tag, torch.equal(full(p.detach()), ref[fqn].detach()), f"{fqn}: values moved")
+    # save -> load into a parallelize()d model with other values: bitwise.
+    path = os.path.join(root, "handmade")
+    layout.save({"model": model.state_dict()}, path, mesh=mesh)
+    other = seeded(llama.tiny, seed=3)()
+    layout.parallelize(other, mesh)
+    state = {"model": other.state_dict()}
+    layout.load(state, path, mesh=mesh)
+    for fqn, p in other.named_parameters():
+        c.check(tag, torch.equal(full(p.detach()), ref[fqn].detach()), f"{fqn}: load differs")
+    # ... and back into the hand-made model.
+    layout.save({"model": other.state_dict()}, path + "2", mesh=mesh)
+    target = _handmade(layout, seeded(llama.tiny, seed=5)(), mesh, torch_w13=False)
+    layout.load({"model": target.state_dict()}, path + "2", mesh=mesh)
+    for fqn, p in target.named_parameters():
+        c.check(tag, torch.equal(full(p.detach()), ref[fqn].detach()), f"{fqn}: reload differs")
+    # load_hf into the hand-made model, against the hand-written conversion.
+    hf_dir = os.path.join(root, "hf")
+    if dist.get_rank() == 0:
+        import transformers
+
+        torch.manual_seed(11)
+        hf = transformers.LlamaForCausalLM(hf_models.llama_config())
+        hf.save_pretrained(hf_dir)
+    dist.barrier()
+    from safetensors.torch import load_file
+
+    hf_state = load_file(os.path.join(hf_dir, "model.safetensors"))
+    want = hf_models.llama_from_hf(hf_state, llama.LlamaConfig())
+    layout.load_hf(target, hf_dir, mesh)
+    for fqn, p in target.named_parameters():
+        c.check(tag, torch.equal(full(p.detach()), want[fqn]), f"{fqn}: load_hf differs")
+    # torch's contiguous ColwiseParallel on the fused w13: verify names exactly those.
+    wrong = _handmade(layout, build(), mesh, torch_w13=True)
+    try:
+        layout.verify(wrong, mesh)
+        c.check(tag, False, "verify accepted torch's contiguous ColwiseParallel on w13")
+    except SpecError as e:
+        text = str(e)
+        named = {line.split(":")[0].strip() for line in text.splitlines()[1:]}
+        want_bad = {f"layers.{i}.feed_forward.w13.weight" for i in range(2)}
+        c.check(tag, named == want_bad, f"verify named {named}, want {want_bad}: {text}")
+    try:
+        layout.save({"model": wrong.state_dict()}, path + "3", mesh=mesh)
+        c.check(tag, False, "save accepted a model verify refuses")
+    except CheckpointError as e:
+        c.check(tag, "feed_forward.w13.weight" in str(e), f"save's error: {e}")
+    # Megatron style: local TP shards built by the model, FSDP2 on dp_shard, and verify.
+    lmesh = local_layout.build_mesh(tp=2)
+    tp_rank = lmesh["tp"].get_local_rank()
+    meg = llama.tiny_tp_local(tp=2)
+    meg.load_state_dict(llama.local_tp_state(dict(build().state_dict()), tp_rank, 2, meg.config))
+    fn = local_layout.shard_placement_fn(meg, lmesh)
+    for block in meg.layers.values():
+        fully_shard(block, mesh=lmesh["dp_shard"], shard_placement_fn=fn)
+    fully_shard(meg, mesh=lmesh["dp_shard"], shard_placement_fn=fn)
+    local_layout.verify(meg, lmesh)
+    c.check(tag, True, "")
+
+
+def scenario_errors(c: Checks) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import generated.llama as layout
+    from shardspec.runtime.spec import SpecError
+
+    tag = "errors"
+    mesh = layout.build_mesh(tp=2)
+
+    def refused(what: str, fn: Callable[[], object], needle: str, model: nn.Module) -> None:
+        before = {k: (type(v), v.detach().clone()) for k, v in model.named_parameters()}
+        try:
+            fn()
+            c.check(tag, False, f"{what}: no error")
+            return
+        except SpecError as e:
+            c.check(tag, needle in str(e), f"{what}: error without {needle!r}: {e}")
+        after = dict(model.named_parameters())
+        for k, (t, v) in before.items():
+            same = type(after[k]) is t and torch.equal(after[k].detach(), v)
+            c.check(tag, same, f"{what}: {k} changed although parallelize refused")
+
+    m = llama.tiny()
+    other = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+    refused("mesh axes", lambda: layout.parallelize(m, other), "spec's axes", m)
+    done = llama.tiny()
+    layout.parallelize(done, mesh)
+    try:
+        layout.parallelize(done, mesh)
+        c.check(tag, False, "a parallelized model was parallelized again")
+    except SpecError as e:
+        c.check(tag, "already parallelized" in str(e), f"twice: {e}")
+    odd = llama.tiny()
+    odd.layers["0"].feed_forward.w13 = _NotALinear(odd.layers["0"].feed_forward.w13.weight)
+    refused("no style", lambda: layout.parallelize(odd, mesh), "no tensor-parallel style", odd)
+    wrong_shape = llama.tiny(dim=32, head_dim=8)
+    refused("manifest", lambda: layout.parallelize(wrong_shape, mesh), "manifest", wrong_shape)
+
+
+class _NotALinear(nn.Module):
+    """Holds a weight sharded over tp but is no Linear: no style derives from it."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+# ----------------------------------------------------------------------------- entry
+
+
+def run_all(rank: int, world: int, big_module: str, build_dir: str) -> tuple[list[str], dict]:
+    import sys
+
+    if build_dir not in sys.path:
+        sys.path.insert(0, build_dir)
+    c = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = [tmp]
+        dist.broadcast_object_list(root, src=0)
+        for name, fn in (
+            ("train", lambda: scenario_train(c, big_module)),
+            ("reshard", lambda: scenario_reshard(c, root[0])),
+            ("handmade", lambda: scenario_handmade(c, root[0])),
+            ("errors", lambda: scenario_errors(c)),
+        ):
+            try:
+                fn()
+            except Exception:
+                c.fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
+        dist.barrier()
+    return c.fail, c.count
+
+
+__all__ = ["run_all"]

@@ -317,6 +317,18 @@ def scenario_handmade(c: Checks, root: str) -> None:
     layout.load_hf(target, hf_dir, mesh)
     for fqn, p in target.named_parameters():
         c.check(tag, torch.equal(full(p.detach()), want[fqn]), f"{fqn}: load_hf differs")
+    # export_hf from the hand-made (FSDP2 + TP) model: the original tensors, bitwise.
+    out_dir = os.path.join(root, "hf_export")
+    layout.export_hf(target, out_dir, mesh, config=hf_dir)
+    import glob
+
+    exported: dict[str, torch.Tensor] = {}
+    for f in sorted(glob.glob(os.path.join(out_dir, "*.safetensors"))):
+        exported.update(load_file(f))
+    c.check(tag, set(exported) == set(hf_state), f"exported keys {sorted(exported)}")
+    for key, value in hf_state.items():
+        same = key in exported and torch.equal(exported[key], value)
+        c.check(tag, same, f"export_hf: {key} differs from the original")
     # torch's contiguous ColwiseParallel on the fused w13: verify names exactly those.
     wrong = _handmade(layout, build(), mesh, torch_w13=True)
     try:

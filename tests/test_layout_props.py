@@ -45,6 +45,7 @@ from shardspec.layout import (
     module_shape,
     rank_table,
     representable,
+    same_layout,
     torch_local_shape_and_offset,
     torch_placement_indices,
 )
@@ -452,3 +453,47 @@ def _per_component_then_more(layout: ParamLayout) -> bool:
         if len(d.axes) > 1 or len(sizes_) > 1:
             return True
     return False
+
+
+# --------------------------------------------------------------------------- same_layout
+
+
+@SETTINGS
+@given(placement_cases(), st.data())
+def test_same_layout_compares_what_torch_holds(case, data) -> None:
+    """``same_layout`` (what ``verify`` and checkpoints use) says two spellings agree
+    exactly when torch's own split code gives every rank the same elements: one spelling
+    on the whole mesh, the other on a sub-mesh of some of its axes (the rest replicated)
+    with placements drawn afresh, or the first one's own on those axes."""
+    shape, mesh_sizes, placements = case
+    mesh = Mesh(AXIS_NAMES[: len(mesh_sizes)], mesh_sizes)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(mesh_sizes), max_size=len(mesh_sizes)))
+    names = tuple(n for n, k in zip(mesh.names, keep, strict=True) if k)
+    if data.draw(st.booleans()):
+        other = tuple(p for p, k in zip(placements, keep, strict=True) if k)
+    else:
+        other = tuple(
+            data.draw(
+                st.sampled_from(
+                    [("R",)]
+                    + [("S", d) for d in range(len(shape))]
+                    + [("SS", d, f) for d in range(len(shape)) for f in (1, 2, 3)]
+                )
+            )
+            for _ in names
+        )
+    full = torch.arange(math.prod(shape)).view(shape)
+
+    def held(ps: tuple, axes: tuple[str, ...], coord: tuple[int, ...]) -> torch.Tensor:
+        out = full
+        for p, axis in zip(ps, axes, strict=True):
+            i = mesh.names.index(axis)
+            if p[0] != "R":
+                out = torch_split(out, to_torch(p), mesh_sizes[i], coord[i])
+        return out
+
+    agree = all(
+        torch.equal(held(placements, mesh.names, c), held(other, names, c)) for c in mesh.coords()
+    )
+    got = same_layout(shape, mesh, placements, names, other)
+    assert (got is None) == agree, (names, other, got)

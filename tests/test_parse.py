@@ -185,6 +185,40 @@ def test_keywords_can_be_names_and_patterns() -> None:
     assert r.shards[0].dim.text == "replicate" and r.shards[0].axes[0].text == "over"
 
 
+def test_style_lines() -> None:
+    text = (
+        "mesh { dp: * tp: 2 }\n"
+        "param output.weight [vocab, hidden] {\n"
+        "    shard vocab over tp\n"
+        "    style colwise input sequence output replicate dtensor\n"
+        "}\n"
+        "param norm.weight [hidden] { style sequence_parallel }\n"
+        "param w [input, output] { shard input over tp style rowwise style none }\n"
+    )
+    spec = ok(text)
+    a, b, c = spec.rules
+    assert a.style is not None and a.extra_styles == []
+    assert a.style.kind.text == "colwise"
+    assert a.style.input is not None and a.style.input.text == "sequence"
+    assert a.style.output is not None and a.style.output.text == "replicate"
+    assert a.style.dtensor
+    assert at(a.style.span) == pos(text, "style colwise")
+    assert at(a.style.kind.span) == pos(text, "colwise")
+    assert at(a.style.output.span) == pos(text, "replicate")
+    assert b.style is not None and b.style.kind.text == "sequence_parallel"
+    assert b.style.input is None and b.style.output is None and not b.style.dtensor
+    # `input` and `output` stay dimension names; a second style is kept for lint (SS029).
+    assert [d.text for d in c.dims] == ["input", "output"]
+    assert c.style is not None and c.style.kind.text == "rowwise"
+    assert [s.kind.text for s in c.extra_styles] == ["none"]
+
+
+def test_style_line_syntax_errors() -> None:
+    for text in ("param w [a] { style }", "param w [a] { style colwise output }"):
+        spec, diags = parse(text, "t.shard")
+        assert spec is None and [d.code for d in diags] == ["SS001"], text
+
+
 @pytest.mark.parametrize(
     "pattern", ["*", "**", "**.w", "w{1,3}", "{a,b}.x", "x.{e}.y", "a*b.*c*", "layers.10.w2"]
 )

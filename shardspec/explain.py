@@ -33,6 +33,32 @@ def _ranges(r) -> str:
     return ",".join(f"{a}:{b}" for a, b in r)
 
 
+def _style_text(res, rule_index: int) -> str:
+    """What parallelize does with the module holding the parameter: the stated style, or
+    the one derived from the module's kind and the placements."""
+    from shardspec.checks.layouts import rule_styles
+
+    rule = next(r for r in res.spec.rules if r.index == rule_index)
+    st = rule.style
+    if st is not None:
+        words = [st.kind.text]
+        if st.input is not None:
+            words.append(f"input {st.input.text}")
+        if st.output is not None:
+            words.append(f"output {st.output.text}")
+        if st.dtensor:
+            words.append("dtensor")
+        return " ".join(words) + f" (stated, {res.spec.path}:{st.span.line})"
+    _fqn, derived, module, dim = rule_styles(res).get(rule_index, ("", "", None, None))
+    if derived in ("colwise", "rowwise"):
+        name = {"linear": "Linear", "embedding": "Embedding"}.get(module or "", module)
+        article = "an" if str(name)[:1] in "AEIOU" else "a"
+        return f"{derived} (derived: {article} {name} sharded on {dim!r})"
+    if derived == "?":
+        return f"none derives ({module}); parallelize refuses it without a style"
+    return "none (not sharded over a model-parallel axis)"
+
+
 def _why(res, winner: int, runner_up: int) -> str:
     """The first precedence criterion on which the winner beats the runner-up."""
     a, b = res.globs[winner].key, res.globs[runner_up].key
@@ -139,6 +165,7 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         + ", ".join(_ptext(p) for p in ps)
         + ")"
     )
+    lines.append(f"  tensor-parallel style: {_style_text(res, m.winner)}")
     lines.append("")
     header = f"  {'rank':>4}  {'coord':<{3 * len(mesh.names) + 2}}  {'local shape':<14} "
     header += "global offset   global indices per dim"

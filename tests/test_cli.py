@@ -383,6 +383,7 @@ def test_explain(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "why: it is the only rule that matches" in out
     assert "mesh: dp_shard=4, tp=2" in out
     assert "ffn=192 over tp [fused: gate 96, up 96]; hidden=64 over dp_shard" in out
+    assert "tensor-parallel style: colwise (derived: a Linear sharded on 'ffn')" in out
     rows = {int(r.split()[0]): r.split() for r in lines if re.match(r"^\s+\d+\s+\(", r)}
     assert sorted(rows) == list(range(8))
     # rank, coord, local shape, global offset
@@ -400,6 +401,7 @@ def test_explain_says_why_a_rule_wins(in_repo: Path, capsys: pytest.CaptureFixtu
     assert re.search(r"loses\s+specs/deepseek_moe.shard:\d+\s+param \*head\.\*", out)
     assert "why: it has more literal segments than `*head.*`" in out
     assert "placements (Replicate(), Replicate())" in out
+    assert "tensor-parallel style: none (not sharded over a model-parallel axis)" in out
 
 
 def test_explain_with_defines(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -163,6 +163,9 @@ def scenario_train(c: Checks, big_module: str) -> None:
     big = importlib.import_module(big_module)
     cfg = dict(dim=512, head_dim=128, n_heads=4, n_kv_heads=2, ffn_dim=1024, n_layers=2)
     compare_training(c, "train llama dim 512", seeded(lambda: llama.tiny(**cfg)), big, mesh, 256)
+    sp = importlib.import_module("llama_sp")
+    tag = "train llama sequence parallel"
+    compare_training(c, tag, seeded(llama.tiny), sp, sp.build_mesh(tp=2), 256)
     mesh = qwen2.build_mesh(tp=2)
     compare_training(c, "train qwen2", seeded(hf_models.qwen2_tiny), qwen2, mesh, 256)
     # The MoE: stacked experts on ep (`style none`, the model's own expert-parallel

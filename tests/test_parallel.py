@@ -23,6 +23,7 @@ MIN_CHECKS = {
     "train llama dim 512": 2 * 15 + 3 + 1,
     "train qwen2": 2 * 27 + 3 + 1,
     "train moe": 2 * 30 + 3 + 1,
+    "train llama sequence parallel": 2 * 15 + 3 + 1,
     "meta qwen2": 1,
     "reshard": 30,
     "handmade": 15 * 4 + 4,
@@ -40,11 +41,53 @@ def _spec_without_manifest(text: str) -> str:
     return text.replace(old, "fuse qkv as 2 groups of q 256, k 128, v 128")
 
 
+# torchtitan's sequence parallelism for specs/llama.shard, stated in style lines: norms
+# sequence-parallel, activations between blocks sharded on the sequence dimension.
+SP_EDITS = (
+    (
+        "    shard vocab over tp\n}\nparam output",
+        "    shard vocab over tp\n    style rowwise output sequence\n}\nparam output",
+    ),
+    ("style colwise output replicate", "style colwise input sequence output replicate"),
+    ("    shard qkv over tp\n", "    shard qkv over tp\n    style colwise input sequence\n"),
+    ("    shard heads over tp\n", "    shard heads over tp\n    style rowwise output sequence\n"),
+    (
+        "    shard hidden over dp_shard\n",
+        "    shard hidden over dp_shard\n    style colwise input sequence\n",
+    ),
+    (
+        "[hidden, ffn] {\n    shard ffn over tp\n",
+        "[hidden, ffn] {\n    shard ffn over tp\n    style rowwise output sequence\n",
+    ),
+    (
+        "param **.*norm.weight [hidden] {}",
+        "param **.*norm.weight [hidden] {\n    style sequence_parallel\n}",
+    ),
+)
+
+
+def _sequence_parallel(text: str) -> str:
+    manifest = ROOT / "specs" / "llama.manifest.json"
+    text = text.replace('manifest "llama.manifest.json"', f'manifest "{manifest}"')
+    text = re.sub(r'(?ms)^hf "[^"]*" \{.*?^\}\n?', "", text)
+    for old, new in SP_EDITS:
+        assert text.count(old) == 1, f"specs/llama.shard changed: {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
 @pytest.mark.dist
 def test_parallelize_and_verify_on_4_ranks(tmp_path: Path) -> None:
-    spec = tmp_path / "llama_big.shard"
-    spec.write_text(_spec_without_manifest((ROOT / "specs" / "llama.shard").read_text()))
-    assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
+    source = (ROOT / "specs" / "llama.shard").read_text()
+    for name, text in (
+        ("llama_big", _spec_without_manifest(source)),
+        ("llama_sp", _sequence_parallel(source)),
+    ):
+        spec = tmp_path / f"{name}.shard"
+        spec.write_text(text)
+        assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
+    sp = (tmp_path / "llama_sp.py").read_text()
+    assert sp.count('"input": "sequence"') == 3 and sp.count('"output": "sequence"') == 3
     results = run_ranks(parallel_scenarios.run_all, 4, "llama_big", str(tmp_path), timeout=240)
     failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
     assert not failures, "\n".join(failures[:30])

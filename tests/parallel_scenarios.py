@@ -196,6 +196,47 @@ def scenario_train(c: Checks, big_module: str) -> None:
     c.check(tag, delta <= 1e-5, f"logits differ by {delta} after a meta-device start")
 
 
+def scenario_options(c: Checks) -> None:
+    """FSDP2's options reach every fully_shard call: reshard_after_forward=False leaves a
+    block unsharded after its forward (its weight on the tp mesh only), mp_policy computes
+    in bf16, and offload_policy trains a step."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    import generated.llama as layout
+
+    tag = "options"
+    mesh = layout.build_mesh(tp=2)
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    tokens = dp_part(batch(0, 256), mesh)
+    ref = lm_loss(seeded(llama.tiny)(), batch(0, 256)).item()
+    for name, options, dtype, axes in (
+        ("default", {}, torch.float32, ("dp_shard", "tp")),
+        ("reshard_after_forward", {"reshard_after_forward": False}, torch.float32, ("tp",)),
+        ("mp_policy", {"mp_policy": bf16}, torch.bfloat16, ("dp_shard", "tp")),
+        (
+            "offload_policy",
+            {"offload_policy": CPUOffloadPolicy(pin_memory=False)},
+            torch.float32,
+            ("dp_shard", "tp"),
+        ),
+    ):
+        model = seeded(llama.tiny)()
+        layout.parallelize(model, mesh, **options)
+        logits = model(tokens[:, :-1])
+        w = model.layers["0"].attention.wqkv.weight
+        got = tuple(w.device_mesh.mesh_dim_names)
+        c.check(tag, logits.dtype == dtype, f"{name}: logits in {logits.dtype}, want {dtype}")
+        c.check(tag, got == axes, f"{name}: after the forward wqkv is on {got}, want {axes}")
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.optim.AdamW(model.parameters(), lr=LR).step()
+        value = loss.detach().clone()
+        dist.all_reduce(value, group=mesh["dp_shard"].get_group())
+        mean = value.item() / mesh["dp_shard"].size()
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        c.check(tag, abs(mean - ref) <= tol * ref, f"{name}: loss {mean} vs {ref}")
+
+
 def scenario_reshard(c: Checks, root: str) -> None:
     import generated.llama as layout
 
@@ -424,6 +465,7 @@ def run_all(rank: int, world: int, big_module: str, build_dir: str) -> tuple[lis
         dist.broadcast_object_list(root, src=0)
         for name, fn in (
             ("train", lambda: scenario_train(c, big_module)),
+            ("options", lambda: scenario_options(c)),
             ("reshard", lambda: scenario_reshard(c, root[0])),
             ("handmade", lambda: scenario_handmade(c, root[0])),
             ("errors", lambda: scenario_errors(c)),

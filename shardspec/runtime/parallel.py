@@ -250,14 +250,11 @@ def _partition(style: Any, module: nn.Module, mesh: DeviceMesh) -> None:
         module.register_parameter(leaf, nn.Parameter(dt, requires_grad=param.requires_grad))
 
 
-class SpecColwise(ColwiseParallel):
-    """torch's ``ColwiseParallel`` (input and output layouts, hooks), with each parameter
-    cut as the spec says: per component for a fused dimension (``_StridedShard``), not the
-    contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up."""
+class _SpecCut:
+    """Cuts a module's parameters as the spec says (``param_placements``: leaf -> layout
+    tuple on the TP axis), in place of torch's own partition functions."""
 
-    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.param_placements = dict(param_placements)
+    param_placements: dict[str, tuple]
 
     def _partition_linear_fn(self, name, module, device_mesh):
         _partition(self, module, device_mesh)
@@ -266,10 +263,28 @@ class SpecColwise(ColwiseParallel):
         _partition(self, module, device_mesh)
 
     def __repr__(self) -> str:
-        return f"SpecColwise({self.param_placements})"
+        return f"{type(self).__name__}({self.param_placements})"
 
 
-class SpecPlaced(ParallelStyle):
+class SpecColwise(_SpecCut, ColwiseParallel):
+    """torch's ``ColwiseParallel`` (input and output layouts, hooks), with each parameter
+    cut as the spec says: per component for a fused dimension (``_StridedShard``), not the
+    contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up."""
+
+    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.param_placements = dict(param_placements)
+
+
+class SpecRowwise(_SpecCut, RowwiseParallel):
+    """torch's ``RowwiseParallel`` with each parameter cut as the spec says."""
+
+    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.param_placements = dict(param_placements)
+
+
+class SpecPlaced(_SpecCut, ParallelStyle):
     """`style none`: the parameters cut as the spec says, and nothing else: the module's
     own forward handles its shards (an expert-parallel MoE, say)."""
 
@@ -280,26 +295,6 @@ class SpecPlaced(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _partition(self, module, device_mesh)
         return module
-
-    def __repr__(self) -> str:
-        return f"SpecPlaced({self.param_placements})"
-
-
-class SpecRowwise(RowwiseParallel):
-    """torch's ``RowwiseParallel`` with each parameter cut as the spec says."""
-
-    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.param_placements = dict(param_placements)
-
-    def _partition_linear_fn(self, name, module, device_mesh):
-        _partition(self, module, device_mesh)
-
-    def _partition_embedding_fn(self, name, module, device_mesh):
-        _partition(self, module, device_mesh)
-
-    def __repr__(self) -> str:
-        return f"SpecRowwise({self.param_placements})"
 
 
 _LAYOUTS = {"replicate": Replicate(), "sequence": Shard(1), "features": Shard(-1)}

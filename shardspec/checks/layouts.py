@@ -336,7 +336,7 @@ def check_module_styles(res: Resolved) -> list[Diagnostic]:
                         f"state `style {derived}`, or shard the other dimension",
                     )
                 )
-        elif stated is None and derived == "?":
+        elif stated is None and derived == "?" and not _linear_pair(res, fqn):
             out.append(
                 diag(
                     "SS033",
@@ -345,6 +345,54 @@ def check_module_styles(res: Resolved) -> list[Diagnostic]:
                     rule.pattern.span,
                     "state `style none` if the module's forward handles its shards; "
                     "parallelize refuses it otherwise",
+                )
+            )
+    out.extend(check_linear_bias(res))
+    return out
+
+
+def _linear_pair(res: Resolved, fqn: str) -> bool:
+    """Whether ``fqn`` is a Linear's bias (its style comes from the weight)."""
+    m = res.matches.get(fqn)
+    return m is not None and m.entry.module == "linear" and fqn.endswith(".bias")
+
+
+def check_linear_bias(res: Resolved) -> list[Diagnostic]:
+    """SS032: a Linear's bias must be cut as its weight's out dimension over the
+    model-parallel axes (column-parallel), or not at all (row-parallel)."""
+    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    rules = {r.index: r for r in res.spec.rules}
+
+    def mp_axes(m, dim: int) -> tuple[str, ...]:
+        d = m.layout.tensor_dims()[dim]
+        return tuple(a for a in d.axes if a != fsdp and a not in m.layout.local)
+
+    out = []
+    reported: set[int] = set()
+    for fqn, m in res.matches.items():
+        if not fqn.endswith(".bias") or m.entry.module != "linear" or m.layout is None:
+            continue
+        w = res.matches.get(fqn[: -len("bias")] + "weight")
+        if w is None or w.layout is None or m.winner is None or m.winner in reported:
+            continue
+        want = mp_axes(w, 0)
+        got = mp_axes(m, 0) if m.layout.tensor_dims() else ()
+        if want != got:
+            reported.add(m.winner)
+            what = (
+                f"replicated over {', '.join(want)}"
+                if not got
+                else f"sharded over {', '.join(got)}"
+            )
+            need = f"`shard out over {', '.join(want)}`" if want else "no model-parallel shard"
+            out.append(
+                diag(
+                    "SS032",
+                    f"{fqn} is {what}, but its Linear's weight is cut on its out dimension "
+                    f"over {', '.join(want) or 'no model-parallel axis'}: the bias must be "
+                    "cut the same way",
+                    rules[m.winner].pattern.span,
+                    f"give the bias {need}",
                 )
             )
     return out

@@ -256,7 +256,8 @@ CHECKS: tuple[Check, ...] = (
         E,
         "A stated `style` contradicts the style the placements give the module: a Linear "
         "whose out dimension is sharded is colwise, in dimension rowwise; an Embedding "
-        "sharded on the vocabulary is rowwise, on its features colwise.",
+        "sharded on the vocabulary is rowwise, on its features colwise. Or a Linear's bias "
+        "is not cut as its weight's out dimension over the model-parallel axes.",
         "A contradicting style would cut the weight on another dimension than the spec "
         "says, so the layout, the checkpoint and the forward would disagree.",
         "param output.weight [vocab, hidden] {   # an nn.Linear\n    shard vocab over tp\n"

@@ -334,6 +334,13 @@ def _style_for(
     }
     kinds.discard(None)
     derived = kinds.pop() if len(kinds) == 1 else "?"
+    bias = placements.get("bias")
+    if derived == "colwise" and module_kind == LINEAR and bias is not None and bias[0] == "R":
+        raise SpecError(
+            f"{fqn}: a column-parallel Linear whose bias is replicated over {tp_axis!r}: each "
+            "rank's output columns need their own slice of the bias; shard the bias's out "
+            f"dimension over {tp_axis!r} too"
+        )
     if derived == "?":
         raise SpecError(
             f"{fqn}: a {type(module).__name__} whose parameters {sorted(sharded)} are sharded "

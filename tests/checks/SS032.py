@@ -54,4 +54,40 @@ CASES = [
         "modules": MODULES,
         "expect": [],
     },
+    {
+        "name": "a column-parallel Linear whose bias is not cut",
+        "spec": HEAD
+        + "param q.weight [out, hidden] {\n    shard out over tp\n}\nparam q.bias [out] {}\n",
+        "manifest": {"q.weight": [16, 8], "q.bias": [16]},
+        "modules": {"q.weight": "linear", "q.bias": "linear"},
+        "expect": [
+            (
+                "SS032",
+                7,
+                "q.bias is replicated over tp, but its Linear's weight is cut on its out "
+                "dimension over tp",
+                "q.bias",
+                "`shard out over tp`",
+            )
+        ],
+    },
+    {
+        "name": "a row-parallel Linear whose bias is cut",
+        "spec": HEAD
+        + "param q.weight [out, hidden] {\n    shard hidden over tp\n}\n"
+        + "param q.bias [out] {\n    shard out over tp\n}\n",
+        "manifest": {"q.weight": [16, 8], "q.bias": [16]},
+        "modules": {"q.weight": "linear", "q.bias": "linear"},
+        "expect": [("SS032", 7, "q.bias is sharded over tp", "q.bias", "no model-parallel")],
+    },
+    {
+        "name": "biases cut like their weights",
+        "spec": HEAD
+        + "param q.weight [out, hidden] {\n    shard out over tp\n}\n"
+        + "param q.bias [out] {\n    shard out over tp\n}\n"
+        + "param o.weight [hidden, out] {\n    shard out over tp\n}\nparam o.bias [hidden] {}\n",
+        "manifest": {"q.weight": [16, 8], "q.bias": [16], "o.weight": [8, 16], "o.bias": [8]},
+        "modules": {n: "linear" for n in ("q.weight", "q.bias", "o.weight", "o.bias")},
+        "expect": [],
+    },
 ]

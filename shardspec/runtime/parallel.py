@@ -44,7 +44,7 @@ from shardspec.layout import (
     same_layout,
     torch_placement_indices,
 )
-from shardspec.runtime.dtensor import layout_of, submesh, take, to_torch
+from shardspec.runtime.dtensor import _contiguous_stride, layout_of, submesh, take, to_torch
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.styles import EMBEDDING, LINEAR, derive
 
@@ -131,8 +131,13 @@ def layout_problem(
         unknown = [n for n in names if n not in plan.names]
         if unknown:
             local = [n for n in unknown if n in plan.layout.local]
-            why = "local to this parameter (its module holds its shard)" if local else "not"
-            return f"its DTensor spans mesh axes {names}; {unknown} is {why} a spec axis here"
+            why = (
+                f"{local} is local to this parameter (its module holds its shard, so no "
+                "DTensor spans it)"
+                if local
+                else f"{unknown} is not an axis of the spec's mesh {lmesh.names}"
+            )
+            return f"its DTensor spans mesh axes {names}; {why}"
         if not _same_group(dmesh, mesh, names):
             return f"its DTensor mesh {names} groups other ranks than the spec mesh's {names}"
         _, got = layout_of(value)
@@ -231,16 +236,8 @@ def _cut(value: torch.Tensor, mesh: DeviceMesh, placement: tuple) -> DTensor:
         [to_torch(placement)],
         run_check=False,
         shape=value.shape,
-        stride=_stride(value.shape),
+        stride=_contiguous_stride(value.shape),
     )
-
-
-def _stride(shape: Iterable[int]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(tuple(shape)):
-        out.append(acc)
-        acc *= max(1, s)
-    return tuple(reversed(out))
 
 
 def _partition(style: Any, module: nn.Module, mesh: DeviceMesh) -> None:

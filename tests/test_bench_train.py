@@ -1,0 +1,97 @@
+"""Smoke tests of the training-step benchmark (bench/bench_train.py) at tiny size, so
+``python -m bench.bench_train`` cannot rot. The checks are on losses and collective
+counts, never on times.
+
+On 4 ranks (dp_shard 2 x tp 2) the test runs ``parallelize`` and the hand-written
+baseline; the ``distribute`` variant runs on 2 ranks (dp_shard 1 x tp 2) with them: its
+first step costs each rank about 15 CPU-seconds at dp_shard 2 (torch's DTensor plans the
+attention's redistributions through ``_StridedShard`` placements by graph search), which
+on 2 cores would make the test last over a minute."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import bench_train as bt  # noqa: E402
+
+TINY = bt.model_config(dim=64, layers=1, heads=4, kv_heads=2, vocab=256)
+SMALL_RUN = dict(steps=1, warmup=0, rounds=1, seq=8, batch_size=2)
+
+
+def test_spec_variant_has_no_manifest_and_this_models_groups() -> None:
+    text = bt.spec_text(bt.MODEL)
+    assert not re.search(r"(?m)^manifest ", text)
+    assert not re.search(r"(?m)^hf ", text)
+    assert "fuse qkv as 2 groups of q 256, k 128, v 128" in text  # 2 q heads of 128 each
+    assert "fuse qkv as 2 groups of q 32, k 16, v 16" in bt.spec_text(TINY)
+
+
+def test_interleaved_w13_gives_each_tp_rank_its_gate_and_up() -> None:
+    ffn, dim, tp = 6, 3, 3
+    gate = torch.arange(ffn * dim, dtype=torch.float32).view(ffn, dim)
+    up = -gate - 1
+    w13 = torch.cat((gate, up))
+    for r, shard in enumerate(bt.interleave_w13(w13, tp).chunk(tp)):
+        want = torch.cat((gate.chunk(tp)[r], up.chunk(tp)[r]))
+        assert torch.equal(shard, want)
+
+
+def _well_formed(s: dict, variants: tuple[str, ...]) -> None:
+    assert set(s) == set(variants)
+    for v, x in s.items():
+        assert x["median"] > 0 and len(x["round_medians"]) == 1, v
+        assert x["same_on_every_rank"], v
+        assert all(m >= 0 for m in x["memory"]) and all(n > 0 for n in x["state"]), v
+        assert len(x["losses"]) == 1 + bt.MEMORY_STEPS + 1, v  # counting, memory, timed
+
+
+@pytest.mark.dist
+def test_parallelize_against_the_hand_written_one_on_4_ranks() -> None:
+    variants = ("parallelize", "handwritten")
+    res = bt.run(TINY, world=4, tp=2, variants=variants, **SMALL_RUN)
+    s = bt.summary(res)
+    _well_formed(s, variants)
+    # Same model, same initial values, same batches, and the same local values on every
+    # rank (the hand-written w13 rows are interleaved per TP rank): the same losses.
+    assert bt.loss_gap(s, "parallelize", "handwritten") <= 1e-6
+    p, h = s["parallelize"], s["handwritten"]
+    layers = TINY["n_layers"]
+    calls = {k: int(row["calls"]) for k, row in h["collectives"].items()}
+    # torch's TP and FSDP2, counted at the dispatcher: all-gather of the root and each
+    # block (again in backward), a reduce-scatter per FSDP unit, 2 TP all-reduces per block
+    # forward and backward plus the embedding's and the output's input gradient, and the
+    # replicated logits.
+    assert calls == {
+        "all_gather dp_shard": 2 * layers + 1,
+        "reduce_scatter dp_shard": layers + 1,
+        "all_reduce tp": 4 * layers + 2,
+        "all_gather tp": 1,
+    }
+    # FSDP2's calls, seen by the wrapped torch.distributed functions too.
+    assert h["calls"] == {"all_gather_single": 2 * layers + 1, "reduce_scatter_single": layers + 1}
+    assert p["n_collectives"] <= h["n_collectives"]
+    assert p["bytes"] <= h["bytes"]
+    text = "\n".join(bt.report(res))
+    assert "parallelize / hand-written" in text and "Target" in text and "Order:" in text
+
+
+@pytest.mark.dist
+def test_every_variant_trains_alike_on_2_ranks() -> None:
+    res = bt.run(TINY, world=2, tp=2, **SMALL_RUN)
+    s = bt.summary(res)
+    _well_formed(s, bt.VARIANTS)
+    assert bt.loss_gap(s, "parallelize", "handwritten") <= 1e-6
+    assert bt.loss_gap(s, "parallelize", "distribute") <= 1e-5
+    p, h, d = s["parallelize"], s["handwritten"], s["distribute"]
+    assert p["n_collectives"] <= h["n_collectives"] and p["bytes"] <= h["bytes"]
+    assert d["n_collectives"] > 0 and d["bytes"] > 0
+    assert "parallelize / distribute" in "\n".join(bt.report(res))

@@ -2,6 +2,16 @@
 
 Used by the demo and the multi-rank tests: one spawn runs many scenarios, since a process
 start costs seconds.
+
+Each rank tears torch.distributed down completely before it exits (issue 8): gloo runs
+background threads (``pt_gloo_runloop``, ``gloo_tcp_loop``) that are joined only when their
+ProcessGroup is destroyed, and ``destroy_process_group()`` alone does not destroy a group
+that something still references. A DeviceMesh holds its groups, and DTensor's caches hold
+meshes, so the groups used to outlive the teardown and be destroyed during interpreter
+shutdown instead, where a gloo thread could abort the rank (``terminate called without an
+active exception``, then SIGABRT). :func:`release_distributed` drops those references;
+the harness then checks that no such thread is left, and reports a rank that still has
+one as failed (naming the threads) instead of letting it crash at exit, now and then.
 """
 
 from __future__ import annotations
@@ -13,11 +23,94 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+# Background threads of torch.distributed that must be gone once every process group is
+# destroyed (gloo's worker and TCP loop threads, the TCPStore server's event loop).
+DIST_THREAD_MARKERS = ("gloo", "tcpstore")
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def dist_threads() -> list[str]:
+    """Names of this process's live torch.distributed background threads (Linux: read
+    from ``/proc/self/task``; elsewhere always empty)."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if any(m in name for m in DIST_THREAD_MARKERS):
+            names.append(name)
+    return sorted(names)
+
+
+def _cache_clear(owner: object, name: str) -> None:
+    fn = getattr(owner, name, None)
+    if fn is not None and hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+
+
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's caches of sharding and redistribution decisions.
+
+    Their keys and values hold DTensorSpecs, hence DeviceMeshes, hence (through each mesh's
+    process-group registry) ProcessGroups: while they are filled, no mesh used by a DTensor
+    op is ever freed. Private torch names, so each is looked up and skipped where absent
+    (checked on torch 2.13; older releases lack some of them).
+    """
+    import sys
+
+    import torch
+
+    if "torch.distributed.tensor" not in sys.modules:  # never used: nothing cached
+        return
+    from torch.distributed.tensor import DTensor
+
+    # The Python sharding-propagation caches (thread-local LRU caches: this thread's)...
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        _cache_clear(propagator, name)
+    # ... and the C++ dispatch fast path's cache of the same decisions.
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    _cache_clear(redistribute, "_gen_transform_infos")
+    # Planners are cached under a weak reference to their mesh, but hold it strongly.
+    clear_planners = getattr(redistribute, "clear_redistribute_planner_cache", None)
+    if clear_planners is not None:
+        clear_planners()
+    collective_utils = sys.modules.get("torch.distributed.tensor._collective_utils")
+    _cache_clear(getattr(collective_utils, "MeshTopoInfo", None), "build_from_mesh")
+
+
+def release_distributed() -> None:
+    """Destroy every process group and drop what keeps their gloo threads alive.
+
+    ``destroy_process_group()`` unregisters the groups and shuts their backends down, but
+    a gloo group's threads are joined only when the group object itself is freed: this
+    empties DTensor's caches (:func:`clear_dtensor_caches`), so that meshes the caller no
+    longer holds are freed with their groups, and collects reference cycles.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        clear_dtensor_caches()
+        gc.collect()
 
 
 def _entry(
@@ -27,6 +120,15 @@ def _entry(
     from datetime import timedelta
 
     import torch.distributed as dist
+
+    try:
+        # Imported before the default group exists: its functions take
+        # ``group=group.WORLD`` as a default argument, evaluated at import, so a first
+        # import after init_process_group (torch._dynamo does one) would pin the world
+        # group, and its gloo threads, for the life of the process.
+        import torch.distributed.nn.functional  # noqa: F401
+    except ImportError:  # a torch build without it: nothing to pin the group
+        pass
 
     # CPU ranks: hide GPUs so that code choosing a device (build_mesh) picks cpu + gloo.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -42,14 +144,36 @@ def _entry(
         dist.init_process_group(
             "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout)
         )
+        # Every rank finishes connecting before any can run ahead and tear down: a rank
+        # still in init_process_group fails ("Connection closed by peer") if a peer whose
+        # ``fn`` needs no collective destroys its group meanwhile.
+        dist.barrier()
         result = ("ok", fn(rank, world, *args))
     except BaseException:  # report everything to the parent, including assertion errors
         result = ("error", traceback.format_exc())
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    problem = None
+    leftover: list[str] = []
+    try:
+        release_distributed()
+        leftover = dist_threads()
+    except BaseException:
+        problem = "tearing torch.distributed down failed:\n" + traceback.format_exc()
+    if leftover:
+        problem = (
+            f"{len(leftover)} torch.distributed thread(s) still running after the harness "
+            f"destroyed every process group: {', '.join(leftover)}. Something still "
+            "references a DeviceMesh, a ProcessGroup or a DTensor (a global, a module-level "
+            "cache); such threads can abort the process at exit (SIGABRT, issue 8)."
+        )
+    if problem is not None:
+        result = ("error", problem if result[0] == "ok" else f"{result[1]}\n{problem}")
     with open(os.path.join(outdir, f"{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
+    if leftover:
+        # The leak is reported above. Skip interpreter shutdown: it would destroy the
+        # leaked groups with their threads running and may abort the rank (issue 8), and
+        # the parent would then raise for the signal instead of showing this report.
+        os._exit(0)
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
@@ -59,6 +183,10 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> l
     longer than ``timeout`` seconds (say, because another rank failed before joining it)
     fails instead of hanging. Raises ``RuntimeError`` with every failing rank's traceback if
     any rank fails.
+
+    After ``fn`` returns, each rank destroys every process group (:func:`release_distributed`)
+    and fails if a torch.distributed thread survives that (see the module docstring): ``fn``
+    must not leave meshes, groups or DTensors in globals.
     """
     import pickle
 

@@ -7,6 +7,7 @@ A generated module holds plain tables (axes, rules, parameters); it builds one
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -89,10 +90,32 @@ class CompiledSpec:
         }
         self._globs = [compile_glob(r.pattern) for r in rules]
         # The mesh the model was last built or distributed on: the default for planners.
-        self.last_mesh: object | None = None
+        self._last_mesh: object | None = None  # see last_mesh: a weak reference, mostly
         self._ignore_globs = [compile_glob(p) for p in ignore]
 
     # ----------------------------------------------------------------- sizes and meshes
+
+    @property
+    def last_mesh(self) -> object | None:
+        """The mesh last built or distributed on (the planners' default), while it lives.
+
+        A spec lives as long as its generated module, so it only refers to a DeviceMesh
+        weakly: a strong reference would keep the mesh, and with it its process groups and
+        their gloo threads, alive after ``destroy_process_group()``, until interpreter
+        shutdown, where those threads can abort the process (issue 8). The model's DTensors
+        hold their mesh, so it lives as long as the distributed model; this is None once
+        nothing else refers to it. Objects without weak references (a dict of sizes, a
+        :class:`shardspec.layout.Mesh`) hold no process group and are kept as they are.
+        """
+        ref = self._last_mesh
+        return ref() if isinstance(ref, weakref.ref) else ref
+
+    @last_mesh.setter
+    def last_mesh(self, mesh: object | None) -> None:
+        try:
+            self._last_mesh = weakref.ref(mesh) if mesh is not None else None
+        except TypeError:  # not weakly referenceable: holds no process group
+            self._last_mesh = mesh
 
     def sizes(self, world: int | None = None, **overrides: int) -> dict[str, int]:
         """Axis sizes: defaults, ``overrides``, the rest axis filled from ``world``."""

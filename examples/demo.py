@@ -1,6 +1,8 @@
 """Distribute the example models on 4 CPU ranks with the generated layouts and print each
-rank's shards; then load a Hugging Face Llama checkpoint (written here by transformers)
-through the llama spec's hf block, and export it back. Run after `shardspec compile`:
+rank's shards; parallelize the example Llama (FSDP2 x TP), train, save, load on another
+mesh and continue (examples/story.py); then load a Hugging Face Llama checkpoint (written
+here by transformers) into a parallelized model through the llama spec's hf block, and
+export it back. Run after `shardspec compile`:
 
     python examples/demo.py [--world 4]
 """
@@ -67,7 +69,7 @@ def hf_round_trip(rank: int, world: int, folder: str) -> list[str]:
     mesh = spec.build_mesh(tp=2) if world % 2 == 0 else spec.build_mesh(tp=1)
     with torch.device("meta"):
         model = llama.tiny()
-    spec.distribute(model, mesh)
+    spec.parallelize(model, mesh)  # torchtitan style: parallelize on meta, then materialize
     model.to_empty(device="cpu")
     report = spec.load_hf(model, f"{folder}/hf", mesh)
     lines = [
@@ -112,6 +114,12 @@ def main() -> int:
         if rank == 0:
             print()
     print(f"distributed {len(DEMOS)} example models on {args.world} gloo ranks")
+    print()
+    from examples.story import train_story
+
+    with tempfile.TemporaryDirectory() as folder:
+        for lines in run_ranks(train_story, args.world, folder):
+            print("\n".join(lines))
     try:
         import transformers  # noqa: F401  (the HF part needs it: pip install -e .[dev])
     except ImportError:

@@ -57,13 +57,16 @@ def _fresh(layout, mesh, seed: int):
 
 
 def train_story(rank: int, world: int, folder: str) -> list[str]:
+    import logging
     import warnings
 
     import generated.llama as layout
 
     # FSDP2 warns that the root returns a view (an in-place op on the logits would skip its
-    # backward hook); the demo does none.
+    # backward hook; the demo does none), and DTensor that gathering a 2-D-sharded tensor
+    # for the comparison takes two all-gathers.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     lines: list[str] = []
 
     def say(text: str) -> None:

@@ -35,6 +35,7 @@ COLLECTIVES = (
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
+    "all_gather_single",  # torch 2.13's, which FSDP2 calls (absent in older releases)
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
@@ -48,6 +49,7 @@ COLLECTIVES = (
     "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",  # likewise
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",

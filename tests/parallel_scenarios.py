@@ -436,6 +436,24 @@ def scenario_errors(c: Checks) -> None:
     odd = llama.tiny()
     odd.layers["0"].feed_forward.w13 = _NotALinear(odd.layers["0"].feed_forward.w13.weight)
     refused("no style", lambda: layout.parallelize(odd, mesh), "no tensor-parallel style", odd)
+    # An embedding and head tied the way transformers ties them (one Parameter in two
+    # modules), sharded over tp: refused, not a forward mixing DTensors and tensors.
+    tied = llama.tiny()
+    assert tied.output is not None
+    tied.output.weight = tied.tok_embeddings.weight
+    refused("tied", lambda: layout.parallelize(tied, mesh), "tied parameters", tied)
+    # styles: a module the model lacks is named; a style for a parameter-free module is
+    # applied (PrepareModuleInput on a block).
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    m = llama.tiny()
+    refused("styles", lambda: layout.parallelize(m, mesh, styles={"nope": None}), "'nope'", m)
+    m = llama.tiny()
+    prep = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+    layout.parallelize(m, mesh, styles={"layers.0": prep})
+    hooks = m.layers["0"]._forward_pre_hooks
+    c.check(tag, len(hooks) > 0, "the PrepareModuleInput style on layers.0 was not applied")
     wrong_shape = llama.tiny(dim=32, head_dim=8)
     refused("manifest", lambda: layout.parallelize(wrong_shape, mesh), "manifest", wrong_shape)
 

@@ -28,7 +28,7 @@ MIN_CHECKS = {
     "options": 12,
     "reshard": 30,
     "handmade": 15 * 4 + 4,
-    "errors": 5,
+    "errors": 8,
 }
 
 

@@ -431,6 +431,17 @@ def build_tp_plan(
             continue
         if style is not None:
             plan_out[owner] = style
+    # Styles for modules that hold no parameter of the spec (PrepareModuleInput on a
+    # block, say) are the caller's to add; each must name a module of the model.
+    for owner, style in (styles or {}).items():
+        if owner in plan_out:
+            continue
+        try:
+            model.get_submodule(owner)
+        except AttributeError:
+            errors.append(f"styles: the model has no module {owner!r}")
+            continue
+        plan_out[owner] = style
     if errors:
         raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(errors))
     return axis, plan_out
@@ -527,7 +538,8 @@ def parallelize(
 
     ``mp_policy``, ``reshard_after_forward`` and ``offload_policy`` go to every
     ``fully_shard`` call; ``blocks`` names the FSDP units (default: the members of the
-    model's outermost list of identical blocks); ``styles`` overrides a module's style.
+    model's outermost list of identical blocks); ``styles`` (module FQN -> ParallelStyle)
+    overrides a module's style, or adds one for a module without spec parameters.
     Everything is planned and checked before the model changes; afterwards every parameter
     has exactly the spec's layout (checked with :func:`verify`).
     """
@@ -543,8 +555,22 @@ def parallelize(
             f"the model is already parallelized ({already}); parallelize a fresh model, or "
             "check a model parallelized elsewhere with verify()"
         )
-    plans, _aliases = plan_params(spec, model, lmesh)
+    plans, aliases = plan_params(spec, model, lmesh)
     axis, tp = build_tp_plan(spec, model, lmesh, plans, styles)
+    tied_tp = sorted(
+        f"{alias} (= {fqn})"
+        for alias, fqn in aliases.items()
+        if fqn in plans
+        and any(a != spec.fsdp_axis and lmesh.size(a) > 1 for a in plans[fqn].sharded_axes())
+    )
+    if tied_tp:
+        raise SpecError(
+            "tied parameters sharded over a model-parallel axis: "
+            + ", ".join(tied_tp)
+            + "; one weight used by two modules (a tied embedding and head) gets no "
+            "tensor-parallel style torch can apply to both; untie them, or keep the "
+            "model-parallel axes at size 1"
+        )
     dims = fsdp_dims(spec, plans)
     block_names = list(blocks) if blocks is not None else default_blocks(model)
     block_modules = []
@@ -642,8 +668,8 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
     for p in spec.params.values():
         by_rule.setdefault(p.rule, p.shape)
     groups: dict[str, dict[str, tuple]] = {}
-    kinds: dict[str, str] = {}
-    axes = [a for a in tp_axes(spec)]
+    kinds: dict[str, dict[str, object]] = {}
+    axes = tp_axes(spec)
     for i, rule in enumerate(spec.rules):
         shape = by_rule.get(i)
         if shape is None:

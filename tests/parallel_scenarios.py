@@ -235,6 +235,16 @@ def scenario_options(c: Checks) -> None:
         mean = value.item() / mesh["dp_shard"].size()
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
         c.check(tag, abs(mean - ref) <= tol * ref, f"{name}: loss {mean} vs {ref}")
+    # FSDP units: every block and the root (torchtitan's wrapping), or the named blocks.
+    from torch.distributed.fsdp import FSDPModule
+
+    model = layout.parallelize(seeded(llama.tiny)(), mesh)
+    units = sorted(n or "<root>" for n, m in model.named_modules() if isinstance(m, FSDPModule))
+    c.check(tag, units == ["<root>", "layers.0", "layers.1"], f"FSDP units {units}")
+    model = layout.parallelize(seeded(llama.tiny)(), mesh, blocks=["layers.1"])
+    units = sorted(n or "<root>" for n, m in model.named_modules() if isinstance(m, FSDPModule))
+    c.check(tag, units == ["<root>", "layers.1"], f"blocks=['layers.1']: FSDP units {units}")
+    layout.verify(model, mesh)
 
 
 def scenario_reshard(c: Checks, root: str) -> None:

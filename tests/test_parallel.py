@@ -25,7 +25,7 @@ MIN_CHECKS = {
     "train moe": 2 * 30 + 3 + 1,
     "train llama sequence parallel": 2 * 15 + 3 + 1,
     "meta qwen2": 1,
-    "options": 12,
+    "options": 14,
     "reshard": 30,
     "handmade": 15 * 4 + 4,
     "errors": 8,

@@ -15,6 +15,7 @@ from shardspec.layout import (
     storage_units,
 )
 from shardspec.patterns import describe_key
+from shardspec.stages import layer_of as stage_layer_of
 
 
 def _ptext(p: tuple) -> str:
@@ -166,6 +167,21 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         + ")"
     )
     lines.append(f"  tensor-parallel style: {_style_text(res, m.winner)}")
+    off_stage: list[int] = []
+    if layout.stage_axis is not None and res.stages is not None and res.pipeline is not None:
+        stage = layout.stages[0]
+        sp, p = res.stages, res.pipeline
+        if p.split is not None and stage_layer_of(p, fqn) is not None:
+            why = f"layer {stage_layer_of(p, fqn)} of split {p.split}"
+            if p.local_names:
+                why += f"; the stage model names it {sp.local_name(fqn)}"
+        else:
+            why = "first stage" if stage == 0 else "last stage"
+        off_stage = [t.rank for t in rank_table(layout, mesh) if not layout.on_stage(mesh, t.coord)]
+        lines.append(
+            f"  pipeline stage: {stage} of {sp.n_stages} on {p.axis} ({why}); "
+            f"ranks {_rank_list(off_stage)} (other stages) hold none of it"
+        )
     lines.append("")
     header = f"  {'rank':>4}  {'coord':<{3 * len(mesh.names) + 2}}  {'local shape':<14} "
     header += "global offset   global indices per dim"
@@ -184,6 +200,8 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         )
         lines.insert(-2, f"  this module on each rank: {names} (the rows below)")
     for t in rank_table(layout, mesh):
+        if t.rank in off_stage:
+            continue
         indices = list(t.indices)
         for i, j in virtual.items():
             if indices[i]:
@@ -228,6 +246,13 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         lines.append("")
         lines.append(render_all_text(attach_sources(findings, outcome.sources)).rstrip())
     return "\n".join(lines) + "\n", 0
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``0-3`` for a run of ranks, else a comma list."""
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def _hf_lines(

@@ -148,6 +148,24 @@ class HFBlock(Node):
     configs: list[HFConfig] = []
 
 
+class StageSplit(Node):
+    """``split PATTERN [as N, N, ...] [local]`` in a pipeline block."""
+
+    pattern: Pattern
+    counts: list[int] = []
+    counts_span: Span | None = None
+    local_names: bool = False
+
+
+class Pipeline(Node):
+    """``pipeline AXIS { first ...  split ...  last ... }``; lists keep file order."""
+
+    axis: Name
+    first: list[Pattern] = []
+    last: list[Pattern] = []
+    splits: list[StageSplit] = []
+
+
 class Suppression(Node):
     """``# shardspec: ignore[SS121, SS122]`` on the line it silences."""
 
@@ -169,6 +187,7 @@ class Spec(BaseModel):
     rules: list[Rule] = []
     ignores: list[IgnoreRule] = []
     hf: HFBlock | None = None
+    pipeline: Pipeline | None = None
     suppressions: list[Suppression] = []
 
     @property

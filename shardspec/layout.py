@@ -99,6 +99,16 @@ class ParamLayout:
     # Per dim, axes that only checkpoints split further (outer to inner), inside each
     # rank's runtime block: the parameter is replicated over them at run time.
     ckpt: tuple[tuple[str, ...], ...] = ()
+    # Pipeline parallelism: the stage axis, and the stages (coordinates on it) whose ranks
+    # hold the parameter. Other ranks hold none of it; its DTensor spans the other axes.
+    stage_axis: str | None = None
+    stages: tuple[int, ...] = ()
+
+    def on_stage(self, mesh: Mesh, coord: Sequence[int]) -> bool:
+        """Whether the rank at ``coord`` holds (part of) this parameter's stage."""
+        if self.stage_axis is None:
+            return True
+        return coord[mesh.names.index(self.stage_axis)] in self.stages
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -423,7 +433,10 @@ def dim_indices(dim: Dim, sizes: dict[str, int], coord: dict[str, int]) -> Range
 
 
 def local_indices(layout: ParamLayout, mesh: Mesh, coord: Sequence[int]) -> tuple[Ranges, ...]:
-    """Per dimension, the global indices that the rank at ``coord`` holds."""
+    """Per dimension, the global indices that the rank at ``coord`` holds (none on a
+    rank of another pipeline stage)."""
+    if not layout.on_stage(mesh, coord):
+        return tuple(() for _ in layout.dims)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     c = dict(zip(mesh.names, coord, strict=True))
     return tuple(dim_indices(d, sizes, c) for d in layout.dims)
@@ -454,8 +467,9 @@ Placement = tuple
 
 
 def dtensor_mesh(layout: ParamLayout, mesh: Mesh) -> Mesh:
-    """The mesh a parameter's DTensor spans: every axis that is not local to it."""
-    return mesh.submesh([n for n in mesh.names if n not in layout.local])
+    """The mesh a parameter's DTensor spans: every axis that is not local to it, nor its
+    pipeline stage axis (a stage's DTensors live on that stage's ranks)."""
+    return mesh.submesh([n for n in mesh.names if n not in layout.local and n != layout.stage_axis])
 
 
 def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]:
@@ -522,9 +536,19 @@ def same_layout(
     for coord in mesh.coords():
         want = torch_placement_indices(shape, mesh, placements, coord)
         have = torch_placement_indices(shape, sub, other, [coord[p] for p in pos])
-        if want != have:
+        if want != have and not _same_empty(want, have):
             return tuple(coord), want, have
     return None
+
+
+def _same_empty(a: tuple[Ranges, ...], b: tuple[Ranges, ...]) -> bool:
+    """Two shards without elements, of one local shape: they hold the same (nothing),
+    whatever ranges their other dimensions would cover."""
+    return (
+        any(not r for r in a)
+        and any(not r for r in b)
+        and tuple(map(ranges_len, a)) == tuple(map(ranges_len, b))
+    )
 
 
 def torch_local_shape_and_offset(
@@ -560,11 +584,18 @@ def _dtensor_view(layout: ParamLayout, mesh: Mesh, coord: Sequence[int]) -> tupl
     return tuple(out)
 
 
+def _first_coord(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
+    """Coordinate 0 on every axis, but on the parameter's (first) pipeline stage."""
+    if layout.stage_axis is None or layout.stage_axis not in mesh.names:
+        return (0,) * len(mesh.names)
+    return tuple(layout.stages[0] if n == layout.stage_axis else 0 for n in mesh.names)
+
+
 def module_shape(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
     """The shape of the tensor the module holds before any DTensor sharding (its local-axis
     block, for virtual dims nothing). Uses the rank at coordinate 0 on every axis, so it is
     exact only when local axes divide evenly, which checks require."""
-    coord = (0,) * len(mesh.names)
+    coord = _first_coord(layout, mesh)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     c = dict(zip(mesh.names, coord, strict=True))
     out = []
@@ -587,6 +618,8 @@ def representable(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...] | None:
     shape = module_shape(layout, mesh)
     sub_pos = [mesh.names.index(n) for n in sub.names]
     for coord in mesh.coords():
+        if not layout.on_stage(mesh, coord):
+            continue
         want = _dtensor_view(layout, mesh, coord)
         got = torch_placement_indices(shape, sub, placements, [coord[p] for p in sub_pos])
         if want != got:

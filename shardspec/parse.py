@@ -63,6 +63,7 @@ _TOKEN_NAMES = {
     "TRANSPOSE": "'transpose'",
     "ROPE": "'rope'",
     "CONFIG_EXPR": "a product of config keys and whole numbers (a * b * 2)",
+    "PIPE_LOCAL": "'local'",
     "COMMA": "','",
     "$END": "the end of the file",
 }
@@ -283,6 +284,40 @@ class _ToIR(Transformer):
         node = ir.HFBlock(span=_span(self.path, meta), **fields)
         return ("hf", node, node.span)
 
+    @v_args(meta=True)
+    def pipe_first(self, meta, children):
+        return ("first", [self._pattern(t) for t in children])
+
+    @v_args(meta=True)
+    def pipe_last(self, meta, children):
+        return ("last", [self._pattern(t) for t in children])
+
+    @v_args(meta=True)
+    def pipe_counts(self, meta, children):
+        return ("counts", [int(t) for t in children], _span(self.path, meta))
+
+    @v_args(meta=True)
+    def pipe_split(self, meta, children):
+        counts = next((c for c in children if isinstance(c, tuple)), None)
+        return ir.StageSplit(
+            span=_span(self.path, meta),
+            pattern=self._pattern(children[0]),
+            counts=counts[1] if counts else [],
+            counts_span=counts[2] if counts else None,
+            local_names=any(isinstance(c, Token) and c.type == "PIPE_LOCAL" for c in children),
+        )
+
+    @v_args(meta=True)
+    def pipeline_stmt(self, meta, children):
+        fields: dict = {"first": [], "last": [], "splits": []}
+        for c in children[1:]:
+            if isinstance(c, ir.StageSplit):
+                fields["splits"].append(c)
+            else:
+                fields[c[0]].extend(c[1])
+        node = ir.Pipeline(span=_span(self.path, meta), axis=self._name(children[0]), **fields)
+        return ("pipeline", node, node.span)
+
     def param_body(self, children):
         return list(children)
 
@@ -334,8 +369,9 @@ class _ToIR(Transformer):
         return ("param", rule, None)
 
 
-_STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param")
+_STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param", "pipeline")
 _HF_ITEMS = ("config", "drop", "keep", "tie")
+_PIPE_ITEMS = ("first", "last", "split")
 _BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard", "style")
 
 
@@ -442,12 +478,20 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         return "write `config NAME = key * key * 2`"
     if "INT" in expected and re.search(r"\brope\s*$", before):
         return "write `rope N`, N the head size in rows"
+    if "SPLIT" in expected and word and word != "}":
+        guess = _closest(word, _PIPE_ITEMS)
+        hint = f"did you mean `{guess}`? " if guess else ""
+        return hint + "a pipeline block holds first, last and split lines"
+    if "PARAM" in expected and word in _PIPE_ITEMS:
+        return f"`{word}` goes inside a `pipeline AXIS {{ ... }}` block"
     if "PARAM" in expected and word in _HF_ITEMS:
         return f"`{word}` goes inside an `hf {{ ... }}` block"
     if "COLON" in expected and word not in (":", ""):
         return "mesh axes are written `name: size`, for example `tp: 2`"
     if word == "," and expected == {"NAME", "RBRACE"}:
         return "mesh axes are separated by spaces or new lines, not commas"
+    if "INT" in expected and re.search(r"\b(as|,)\s*$", before) and "split" in before:
+        return "write the layers per stage as whole numbers: `split layers.{layer} as 3, 5`"
     if expected & {"INT", "REST"} and not expected & {"NAME", "COMMA"} and word:
         return "a mesh axis size is a positive whole number, or `*` for the rest of the world"
     if "OVER" in expected and re.match(r"^shard\s+\w+\s+(on|by|across|along)\b", stripped):
@@ -486,7 +530,7 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         guess = _closest(word, _STATEMENTS)
         if guess:
             return f"did you mean `{guess}`?"
-        return "a statement starts with manifest, mesh, fsdp, ignore, param or hf"
+        return "a statement starts with manifest, mesh, fsdp, ignore, param, pipeline or hf"
     if "SHARD" in expected and word and word != "}":
         if re.search(r"\bshard\s+\w+\s+over\s+\w+\s*$", before):
             return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
@@ -528,7 +572,7 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
     fields: dict = {"rules": [], "ignores": []}
     seen: dict[str, Span] = {}
     for kind, node, span in items.children:
-        if kind in ("manifest", "mesh", "fsdp", "hf"):
+        if kind in ("manifest", "mesh", "fsdp", "hf", "pipeline"):
             if kind in seen:
                 diags.append(
                     diag(
@@ -550,6 +594,8 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
             fields["ignores"].append(node)
         elif kind == "hf":
             fields["hf"] = node
+        elif kind == "pipeline":
+            fields["pipeline"] = node
         else:
             fields["rules"].append(node)
     fields["suppressions"] = _suppressions(path, text)

@@ -8,6 +8,7 @@ them into diagnostics. Rules that the structural checks found broken are passed 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from shardspec import ir
 from shardspec.layout import LayoutError, Mesh, ParamLayout, RuleSpec, build_layout, resolve_sizes
 from shardspec.manifest import Entry, Manifest
 from shardspec.patterns import Glob, PatternError, compile_glob
+from shardspec.stages import PipelineSpec, StageError, StagePlan, plan
 
 
 @dataclass
@@ -46,6 +48,11 @@ class Resolved:
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
     hf_manifest: object | None = None  # the hf block's HFManifest, when it could be read
+    # The pipeline block in plain data (None: no block, or one the checks found broken),
+    # and where every parameter lives at the mesh's pipeline size (when it places them).
+    pipeline: PipelineSpec | None = None
+    stages: StagePlan | None = None
+    stage_error: StageError | None = None  # why the parameters could not be placed
 
     @property
     def params(self) -> list[tuple[str, Match]]:
@@ -82,6 +89,22 @@ def mesh_of(
     if any(s < 1 for s in resolved):
         raise LayoutError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
     return Mesh(names, resolved)
+
+
+def pipeline_spec(spec: ir.Spec) -> PipelineSpec | None:
+    """The plain-data form of the spec's pipeline block (None without one)."""
+    p = spec.pipeline
+    if p is None:
+        return None
+    split = p.splits[0] if p.splits else None
+    return PipelineSpec(
+        axis=p.axis.text,
+        first=tuple(x.text for x in p.first),
+        last=tuple(x.text for x in p.last),
+        split=split.pattern.text if split else None,
+        counts=tuple(split.counts) if split else (),
+        local_names=bool(split and split.local_names),
+    )
 
 
 def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
@@ -184,7 +207,37 @@ def resolve(
     _match_all(res)
     if mesh is not None:
         _layouts(res, mesh)
+    _place_stages(res)
     return res
+
+
+def _place_stages(res: Resolved) -> None:
+    """Place the manifest's parameters on the mesh's stages (``res.stages``), or say why
+    they cannot be placed at this size (``res.stage_error``)."""
+    try:
+        res.pipeline = pipeline_spec(res.spec)
+    except PatternError:
+        return
+    p = res.pipeline
+    if p is None or res.mesh is None or res.manifest is None or p.axis not in res.mesh.names:
+        return
+    try:
+        res.stages = plan(p, [f for f, _ in res.params], res.mesh.size(p.axis))
+    except StageError as e:
+        res.stage_error = e
+        return
+    except PatternError:  # reported by the pipeline block's checks (SS090)
+        return
+    # Layouts know their stage: other stages' ranks hold none of the parameter, and its
+    # DTensor spans the mesh without the pipeline axis.
+    staged: dict[tuple[int, int], ParamLayout] = {}  # keeps layouts shared per stage
+    for fqn, m in res.params:
+        if m.layout is not None:
+            stage = res.stages.stage[fqn]
+            key = (id(m.layout), stage)
+            if key not in staged:
+                staged[key] = dataclasses.replace(m.layout, stage_axis=p.axis, stages=(stage,))
+            m.layout = staged[key]
 
 
 def _match_all(res: Resolved) -> None:

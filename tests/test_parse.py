@@ -385,7 +385,8 @@ def test_hints_list_the_expected_tokens() -> None:
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")
     assert (
-        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param' or the end of the file"
+        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param', 'pipeline' or the end of the "
+            "file"
         in d.hint
     )
 

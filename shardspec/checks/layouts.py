@@ -6,6 +6,8 @@ parameter and how many more share it, so a 60-layer model does not print 60 copi
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import defaultdict
 
 from shardspec import ir
@@ -33,6 +35,10 @@ def _groups(res: Resolved) -> dict[tuple[int, ParamLayout], list[str]]:
             entry[1].append(fqn)
     out: dict[tuple[int, ParamLayout], list[str]] = defaultdict(list)
     for (winner, _), (layout, fqns) in by_id.items():
+        # Within its stage a parameter has the same layout on every stage: check it once,
+        # over the mesh (replicated over the pipeline axis, which no dimension uses).
+        if layout.stage_axis is not None:
+            layout = dataclasses.replace(layout, stage_axis=None, stages=())
         out[(winner, layout)].extend(fqns)
     return out
 

@@ -516,6 +516,93 @@ CHECKS: tuple[Check, ...] = (
         "lm_head.weight -> output.weight\n"
         "tie lm_head.weight = model.embed_tokens.weight",
     ),
+    # --- pipeline stages ---------------------------------------------------------------
+    Check(
+        "SS090",
+        "bad-pipeline",
+        E,
+        "The pipeline block is malformed: its axis is not a mesh axis, is the FSDP axis or is "
+        "used by a rule; a pattern is malformed, the split captures other than one layer index "
+        "or a first/last pattern captures; there is a second split; or the spec has no "
+        "manifest.",
+        "A stage holds its parameters whole on its own ranks, so no rule may place a "
+        "parameter over the pipeline axis; and stages are found from the whole model's names, "
+        "which only a manifest knows (a stage model holds only its own).",
+        "mesh over 8 ranks { pp: 2  dp_shard: * }\npipeline stage { split layers.{layer} }",
+        "mesh over 8 ranks { pp: 2  dp_shard: * }\npipeline pp { split layers.{layer} }",
+    ),
+    Check(
+        "SS091",
+        "no-stage",
+        E,
+        "A parameter lies on no pipeline stage: no `first`, `last` or split pattern covers it.",
+        "Its stage would be a guess; a checkpoint saved from the stages would lack it.",
+        "pipeline pp {\n    first tok_embeddings\n    split layers.{layer}\n}   # norm, output?",
+        "pipeline pp {\n    first tok_embeddings\n    split layers.{layer}\n"
+        "    last norm, output\n}",
+        True,
+    ),
+    Check(
+        "SS092",
+        "stage-conflict",
+        E,
+        "A parameter is placed by two of `first`, `last` and the split.",
+        "A parameter lives on exactly one stage; two claims would put it on two stages, "
+        "trained apart and saved twice.",
+        "pipeline pp {\n    first tok_embeddings, layers.0\n    split layers.{layer}\n}",
+        "pipeline pp {\n    first tok_embeddings\n    split layers.{layer} as 1, 3\n}",
+        True,
+    ),
+    Check(
+        "SS093",
+        "empty-stage",
+        E,
+        "A pipeline stage holds no parameter.",
+        "torch.distributed.pipelining cannot run a stage without a module, and such a "
+        "stage only adds a hop to every micro-batch.",
+        "pipeline pp { split layers.{layer} as 0, 4 }   # stage 0 holds nothing",
+        "pipeline pp { split layers.{layer} as 1, 3 }",
+        True,
+    ),
+    Check(
+        "SS094",
+        "stage-split",
+        E,
+        "The layers do not split over the stages: an even split of a layer count that the "
+        "pipeline size does not divide, or explicit counts (`as 3, 5`) for another number of "
+        "stages or another number of layers.",
+        "An uneven split must be stated; counts that do not add up would drop layers or "
+        "invent them.",
+        "mesh over 8 ranks { pp: 3  dp_shard: * }\n"
+        "pipeline pp { split layers.{layer} }   # 4 layers",
+        "mesh over 8 ranks { pp: 3  dp_shard: * }\npipeline pp { split layers.{layer} as 1, 1, 2 }",
+        True,
+    ),
+    Check(
+        "SS095",
+        "stage-names",
+        E,
+        "Stage-local names cannot be mapped to global ones: the split captures something "
+        "other than a layer number, or with `local` a layer number is written with leading "
+        "zeros.",
+        "Megatron numbers each stage's layers from 0; read naively, stage 1's layer 0 is "
+        "the model's layer 0 and a checkpoint loads the wrong layers. Global names come "
+        "from the stage and the local number, which must be a plain number.",
+        "pipeline pp { split blocks.{kind} local }   # blocks.attn, blocks.mlp",
+        "pipeline pp { split layers.{layer} local }",
+        True,
+    ),
+    Check(
+        "SS096",
+        "unused-stage-pattern",
+        E,
+        "A `first`, `last` or split pattern places no parameter.",
+        "Usually a typo (`embeddings` for `tok_embeddings`), which would leave the modules "
+        "it meant on no stage or on the wrong one.",
+        "pipeline pp { first embed  split layers.{layer}  last norm, output }",
+        "pipeline pp { first tok_embeddings  split layers.{layer}  last norm, output }",
+        True,
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

@@ -13,6 +13,7 @@ from shardspec.checks.hf import (
     no_hf_manifest,
 )
 from shardspec.checks.layouts import LAYOUT_CHECKS
+from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.registry import BY_CODE, RETIRED, diag
 from shardspec.checks.structure import STRUCTURE_CHECKS
 from shardspec.diagnostics import Diagnostic, Span
@@ -75,6 +76,7 @@ def check(
     broken: set[int] = set()
     for c in STRUCTURE_CHECKS:
         diags.extend(c(spec, broken))
+    diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:
         manifest, mdiags = load_spec_manifest(spec)
         diags.extend(mdiags)
@@ -120,6 +122,7 @@ def check(
             diags.extend(c(res))
         for c in LAYOUT_CHECKS:
             diags.extend(c(res))
+        diags.extend(check_stages(res))
         if spec.hf is not None:
             diags.extend(check_hf_units(res, hf_manifest, hf_bad))
     elif spec.manifest is None:

@@ -183,6 +183,62 @@ def _param_line(fqn: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
     return "\n".join(lines).lstrip()
 
 
+def _layer_runs(values: tuple[str, ...]) -> str:
+    """``0-1`` for consecutive layer numbers, else a comma list."""
+    if not values:
+        return "none"
+    nums = [int(v) for v in values]
+    if nums == list(range(nums[0], nums[0] + len(nums))) and len(nums) > 1:
+        return f"{nums[0]}-{nums[-1]}"
+    return ", ".join(values)
+
+
+def _pipeline_context(res: Resolved) -> dict[str, str] | None:
+    """The generated module's ``PIPELINE`` table, with a comment showing the stages at the
+    default size, or ``None`` when the spec has no pipeline block."""
+    p = res.pipeline
+    if p is None:
+        return None
+    fields: list[tuple[str, object]] = [("axis", p.axis)]
+    if p.first:
+        fields.append(("first", p.first))
+    if p.last:
+        fields.append(("last", p.last))
+    if p.split is not None:
+        fields.append(("split", p.split))
+    if p.counts:
+        fields.append(("counts", p.counts))
+    if p.local_names:
+        fields.append(("local_names", True))
+    lines = ["\n".join(layout(v, 4, f"{k}=", ",")).lstrip() for k, v in fields]
+    words = [
+        "Pipeline",
+        "stages",
+        f"on {p.axis}",
+        "(a",
+        "rank's",
+        "coordinate",
+        f"on {p.axis}",
+        "is",
+        "its",
+        "stage).",
+        *"Patterns are module prefixes of the whole model's names.".split(),
+    ]
+    doc = comment(words)
+    sp = res.stages
+    if sp is not None:
+        doc += f"\n# At {p.axis}={sp.n_stages}:"
+        for s in range(sp.n_stages):
+            held = [f for f in p.first if s == 0] if p.first else []
+            if sp.stage_layers and sp.stage_layers[s]:
+                held.append(f"{p.split} for {_layer_runs(sp.stage_layers[s])}")
+            held += [f for f in p.last if s == sp.n_stages - 1]
+            doc += "\n" + comment([f"  stage {s}:", *", ".join(held).split(" ")])
+    table = "PIPELINE: PipelineSpec | None = PipelineSpec(\n"
+    table += "".join(f"    {line}\n" for line in lines) + ")"
+    return {"comment": doc, "table": table}
+
+
 def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
     """The generated module's ``HF`` table and the names it imports, or ``None`` when the
     spec has no ``hf`` block (the module is then exactly what it was before hf blocks)."""
@@ -300,7 +356,8 @@ def render_module(
         rs = res.rule_specs.get(rule.index) or rule_spec(rule, fsdp)
         placements: list[str] = []
         if res.mesh is not None:
-            names = [n for n in res.mesh.names if n not in rs.local]
+            pp = res.pipeline.axis if res.stages is not None else None
+            names = [n for n in res.mesh.names if n not in rs.local and n != pp]
             layout_ = first_layout.get(rule.index)
             if layout_ is not None:
                 ps = dtensor_placements(layout_, res.mesh)  # type: ignore[arg-type]
@@ -371,5 +428,6 @@ def render_module(
         "params": params,
         "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec, res)),
         "hf": _hf_context(spec, spec_path),
+        "pipeline": _pipeline_context(res),
     }
     return _env().get_template("module.py.j2").render(**ctx)

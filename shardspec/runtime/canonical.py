@@ -114,11 +114,15 @@ class _Piece:
 
 @lru_cache(maxsize=4096)
 def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ...]:
-    """For every rank (in rank order), its storage pieces of a parameter with ``layout``."""
+    """For every rank (in rank order), its storage pieces of a parameter with ``layout``
+    (none on a rank of another pipeline stage)."""
     table = rank_table(layout, mesh)
     units = storage_units(layout)
-    out = []
+    out: list[tuple[_Piece, ...]] = []
     for t in table:
+        if not layout.on_stage(mesh, t.coord):
+            out.append(())
+            continue
         pieces = []
         # What the rank stores: its runtime block, cut further by checkpoint-only splits.
         stored = checkpoint_indices(layout, mesh, t.coord, t.indices)

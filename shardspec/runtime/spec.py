@@ -7,6 +7,7 @@ A generated module holds plain tables (axes, rules, parameters); it builds one
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,8 @@ from shardspec.layout import (
     resolve_sizes,
 )
 from shardspec.patterns import compile_glob
+from shardspec.stages import PipelineSpec, StageError, StagePlan
+from shardspec.stages import plan as stage_plan
 
 
 class SpecError(LayoutError):
@@ -67,6 +70,7 @@ class CompiledSpec:
         factory_args: Mapping[str, object] | None = None,
         fsdp: str | None = None,
         styles: Mapping[int, Mapping[str, object]] | None = None,
+        pipeline: PipelineSpec | None = None,
     ) -> None:
         self.name = name
         self.axes = axes
@@ -92,6 +96,9 @@ class CompiledSpec:
         # The mesh the model was last built or distributed on: the default for planners.
         self._last_mesh: object | None = None  # see last_mesh: a weak reference, mostly
         self._ignore_globs = [compile_glob(p) for p in ignore]
+        # Pipeline stages (`pipeline AXIS { ... }`): placed per pipeline size, on demand.
+        self.pipeline = pipeline
+        self._stage_plans: dict[int, StagePlan] = {}
 
     # ----------------------------------------------------------------- sizes and meshes
 
@@ -152,6 +159,96 @@ class CompiledSpec:
                 "inner); build it with build_mesh()"
             )
         return lm
+
+    # ----------------------------------------------------------------- pipeline stages
+
+    def stage_plan(self, mesh: object) -> StagePlan | None:
+        """Where every parameter lives at ``mesh``'s pipeline size (None: no pipeline)."""
+        if self.pipeline is None:
+            return None
+        lm = self.layout_mesh(mesh)
+        n = lm.size(self.pipeline.axis)
+        got = self._stage_plans.get(n)
+        if got is None:
+            if self.params is None:
+                raise SpecError(f"spec {self.name!r} has a pipeline but no manifest", "SS090")
+            try:
+                got = stage_plan(self.pipeline, sorted(self.params), n)
+            except StageError as e:
+                raise SpecError(
+                    f"cannot place spec {self.name!r}'s parameters on {n} pipeline stage(s): {e}",
+                    e.code,
+                    e.hint,
+                ) from None
+            self._stage_plans[n] = got
+        return got
+
+    def stage_of(self, mesh: object, coord: Iterable[int] | None = None) -> int | None:
+        """The pipeline stage of the rank at ``coord`` (default: this rank's coordinate on
+        a DeviceMesh); None without a pipeline."""
+        if self.pipeline is None:
+            return None
+        lm = self.layout_mesh(mesh)
+        if coord is None:
+            coord = mesh.get_coordinate()  # type: ignore[attr-defined]
+            if coord is None:
+                raise SpecError("this rank is not part of the mesh")
+        return tuple(coord)[lm.names.index(self.pipeline.axis)]
+
+    def global_names(
+        self, names: Iterable[str], mesh: object, coord: Iterable[int] | None = None
+    ) -> dict[str, str]:
+        """A stage model's parameter names -> the whole model's (global) names.
+
+        Without a pipeline, or with stage models that keep global names, every name maps to
+        itself. With ``split ... local`` a stage's layers count from 0, and the k-th maps to
+        the stage's k-th global layer. Raises one :class:`SpecError` naming every name that
+        is not this stage's, and every parameter of the stage the names lack (given a
+        manifest); ignored names map to themselves.
+        """
+        names = list(names)
+        sp = self.stage_plan(mesh)
+        if sp is None:
+            return {n: n for n in names}
+        stage = self.stage_of(mesh, coord)
+        assert stage is not None
+        out: dict[str, str] = {}
+        foreign: list[str] = []
+        for n in names:
+            if self.is_ignored(n):
+                out[n] = n
+                continue
+            g = sp.global_name(n, stage)
+            if g is None:
+                other = sp.stage_of(n)
+                where = (
+                    f"stage {other}'s"
+                    if other is not None and not sp.spec.local_names
+                    else "no parameter of this stage"
+                )
+                foreign.append(f"{n} ({where})")
+            else:
+                out[n] = g
+        missing = sorted(set(sp.params_of(stage)) - set(out.values()))
+        if foreign or missing:
+            lines = [f"holds {f}" for f in foreign[:5]]
+            if len(foreign) > 5:
+                lines.append(f"... and {len(foreign) - 5} more it should not hold")
+            if missing:
+                local = [sp.local_name(m) for m in missing]
+                more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+                lines.append(
+                    f"lacks {len(missing)} parameter(s) of stage {stage}: "
+                    f"{', '.join(local[:3])}{more}"
+                )
+            axis = self.pipeline.axis  # type: ignore[union-attr]
+            raise SpecError(
+                f"the model is not stage {stage} of {sp.n_stages} (this rank's coordinate on "
+                f"{axis!r}) as spec {self.name!r} splits it:\n  " + "\n  ".join(lines),
+                "SS091",
+                "build each rank's stage model from stage_layers(mesh) and the first/last modules",
+            )
+        return out
 
     # ----------------------------------------------------------------- lookup
 
@@ -243,6 +340,16 @@ class CompiledSpec:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
             raise SpecError(f"parameter {fqn!r}: {e}", e.code, e.hint) from None
+        sp = self.stage_plan(lm)
+        if sp is not None:
+            stage = sp.stage_of(fqn)
+            if stage is None:
+                raise SpecError(f"parameter {fqn!r} is on no pipeline stage", "SS091")
+            layout = dataclasses.replace(
+                layout,
+                stage_axis=self.pipeline.axis,  # type: ignore[union-attr]
+                stages=(stage,),
+            )
         bad = representable(layout, lm)
         if bad is not None:
             raise SpecError(

@@ -1,0 +1,163 @@
+"""Pipeline stages at train time: which stage this rank is, what it holds, and cutting a
+whole model down to one stage (torchtitan's way: drop what other stages hold, keep names).
+
+The stage arithmetic is :mod:`shardspec.stages`, the very code the compiler checked the
+spec's ``pipeline`` block with. A stage model then goes through ``parallelize`` (its
+DTensors span the mesh without the pipeline axis) and into
+``torch.distributed.pipelining.PipelineStage`` with the pipeline axis's process group.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.stages import StagePlan, layer_of
+
+
+def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
+    sp = spec.stage_plan(mesh)
+    if sp is None:
+        raise SpecError(f"spec {spec.name!r} declares no pipeline")
+    return sp
+
+
+def stage_of(spec: CompiledSpec, mesh: DeviceMesh) -> int:
+    """This rank's pipeline stage: its coordinate on the pipeline axis."""
+    _plan(spec, mesh)
+    stage = spec.stage_of(mesh)
+    assert stage is not None
+    return stage
+
+
+def num_stages(spec: CompiledSpec, mesh: object) -> int:
+    """The number of pipeline stages on ``mesh``."""
+    return _plan(spec, mesh).n_stages
+
+
+def stage_layers(spec: CompiledSpec, mesh: object, stage: int | None = None) -> list[str]:
+    """The global layer values (the split's captures, in order) that ``stage`` holds;
+    ``stage`` defaults to this rank's."""
+    sp = _plan(spec, mesh)
+    s = stage_of(spec, mesh) if stage is None else stage  # type: ignore[arg-type]
+    _check_stage(sp, s)
+    return list(sp.stage_layers[s])
+
+
+def stage_params(spec: CompiledSpec, mesh: object, stage: int | None = None) -> list[str]:
+    """The global names of the parameters ``stage`` holds (default: this rank's)."""
+    sp = _plan(spec, mesh)
+    s = stage_of(spec, mesh) if stage is None else stage  # type: ignore[arg-type]
+    _check_stage(sp, s)
+    return sp.params_of(s)
+
+
+def _check_stage(sp: StagePlan, stage: int) -> None:
+    if not 0 <= stage < sp.n_stages:
+        raise SpecError(f"stage {stage} is not one of the {sp.n_stages} pipeline stage(s)")
+
+
+def split_stage(
+    spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh, stage: int | None = None
+) -> nn.Module:
+    """Cut a whole model (meta, CPU or GPU) down to ``stage`` (default: this rank's), in
+    place, as torchtitan's pipeline split does: layers of other stages are deleted from
+    their ``ModuleDict`` (names stay global), and modules only other stages hold are set to
+    ``None`` (the model's forward must skip a ``None`` module, as torchtitan's do). With
+    ``split ... local`` the kept layers are renumbered from 0 (a ``ModuleList`` or
+    ``ModuleDict`` rebuilt in order), as Megatron's stages number them.
+
+    Checked before anything changes: the model must hold exactly the spec's parameters,
+    and afterwards :meth:`CompiledSpec.global_names` must accept the stage model.
+    """
+    sp = _plan(spec, mesh)
+    s = stage_of(spec, mesh) if stage is None else stage
+    _check_stage(sp, s)
+    names = [n for n, _ in model.named_parameters() if not spec.is_ignored(n)]
+    unknown = sorted(set(names) - set(sp.stage))
+    if unknown:
+        raise SpecError(
+            f"split_stage needs the whole model; it has {len(unknown)} parameter(s) the "
+            f"manifest lacks, e.g. {unknown[0]!r} (for a stage model built by hand, skip "
+            "split_stage)"
+        )
+    keep = set(sp.params_of(s))
+    # Containers of the split family: "layers" for `layers.{layer}`.
+    family: dict[str, nn.Module] = {}
+    for n in names:
+        value = layer_of(sp.spec, n)
+        if value is None:
+            continue
+        head = _layer_prefix(n, value, sp)
+        family.setdefault(head, model.get_submodule(head) if head else model)
+    drops: list[tuple[nn.Module, str]] = []
+    for n in names:
+        if n in keep or layer_of(sp.spec, n) is not None:
+            continue
+        # The outermost module all of whose parameters other stages hold.
+        parts = n.split(".")
+        for k in range(1, len(parts)):
+            prefix = ".".join(parts[:k])
+            inside = [m for m in names if m == prefix or m.startswith(prefix + ".")]
+            if not any(m in keep for m in inside):
+                owner = ".".join(parts[: k - 1])
+                drops.append((model.get_submodule(owner) if owner else model, parts[k - 1]))
+                break
+        else:  # pragma: no cover - a parameter directly on the root
+            raise SpecError(f"cannot drop root parameter {n!r} from a stage model")
+    kept = list(sp.stage_layers[s])
+    for head, container in family.items():
+        if not isinstance(container, (nn.ModuleDict, nn.ModuleList)):
+            raise SpecError(
+                f"{head or 'the model'} is a {type(container).__name__}: the split family "
+                "needs a ModuleDict or ModuleList"
+            )
+        if isinstance(container, nn.ModuleList) and not sp.spec.local_names:
+            raise SpecError(
+                f"{head} is a ModuleList: dropping layers renumbers it. Use a ModuleDict "
+                "(as torchtitan does) or `split ... local` (stage-local numbering)"
+            )
+    for parent, attr in drops:
+        setattr(parent, attr, None)
+    for head, container in family.items():
+        layers = [
+            container[v] if isinstance(container, nn.ModuleDict) else container[int(v)]
+            for v in kept
+        ]
+        if sp.spec.local_names:
+            new: nn.Module = (
+                nn.ModuleDict({str(i): m for i, m in enumerate(layers)})
+                if isinstance(container, nn.ModuleDict)
+                else nn.ModuleList(layers)
+            )
+        else:
+            new = nn.ModuleDict(dict(zip(kept, layers, strict=True)))
+        owner, _, attr = head.rpartition(".")
+        setattr(model.get_submodule(owner) if owner else model, attr, new)
+    spec.global_names([n for n, _ in model.named_parameters()], mesh, _coord_for(spec, mesh, s))
+    return model
+
+
+def _layer_prefix(fqn: str, value: str, sp: StagePlan) -> str:
+    """The container of the split family in ``fqn`` (``layers`` of ``layers.3.w``)."""
+    from shardspec.stages import prefix_glob
+
+    g = prefix_glob(sp.spec.split or "")
+    m = g.regex.match(fqn)
+    assert m is not None
+    a, _ = m.span(g.captures[0])
+    return fqn[: max(0, a - 1)]
+
+
+def _coord_for(spec: CompiledSpec, mesh: DeviceMesh, stage: int) -> tuple[int, ...]:
+    lm = spec.layout_mesh(mesh)
+    coord = list(mesh.get_coordinate() or (0,) * len(lm.names))
+    coord[lm.names.index(spec.pipeline.axis)] = stage  # type: ignore[union-attr]
+    return tuple(coord)
+
+
+def pipeline_group(spec: CompiledSpec, mesh: DeviceMesh):
+    """The process group of the pipeline axis (``PipelineStage(..., group=...)``)."""
+    _plan(spec, mesh)
+    return mesh.get_group(spec.pipeline.axis)  # type: ignore[union-attr]

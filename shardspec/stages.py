@@ -1,0 +1,258 @@
+"""Pipeline stages: which stage holds each parameter, and stage-local names.
+
+Pure Python (``re`` via :mod:`shardspec.patterns`, nothing else): the compiler checks a
+spec's ``pipeline`` block with these functions and the runtime places parameters on stages
+with the very same ones, at whatever pipeline size the mesh has.
+
+A pipeline declaration names the mesh axis whose coordinate is the stage index, and sorts
+every parameter (always by its *global* name, the manifest's) onto a stage:
+
+* ``first PATTERN, ...``: modules of the first stage (embeddings);
+* ``last PATTERN, ...``: modules of the last stage (final norm, output head);
+* ``split PATTERN``: a layer-indexed family (``layers.{layer}``), in consecutive runs of
+  layers per stage, sorted by the capture's integer value: an even split, or explicit
+  counts per stage (``as 3, 5``). With ``local`` each stage numbers its own layers from 0
+  (Megatron); otherwise stage models keep global names (torchtitan).
+
+Patterns are module prefixes: ``output`` places ``output.weight`` and ``output.bias``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from shardspec.patterns import Glob, compile_glob
+
+
+class StageError(ValueError):
+    """A pipeline declaration that does not place the parameters; ``code`` is the check
+    code the compiler reports it under."""
+
+    def __init__(self, message: str, code: str = "SS094", hint: str = "") -> None:
+        super().__init__(message)
+        self.code, self.hint = code, hint
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A ``pipeline AXIS { ... }`` block in plain data (the generated module's table)."""
+
+    axis: str
+    first: tuple[str, ...] = ()
+    last: tuple[str, ...] = ()
+    split: str | None = None  # a pattern with one capture: the layer index
+    counts: tuple[int, ...] = ()  # explicit layers per stage; () is an even split
+    local_names: bool = False  # stage models number their split layers from 0
+
+
+@lru_cache(maxsize=256)
+def prefix_glob(pattern: str) -> Glob:
+    """A module-prefix pattern as a parameter glob: the pattern, then any segments."""
+    return compile_glob(pattern + ".**")
+
+
+def places(pattern: str, fqn: str) -> bool:
+    """Whether module pattern ``pattern`` covers parameter ``fqn``."""
+    return prefix_glob(pattern).match(fqn) is not None
+
+
+def layer_of(spec: PipelineSpec, fqn: str) -> str | None:
+    """The split capture's value in ``fqn`` (its layer), or None when the split does not
+    cover it."""
+    if spec.split is None:
+        return None
+    g = prefix_glob(spec.split)
+    caps = g.match(fqn)
+    if caps is None or not g.captures:
+        return None
+    return caps[g.captures[0]]
+
+
+def claims(spec: PipelineSpec, fqn: str) -> list[str]:
+    """Which declarations cover ``fqn``: ``"first"``, ``"last"``, ``"split"`` (in that
+    order; several is a conflict)."""
+    out = []
+    if any(places(p, fqn) for p in spec.first):
+        out.append("first")
+    if any(places(p, fqn) for p in spec.last):
+        out.append("last")
+    if layer_of(spec, fqn) is not None:
+        out.append("split")
+    return out
+
+
+def _layer_key(value: str) -> int:
+    if not value.isdigit():
+        raise StageError(
+            f"the split's capture is {value!r}, not a layer number",
+            "SS095",
+            "split a family indexed by whole numbers, such as `layers.{layer}`",
+        )
+    return int(value)
+
+
+def layers(spec: PipelineSpec, names: Iterable[str]) -> tuple[str, ...]:
+    """The split's layer values among ``names`` (global), in layer order."""
+    found = {v for v in (layer_of(spec, n) for n in names) if v is not None}
+    return tuple(sorted(found, key=_layer_key))
+
+
+def layer_counts(spec: PipelineSpec, n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Layers per stage: the explicit counts, or an even split."""
+    if n_stages < 1:
+        raise StageError(f"the pipeline axis {spec.axis!r} has size {n_stages}", "SS094")
+    if spec.counts:
+        if len(spec.counts) != n_stages:
+            raise StageError(
+                f"the split gives {len(spec.counts)} stage(s) layers "
+                f"({', '.join(map(str, spec.counts))}), but {spec.axis!r} has "
+                f"{n_stages} stage(s)",
+                "SS094",
+                f"give one count per stage, or drop `as ...` for an even split of {n_layers}",
+            )
+        if sum(spec.counts) != n_layers:
+            raise StageError(
+                f"the split's counts add up to {sum(spec.counts)} layers, but the model has "
+                f"{n_layers}",
+                "SS094",
+                "the counts must add up to the number of layers",
+            )
+        return spec.counts
+    if n_layers % n_stages:
+        lo = n_layers // n_stages
+        return _raise_uneven(spec, n_layers, n_stages, lo)
+    return (n_layers // n_stages,) * n_stages
+
+
+def _raise_uneven(spec: PipelineSpec, n_layers: int, n_stages: int, lo: int) -> tuple[int, ...]:
+    if lo == 0:
+        raise StageError(
+            f"{n_layers} layers cannot fill {n_stages} stages of {spec.axis!r}",
+            "SS094",
+            f"use at most {n_layers} stages",
+        )
+    extra = n_layers - lo * n_stages
+    example = ", ".join(str(lo + (1 if s >= n_stages - extra else 0)) for s in range(n_stages))
+    raise StageError(
+        f"{n_layers} layers do not split evenly over {n_stages} stages of {spec.axis!r}",
+        "SS094",
+        f"give each stage's count, e.g. `split {spec.split} as {example}`",
+    )
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Where every parameter lives at one pipeline size."""
+
+    spec: PipelineSpec
+    n_stages: int
+    stage: dict[str, int]  # global name -> stage
+    stage_layers: tuple[tuple[str, ...], ...]  # per stage, its layer values in order
+
+    def stage_of(self, fqn: str) -> int | None:
+        """The stage of global name ``fqn``, also for names the manifest lacks (modules
+        built for other local sizes); None when no declaration covers it once."""
+        if fqn in self.stage:
+            return self.stage[fqn]
+        what = claims(self.spec, fqn)
+        if len(what) != 1:
+            return None
+        if what[0] == "first":
+            return 0
+        if what[0] == "last":
+            return self.n_stages - 1
+        value = layer_of(self.spec, fqn)
+        for s, held in enumerate(self.stage_layers):
+            if value in held:
+                return s
+        return None
+
+    def params_of(self, stage: int) -> list[str]:
+        """The global names stage ``stage`` holds, sorted."""
+        return sorted(f for f, s in self.stage.items() if s == stage)
+
+    def local_name(self, fqn: str) -> str:
+        """The name stage models give global parameter ``fqn``."""
+        if not self.spec.local_names:
+            return fqn
+        value = layer_of(self.spec, fqn)
+        if value is None:
+            return fqn
+        stage = self.stage_of(fqn)
+        if stage is None:
+            return fqn
+        return _replace_capture(self.spec, fqn, str(self.stage_layers[stage].index(value)))
+
+    def global_name(self, name: str, stage: int) -> str | None:
+        """The global name of stage ``stage``'s parameter ``name`` (None: no such one)."""
+        if not self.spec.local_names:
+            return name if self.stage_of(name) == stage else None
+        value = layer_of(self.spec, name)
+        if value is None:
+            return name if self.stage_of(name) == stage else None
+        held = self.stage_layers[stage]
+        if not value.isdigit() or int(value) >= len(held) or str(int(value)) != value:
+            return None
+        return _replace_capture(self.spec, name, held[int(value)])
+
+
+def _replace_capture(spec: PipelineSpec, fqn: str, value: str) -> str:
+    g = prefix_glob(spec.split or "")
+    m = g.regex.match(fqn)
+    assert m is not None and g.captures
+    a, b = m.span(g.captures[0])
+    return fqn[:a] + value + fqn[b:]
+
+
+def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
+    """Place every global parameter name on a stage. Raises :class:`StageError` for the
+    first problem (the compiler's checks report every one, with locations)."""
+    problems = assignment_problems(spec, names)
+    if problems:
+        fqn, what = problems[0]
+        code = "SS092" if what else "SS091"
+        raise StageError(
+            f"parameter {fqn!r} is "
+            + (f"placed by both {' and '.join(what)}" if what else "on no pipeline stage"),
+            code,
+        )
+    order = layers(spec, names)
+    counts = layer_counts(spec, len(order), n_stages) if order else (0,) * n_stages
+    stage_layers, start = [], 0
+    of_layer: dict[str, int] = {}
+    for s, n in enumerate(counts):
+        run = order[start : start + n]
+        stage_layers.append(tuple(run))
+        of_layer.update((v, s) for v in run)
+        start += n
+    stage: dict[str, int] = {}
+    for fqn in names:
+        (what,) = claims(spec, fqn)
+        if what == "first":
+            stage[fqn] = 0
+        elif what == "last":
+            stage[fqn] = n_stages - 1
+        else:
+            value = layer_of(spec, fqn)
+            assert value is not None
+            stage[fqn] = of_layer[value]
+    empty = [s for s in range(n_stages) if s not in set(stage.values())]
+    if empty:
+        raise StageError(
+            f"stage {empty[0]} of {n_stages} holds no parameter",
+            "SS093",
+            "give every stage at least one layer, or use a smaller pipeline",
+        )
+    return StagePlan(spec, n_stages, stage, tuple(stage_layers))
+
+
+def assignment_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """Parameters on no stage (``(fqn, [])``) or claimed twice (``(fqn, claims)``)."""
+    out = []
+    for fqn in names:
+        what = claims(spec, fqn)
+        if len(what) != 1:
+            out.append((fqn, what))
+    return out

@@ -33,12 +33,30 @@ scope.
 
 RoPE uses the Meta/torchtitan *interleaved* convention: the adjacent pairs ``(2j, 2j + 1)`` of
 each head form a complex number rotated by ``pos * theta ** (-2j / head_dim)``.
+
+Pipeline parallelism (torchtitan style): :func:`stage_model` cuts a full model, in place, to
+one pipeline stage: the layers it keeps (``layers`` is a ``ModuleDict``, so a stage keeps
+the global keys ``layers.{i}``; ``renumber=True`` numbers them ``0 .. k-1`` instead, as
+Megatron's stage-local numbering), ``tok_embeddings`` only on the first stage, ``norm`` and
+``output`` only on the last (dropped modules are set to ``None``). A stage's ``forward``
+then takes token ids ``[B, T]`` (first stage) or hidden states ``[B, T, dim]`` (any other),
+and returns hidden states ``[B, T, dim]`` (any stage but the last) or logits. Composing the
+stages' forwards gives the full model's logits bitwise. :func:`stage_layers` is the even
+split of the layers over the stages.
+
+A tied model (``tie_embeddings``) whose last stage is not also its first gets, on that
+stage, an ``output`` module holding a *copy* of the embedding (Megatron style): the last
+stage's parameter is ``output.weight``, and keeping it tied is the trainer's job (sum the
+gradients of ``tok_embeddings.weight`` on the first stage and ``output.weight`` on the last
+before every optimizer step, so that the two copies receive the same updates).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +77,10 @@ __all__ = [
     "local_tp_state",
     "rope_cos_sin",
     "split_wqkv",
+    "stage_layers",
+    "stage_model",
     "tiny",
+    "tiny4",
     "tiny_tied",
     "tiny_tp_local",
 ]
@@ -221,31 +242,116 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Dense Llama-style decoder; ``forward(tokens [B, T]) -> logits [B, T, vocab_size]``."""
+    """Dense Llama-style decoder; ``forward(tokens [B, T]) -> logits [B, T, vocab_size]``.
+
+    On a pipeline stage (:func:`stage_model`) ``tok_embeddings`` is ``None`` on every stage
+    but the first (the input is then hidden states ``[B, T, dim]``), and ``norm`` and
+    ``output`` are ``None`` on every stage but the last (the output is then hidden states).
+    """
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
         vocab = config.vocab_size // config.tp  # > 1: this TP rank's rows of the vocabulary
-        self.tok_embeddings = nn.Embedding(vocab, config.dim)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab, config.dim)
         # A ModuleDict (as in torchtitan) keeps the FQNs stable when stages drop layers.
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(config) for i in range(config.n_layers)}
         )
-        self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = None if config.tie_embeddings else nn.Linear(config.dim, vocab, bias=False)
+        self.norm: RMSNorm | None = RMSNorm(config.dim, config.norm_eps)
+        self.output: nn.Linear | None = (
+            None if config.tie_embeddings else nn.Linear(config.dim, vocab, bias=False)
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        # tokens: ids [B, T] on the first stage (or the whole model), else hidden [B, T, dim].
+        h = tokens if self.tok_embeddings is None else self.tok_embeddings(tokens)
         cfg = self.config
         cos, sin = rope_cos_sin(tokens.shape[1], cfg.head_dim, cfg.rope_theta, device=h.device)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
+        if self.norm is None:  # not the last pipeline stage: hand the hidden states on
+            return h
         h = self.norm(h)
         if self.output is not None:
             # Call the module (not F.linear on its weight), so tensor-parallel hooks run.
             return self.output(h)
+        if self.tok_embeddings is None:
+            raise RuntimeError(
+                "a tied last pipeline stage without the embedding needs an output module "
+                "(stage_model gives it a copy of the embedding)"
+            )
         return F.linear(h, self.tok_embeddings.weight)
+
+
+def stage_layers(n_layers: int, n_stages: int, stage: int) -> list[int]:
+    """The global layer indices of pipeline stage ``stage``: an even, consecutive split.
+
+    Raises ``ValueError`` unless ``n_stages`` divides ``n_layers`` and ``0 <= stage <
+    n_stages``.
+    """
+    if n_stages < 1:
+        raise ValueError(f"n_stages ({n_stages}) must be >= 1")
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage ({stage}) must be in [0, n_stages={n_stages})")
+    if n_layers < 1 or n_layers % n_stages:
+        raise ValueError(f"n_layers ({n_layers}) does not split evenly over {n_stages} stages")
+    per = n_layers // n_stages
+    return list(range(stage * per, (stage + 1) * per))
+
+
+def stage_model(
+    model: Llama, layers: Sequence[int], *, first: bool, last: bool, renumber: bool = False
+) -> Llama:
+    """Cut a full ``model``, in place, to one pipeline stage, and return it.
+
+    Keeps the blocks ``layers`` (global indices, strictly increasing) under their global keys
+    (torchtitan), or under ``"0" .. "k-1"`` with ``renumber=True`` (Megatron); keeps
+    ``tok_embeddings`` only if ``first``, ``norm`` and ``output`` only if ``last``, and sets
+    the dropped modules to ``None``. ``model.config`` is unchanged (it describes the whole
+    pipeline: ``n_layers`` stays the global count).
+
+    A tied model (``config.tie_embeddings``) on a last stage that is not also the first gets
+    ``output = nn.Linear(dim, vocab, bias=False)`` holding a copy of the embedding weight
+    (same device, dtype and ``requires_grad``): the stage's logits parameter is then
+    ``output.weight``, a tied copy that the trainer keeps equal to the first stage's
+    ``tok_embeddings.weight`` by summing their gradients (Megatron's shared embedding).
+    :func:`init_weights` on such a stage would draw ``output.weight`` from its own seed:
+    cut an already initialised model instead.
+    """
+    keys = list(model.layers.keys())
+    full = [str(i) for i in range(model.config.n_layers)]
+    if model.tok_embeddings is None or model.norm is None or keys != full:
+        raise ValueError("stage_model cuts a full model; this one is already a stage")
+    wanted = [int(i) for i in layers]
+    if not wanted and not (first or last):
+        raise ValueError("a pipeline stage needs at least one layer, or to be first or last")
+    if any(b <= a for a, b in itertools.pairwise(wanted)):
+        raise ValueError(f"layers {wanted} must be strictly increasing")
+    bad = [i for i in wanted if not 0 <= i < model.config.n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} not in [0, n_layers={model.config.n_layers})")
+
+    embedding = model.tok_embeddings
+    if last and not first and model.output is None:
+        # Tied: the last stage computes its logits with a copy of the embedding.
+        weight = embedding.weight
+        output = nn.Linear(
+            weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype
+        )
+        with torch.no_grad():
+            output.weight.copy_(weight)
+        output.weight.requires_grad_(weight.requires_grad)
+        model.output = output
+    model.layers = nn.ModuleDict(
+        {(str(k) if renumber else str(i)): model.layers[str(i)] for k, i in enumerate(wanted)}
+    )
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model
 
 
 def split_wqkv(
@@ -326,6 +432,11 @@ def _copy_full_value(param: torch.Tensor, value: torch.Tensor) -> None:
 def tiny(**overrides: Any) -> Llama:
     """A tiny untied Llama (the :class:`LlamaConfig` defaults, updated by ``overrides``)."""
     return Llama(LlamaConfig(**overrides))
+
+
+def tiny4(**overrides: Any) -> Llama:
+    """:func:`tiny` with 4 layers (a pipeline of 2 or 4 stages splits it evenly)."""
+    return Llama(LlamaConfig(**{"n_layers": 4, **overrides}))
 
 
 def tiny_tied(**overrides: Any) -> Llama:

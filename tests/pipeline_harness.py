@@ -302,6 +302,9 @@ def train_case(
     c.check(tag, names == expected, f"rank {rank}: stage holds {sorted(names ^ expected)} wrongly")
 
     group = dist.group.WORLD
+    # The tied copies live on the first and the last rank only: their own group (every
+    # rank takes part in creating it), so the stages between never join the all-reduce.
+    tie_group = dist.new_group([0, world - 1]) if tied else None
     opt = torch.optim.AdamW(stage.parameters(), lr=LR)
     pipe = None
     vocab = full.config.vocab_size
@@ -317,11 +320,11 @@ def train_case(
             loss = run_schedule(
                 stage, rank, world, group, inputs, targets, MICROBATCHES, schedule=schedule
             )
-        if tied:
+        if tied and (first or last):
             # Megatron's shared embedding: the first stage's embedding and the last stage's
             # output copy receive the sum of both gradients, so the copies stay equal.
             holder = stage.tok_embeddings if first else stage.output
-            dist.all_reduce(holder.weight.grad, group=group)  # type: ignore[union-attr]
+            dist.all_reduce(holder.weight.grad, group=tie_group)  # type: ignore[union-attr]
         if last:
             ok = loss is not None and abs(loss.item() - ref_losses[step]) <= 1e-5 * abs(
                 ref_losses[step]
@@ -341,6 +344,8 @@ def train_case(
                 c.check(tag, delta <= 1e-5 * scale + 1e-9, f"{name}: grad delta {delta} ({scale})")
         opt.step()
         opt.zero_grad()
+    if tie_group is not None and (first or last):
+        dist.destroy_process_group(tie_group)
     for name, p in stage.named_parameters():
         delta = (p.detach() - ref_params[global_name(name, layers, **naming)]).abs().max().item()
         c.check(tag, delta <= 1e-5, f"rank {rank} {name}: parameter delta {delta}")
@@ -377,8 +382,11 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
             train_case(c, rank, world, **case)
         except Exception:
             c.fail.append(f"[{case}] raised:\n{traceback.format_exc()}")
-            break  # the other rank may be waiting in a collective: stop here
-    dist.barrier()
+            break  # the other ranks may be waiting on this one: stop here
+    try:
+        dist.barrier()
+    except Exception:  # keep the failures above: they say why a peer is missing
+        c.fail.append(f"[barrier] raised:\n{traceback.format_exc()}")
     return c.fail, c.count
 
 

@@ -15,6 +15,16 @@ model only when every read succeeded.
 chunk is sent once, by the replica the checkpoint writer balancing chose, to the rank
 that writes the tensor; tensors are spread over the ranks by bytes, so no rank gathers
 the whole model.
+
+Pipeline stages (a spec with a ``pipeline`` block): each rank's model is its stage's
+model, under its stage's names (global, or numbered from 0 per stage with ``split ...
+local``); Hugging Face keys and storage units always use the whole model's (global)
+names. The whole model's units come from the manifest, so every rank validates the whole
+checkpoint alike (a key missing for another stage fails every rank) while reading only
+its own stage's bytes, still without a collective. ``export_hf`` on a pipeline first
+shares each rank's parameter dtypes (one ``all_gather_object``), then every rank
+computes every stage's chunk senders from a canonical plan of that stage's structure
+(meta tensors), so all ranks agree on who sends what.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +42,7 @@ import torch.distributed as dist
 
 from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
 from shardspec.layout import Mesh, ParamLayout
-from shardspec.runtime.canonical import Unit, rank_pieces, replica_groups
+from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
     Names,
@@ -109,15 +119,60 @@ def _layouts(
 
 
 def _global_units(
-    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]], local: Mapping[str, tuple]
+    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]],
+    dtypes: Mapping[str, torch.dtype],
 ) -> dict[str, _GlobalUnit]:
     """Every storage unit of every rank (the same on every rank), by name."""
-    dtypes = {unit.source: tensor.dtype for unit, tensor in local.values()}
     out: dict[str, _GlobalUnit] = {}
     for key, (layout, spans) in layouts.items():
         for name, shape in unit_names(key, layout.dims, spans):
             out.setdefault(name, _GlobalUnit(name, shape, dtypes[key]))
     return out
+
+
+def _torch_dtype(name: str, fqn: str) -> torch.dtype:
+    """The torch dtype a manifest names (``"float32"``, ``"torch.bfloat16"``)."""
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise HFError(f"{fqn}: the manifest's dtype {name!r} is not a torch dtype")
+    return dt
+
+
+def _whole_model(
+    spec: CompiledSpec,
+    lm: Mesh,
+    rank: int,
+    flat: Mapping[str, Any],
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
+) -> tuple[Names, dict[str, tuple[ParamLayout, list[tuple[int, int]]]], dict[str, torch.dtype]]:
+    """The names, the layout of every parameter (by global name, with its name-indexed
+    captures' spans) and every parameter's dtype, the same on every rank.
+
+    Without a pipeline these are the model's own parameters (every rank holds a part of
+    each). With one, a rank's model holds only its stage's: the whole model's parameters
+    come from the manifest, other stages' dtypes from its dtype strings."""
+    names = Names(spec, lm, rank)
+    dtypes = {names.global_of(u.source): t.dtype for u, t in local.values()}
+    if names.stages is None:
+        keys = {u.source for u, _ in local.values()}
+        return names, _layouts(spec, names, lm, flat, keys), dtypes
+    table = names.table
+    if table is None:
+        raise HFError(
+            f"spec {spec.name!r} has pipeline stages, but its manifest does not describe the "
+            f"model on mesh {dict(zip(lm.names, lm.sizes, strict=True))} (its local axes were "
+            f"built at {spec.built_sizes}): load_hf/export_hf of a stage need the other "
+            "stages' parameters from the manifest"
+        )
+    layouts = {}
+    for fqn in sorted(names.stages.stage):
+        if spec.is_ignored(fqn):
+            continue
+        layout = spec.layout(fqn, lm)
+        layouts[fqn] = (layout, names.virtual_spans(fqn, layout))
+        if fqn not in dtypes:
+            dtypes[fqn] = _torch_dtype(table[fqn].dtype, fqn)
+    return names, layouts, dtypes
 
 
 # ----------------------------------------------------------------------------- the files
@@ -294,18 +349,20 @@ def load_hf(
     checkpoint is checked first (every rank checks the same things, so every rank raises
     the same :class:`HFError`): missing and unexpected keys, shapes against the mapping,
     ``weight_map`` entries outside the directory or naming missing files, truncated
-    files. The slices are read into staging buffers and copied into the model only when
-    every read succeeded. Values are cast to the parameters' dtypes. ``strict=False``
-    leaves parameters that no rule produces as they are (with ``strict``, that is an
-    error). ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
+    files. With pipeline stages ``model`` is this rank's stage model (keyed by the stage's
+    names): the whole model's parameters come from the manifest, so keys of other stages
+    are expected and checked on every rank, but only this stage's bytes are read. The
+    slices are read into staging buffers and copied into the model only when every read
+    succeeded. Values are cast to the parameters' dtypes. ``strict=False`` leaves
+    parameters that no rule produces as they are (with ``strict``, that is an error).
+    ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
     """
     path = os.fspath(path)
     lm, rank = mesh_and_rank(spec, mesh)
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     _plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=False)
-    names = Names(spec, lm)
-    layouts = _layouts(spec, names, lm, flat, {u.source for u, _ in local.values()})
-    units = _global_units(layouts, local)
+    _names, layouts, dtypes = _whole_model(spec, lm, rank, flat, local)
+    units = _global_units(layouts, dtypes)
     sources, problems = _resolve_sources(hfmap, units, strict)
     handles: dict[str, Any] = {}
     weight_map, file_problems = _weight_map(path, handles)
@@ -422,9 +479,10 @@ def _global_chunks(
     names: Names,
     lm: Mesh,
     layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]],
-    plan: Any,
+    plan_of: Callable[[str], CanonicalPlan],
 ) -> dict[str, list[_Chunk]]:
-    """Every stored chunk of every unit, with the one rank that sends it."""
+    """Every stored chunk of every unit, with the one rank that sends it (``plan_of``: the
+    save plan whose writer choice holds for a parameter, by global name)."""
     out: dict[str, list[_Chunk]] = {}
     seen: set[tuple[str, tuple[int, ...]]] = set()
     for key, (layout, spans) in layouts.items():
@@ -438,9 +496,81 @@ def _global_chunks(
                 if any(s == 0 for s in piece.sizes) or (name, piece.offsets) in seen:
                     continue
                 seen.add((name, piece.offsets))
-                writer = plan.writer_of(name, piece.offsets, groups[r][k])
+                writer = plan_of(key).writer_of(name, piece.offsets, groups[r][k])
                 out.setdefault(name, []).append(_Chunk(piece.offsets, piece.sizes, writer))
     return out
+
+
+def _stage_dtypes(
+    spec: CompiledSpec,
+    names: Names,
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
+    dtypes: Mapping[str, torch.dtype],
+    path: str,
+) -> dict[str, torch.dtype]:
+    """Pipeline stages: every parameter's real dtype (a stage model cast to bf16 is not what
+    the manifest says), shared by every rank of each stage. Every rank raises if any rank's
+    stage model lacks a parameter of its stage or two ranks of a stage disagree."""
+    sp = names.stages
+    assert sp is not None and names.stage is not None
+    held = {names.global_of(u.source): str(t.dtype) for u, t in local.values()}
+    own = {f for f in sp.params_of(names.stage) if not spec.is_ignored(f)}
+    missing = sorted(own - set(held))
+    error = None
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        error = (
+            f"its model lacks {len(missing)} parameter(s) of stage {names.stage}: "
+            f"{', '.join(sp.local_name(m) for m in missing[:3])}{more}"
+        )
+    mine = (names.stage, sorted(held.items()), error)
+    every: list[Any] = [mine]
+    if dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    out = dict(dtypes)
+    first: dict[int, tuple[int, list]] = {}
+    failed = []
+    for r, (stage, items, err) in enumerate(every):
+        if err is not None:
+            failed.append(f"rank {r}: {err}")
+            continue
+        lead = first.setdefault(stage, (r, items))
+        if lead[1] != items:
+            failed.append(
+                f"rank {r}: its stage {stage} model's parameters or dtypes differ from rank "
+                f"{lead[0]}'s"
+            )
+    if failed:
+        lines = "\n  ".join(failed)
+        raise HFError(f"export to {path} failed; nothing was written there:\n  {lines}")
+    for _r, items in first.values():
+        for fqn, dt in items:
+            out[fqn] = _torch_dtype(dt.removeprefix("torch."), fqn)
+    return out
+
+
+def _stage_plans(
+    spec: CompiledSpec, lm: Mesh, names: Names, dtypes: Mapping[str, torch.dtype]
+) -> Callable[[str], CanonicalPlan]:
+    """Pipeline stages: for each stage, the save plan its ranks would compute, built on
+    every rank from the stage's structure (meta tensors under the stage's own names, at its
+    first rank), so every rank knows every stage's chunk writers (balanced by bytes as
+    checkpoints balance them). Returns global name -> its stage's plan."""
+    sp = names.stages
+    assert sp is not None and names.table is not None
+    axis = lm.names.index(spec.pipeline.axis)  # type: ignore[union-attr]
+    plans = []
+    for s in range(sp.n_stages):
+        coord = [0] * len(lm.names)
+        coord[axis] = s
+        flat = {
+            sp.local_name(f): torch.empty(names.table[f].shape, dtype=dtypes[f], device="meta")
+            for f in sp.params_of(s)
+            if not spec.is_ignored(f)
+        }
+        plans.append(canonical_plan(spec, lm, lm.rank_of(coord), flat, saving=True)[0])
+    return lambda fqn: plans[sp.stage[fqn]]
 
 
 def _written_twice(sources: Mapping[str, Source]) -> list[str]:
@@ -576,26 +706,33 @@ def export_hf(
     given (a dict, a transformers config, or a path to copy it from). Tensors keep the
     parameters' dtypes unless ``dtype`` is given (``torch.bfloat16`` for an fp32 model).
 
-    Every rank calls it. Tensors go to writers balanced by bytes; every stored chunk is
-    sent once, point to point, by the replica that the checkpoint writer balancing picks.
-    The files are written into ``<path>.partial`` and renamed to ``path`` when every rank
-    has written its file, so a failed export leaves no half-written checkpoint at ``path``.
+    Every rank calls it (with pipeline stages, each with its stage's model). Tensors go to
+    writers balanced by bytes; every stored chunk is sent once, point to point, by the
+    replica that the checkpoint writer balancing picks. The files are written into
+    ``<path>.partial`` and renamed to ``path`` when every rank has written its file, so a
+    failed export leaves no half-written checkpoint at ``path``.
     """
     path = os.fspath(path).rstrip("/") or "/"
     lm, rank = mesh_and_rank(spec, mesh)
     world = lm.world
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
     plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=True)
-    names = Names(spec, lm)
-    layouts = _layouts(spec, names, lm, flat, {u.source for u, _ in local.values()})
-    units = _global_units(layouts, local)
+    names, layouts, dtypes = _whole_model(spec, lm, rank, flat, local)
+    units = _global_units(layouts, dtypes)
     sources, problems = _resolve_sources(hfmap, units, strict=True)
     problems += _written_twice(sources)
     _raise(problems, path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
     _check_config(config)
-    chunks = _global_chunks(names, lm, layouts, plan)
+    plan_of: Callable[[str], CanonicalPlan] = lambda _fqn: plan  # noqa: E731
+    if names.stages is not None:
+        # Each rank's plan knows only its stage's writers: every rank computes every
+        # stage's, from the stage's structure, with the dtypes every rank really holds.
+        dtypes = _stage_dtypes(spec, names, local, dtypes, path)
+        units = _global_units(layouts, dtypes)
+        plan_of = _stage_plans(spec, lm, names, dtypes)
+    chunks = _global_chunks(names, lm, layouts, plan_of)
     todo = [units[n] for n in sorted(sources)]
     dest = _assign(todo, world)
     mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}

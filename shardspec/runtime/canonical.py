@@ -74,6 +74,10 @@ class CanonicalPlan:
     # checkpoint key in here is expected even if this rank does not read it.
     keys: set[str] = field(default_factory=set)
     fingerprint: str = ""
+    # Pipeline stages: this rank's stage (None without), and the global names of the
+    # parameters other stages hold (their checkpoint keys are expected, not this rank's).
+    stage: int | None = None
+    foreign: frozenset[str] = frozenset()
 
     def writer_of(self, key: str, offsets: tuple[int, ...], replicas: tuple[int, ...]) -> int:
         """The rank that writes chunk ``(key, offsets)``: its only holder, or the one the

@@ -144,18 +144,26 @@ def _same_structure_everywhere(plan: CanonicalPlan) -> None:
     import hashlib
 
     mine = (
+        plan.stage,
         plan.fingerprint
         + ":"
-        + hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16]
+        + hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16],
     )
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    if len(set(every)) > 1:
-        odd = [r for r, d in enumerate(every) if d != every[0]]
+    # Ranks of one pipeline stage hold the same structure; stages differ (disjoint keys).
+    first: dict[Any, tuple[int, str]] = {}
+    odd = []
+    for r, (stage, digest) in enumerate(every):
+        lead = first.setdefault(stage, (r, digest))
+        if lead[1] != digest:
+            odd.append((r, lead[0]))
+    if odd:
+        where = ", ".join(f"rank {r} differs from rank {lead}" for r, lead in odd[:8])
         raise CheckpointError(
             "ranks disagree on the checkpoint's structure (different keys, shapes or dtypes "
-            f"in their state dicts; rank(s) {odd} differ from rank 0), so they would choose "
-            "different writers; nothing was saved"
+            f"in their state dicts; {where}), so they would choose different writers; "
+            "nothing was saved"
         )
 
 
@@ -542,6 +550,8 @@ def validate(
         for key in sorted(md):
             if key in expected or key in canon.keys or ignored_key(spec, key):
                 continue
+            if canon.foreign and _mentions(key, canon.foreign):
+                continue  # another pipeline stage's: its ranks load it
             problems.append(f"unexpected: {key} (in the checkpoint, not in the state dict)")
     if problems:
         raise CheckpointError(
@@ -552,6 +562,17 @@ def validate(
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _mentions(key: str, names: frozenset[str]) -> bool:
+    """Whether a dot-bounded part of flat key ``key`` is one of ``names``, or a component
+    (``<name>.<component>``) of one."""
+    parts = key.split(".")
+    for i in range(len(parts)):
+        for j in range(i + 1, len(parts) + 1):
+            if ".".join(parts[i:j]) in names:
+                return True
+    return False
 
 
 def _rank0() -> bool:

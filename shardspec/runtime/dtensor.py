@@ -144,6 +144,9 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
         raise SpecError("this rank is not part of the mesh")
     spec.last_mesh = mesh
     named = list(model.named_parameters(remove_duplicate=False))
+    # A pipeline stage's model: its names -> the whole model's (raises, naming what the
+    # stage model lacks or should not hold). Identity without a pipeline.
+    gname = spec.global_names([f for f, _ in model.named_parameters()], mesh)
     table = spec.table(lmesh)
     counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
@@ -153,6 +156,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
         if spec.is_ignored(fqn):
             continue
         tied = plans.get(id(p))
+        fqn = gname.get(fqn, fqn)
         if tied is not None and table is not None and fqn not in table:
             continue  # a tied alias the manifest leaves out (state dicts hold it once)
         if tied is None and (
@@ -174,7 +178,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
                 )
             continue
         plans[id(p)] = (fqn, p, layout)
-    if table is not None:
+    if table is not None and spec.pipeline is None:  # (stage models: global_names checked)
         seen = {f for f, _ in named}
         missing = sorted(f for f in table if f not in seen)
         if missing:

@@ -66,6 +66,7 @@ class ParamPlan:
     layout: ParamLayout
     placements: tuple  # layout tuples on ``names``
     names: tuple[str, ...]  # the DTensor's mesh axes (the spec's axes minus local ones)
+    global_fqn: str = ""  # the whole model's name (a pipeline stage's model may renumber)
 
     def on(self, axis: str) -> tuple:
         return self.placements[self.names.index(axis)] if axis in self.names else ("R",)
@@ -75,13 +76,21 @@ class ParamPlan:
 
 
 def plan_params(
-    spec: CompiledSpec, model: nn.Module, lmesh: Mesh
+    spec: CompiledSpec, model: nn.Module, lmesh: Mesh, mesh: DeviceMesh | None = None
 ) -> tuple[dict[str, ParamPlan], dict[str, str]]:
-    """Every non-ignored parameter's plan by FQN, and tied aliases (alias -> FQN planned).
+    """Every non-ignored parameter's plan by FQN (the model's own names), and tied aliases
+    (alias -> FQN planned). A pipeline stage's model is planned under the whole model's
+    names (``mesh``, the DeviceMesh, says which stage this rank is).
 
     Raises :class:`SpecError` naming every parameter that does not fit."""
     table = spec.table(lmesh)
     named = list(model.named_parameters(remove_duplicate=False))
+    gname: dict[str, str] = {}
+    if spec.pipeline is not None:
+        coord = mesh.get_coordinate() if mesh is not None else None
+        if coord is None:
+            raise SpecError("a pipeline stage's model needs this rank's DeviceMesh")
+        gname = spec.global_names([f for f, _ in model.named_parameters()], lmesh, coord)
     counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[str, ParamPlan] = {}
     first: dict[int, str] = {}
@@ -95,13 +104,15 @@ def plan_params(
             continue
         first[id(p)] = fqn
         try:
-            layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
+            layout = spec.layout(gname.get(fqn, fqn), lmesh, tuple(p.shape), counts.get(fqn))
         except SpecError as e:
             errors.append(str(e))
             continue
         sub = dtensor_mesh(layout, lmesh)
-        plans[fqn] = ParamPlan(fqn, layout, dtensor_placements(layout, lmesh), sub.names)
-    if table is not None:
+        plans[fqn] = ParamPlan(
+            fqn, layout, dtensor_placements(layout, lmesh), sub.names, gname.get(fqn, fqn)
+        )
+    if table is not None and spec.pipeline is None:  # (stages: global_names checked)
         seen = {f for f, _ in named}
         missing = sorted(f for f in table if f not in seen and not spec.is_ignored(f))
         if missing:
@@ -192,7 +203,7 @@ def mismatches(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> list[s
     lmesh = spec.layout_mesh(mesh)
     if mesh.get_coordinate() is None:
         raise SpecError("this rank is not part of the mesh")
-    plans, _ = plan_params(spec, model, lmesh)
+    plans, _ = plan_params(spec, model, lmesh, mesh)
     out = []
     params = dict(model.named_parameters())
     for fqn, plan in plans.items():
@@ -422,7 +433,7 @@ def build_tp_plan(
         if owner in (styles or {}):
             plan_out[owner] = styles[owner]  # type: ignore[index]
             continue
-        stated = spec.style_of(next(iter(leaves.values())).fqn)
+        stated = spec.style_of(next(iter(leaves.values())).global_fqn)
         module = model.get_submodule(owner) if owner else model
         try:
             style = _style_for(owner or "<root>", module, leaves, axis, stated)
@@ -555,7 +566,7 @@ def parallelize(
             f"the model is already parallelized ({already}); parallelize a fresh model, or "
             "check a model parallelized elsewhere with verify()"
         )
-    plans, aliases = plan_params(spec, model, lmesh)
+    plans, aliases = plan_params(spec, model, lmesh, mesh)
     axis, tp = build_tp_plan(spec, model, lmesh, plans, styles)
     tied_tp = sorted(
         f"{alias} (= {fqn})"
@@ -653,7 +664,7 @@ def tp_plan(spec: CompiledSpec, mesh: DeviceMesh, model: nn.Module | None = None
     module part is such a pattern."""
     lmesh = spec.layout_mesh(mesh)
     if model is not None:
-        plans, _ = plan_params(spec, model, lmesh)
+        plans, _ = plan_params(spec, model, lmesh, mesh)
         return build_tp_plan(spec, model, lmesh, plans)[1]
     return _pattern_plan(spec, lmesh)
 
@@ -728,7 +739,7 @@ def shard_placement_fn(
     its fsdp axis, per parameter. Call it after tensor parallelism (it keys on the
     parameters the model holds now)."""
     lmesh = spec.layout_mesh(mesh)
-    plans, _ = plan_params(spec, model, lmesh)
+    plans, _ = plan_params(spec, model, lmesh, mesh)
     return make_shard_placement_fn(model, fsdp_dims(spec, plans))
 
 
@@ -736,7 +747,7 @@ def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> set[
     """Parameters the spec replicates over its fsdp axis: ``fully_shard(...,
     ignored_params=...)``; their gradients need averaging over that axis."""
     lmesh = spec.layout_mesh(mesh)
-    plans, _ = plan_params(spec, model, lmesh)
+    plans, _ = plan_params(spec, model, lmesh, mesh)
     params = dict(model.named_parameters())
     return {params[f] for f, d in fsdp_dims(spec, plans).items() if d is None and f in params}
 

@@ -91,10 +91,30 @@ def rename_path(path: tuple, key: str, start: int, stop: int, new: str) -> tuple
 class Names:
     """Finds parameter names inside flat state-dict keys, and their canonical names."""
 
-    def __init__(self, spec: CompiledSpec, mesh: Mesh) -> None:
+    def __init__(self, spec: CompiledSpec, mesh: Mesh, rank: int | None = None) -> None:
         self.spec = spec
         self.table = spec.table(mesh)
         self.names = set(self.table) if self.table is not None else None
+        # Pipeline stages: a rank's state dict holds its stage's parameters, under the stage
+        # model's names (global, or numbered from 0 per stage with `split ... local`).
+        self.stages = spec.stage_plan(mesh) if rank is not None else None
+        self.stage: int | None = None
+        if self.stages is not None:
+            self.stage = spec.stage_of(mesh, mesh.coord_of(rank))  # type: ignore[arg-type]
+
+    def global_of(self, name: str) -> str:
+        """The whole model's name of a parameter name found in a key (itself without
+        pipeline stages)."""
+        if self.stages is None:
+            return name
+        g = self.stages.global_name(name, self.stage)  # type: ignore[arg-type]
+        return name if g is None else g
+
+    def other_stages(self) -> frozenset[str]:
+        """Global names of the parameters other pipeline stages hold (empty without)."""
+        if self.stages is None:
+            return frozenset()
+        return frozenset(f for f, s in self.stages.stage.items() if s != self.stage)
 
     def split(self, key: str) -> tuple[int, int] | None:
         """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
@@ -107,6 +127,9 @@ class Names:
         return None
 
     def _is_param(self, name: str) -> bool:
+        if self.stages is not None:
+            g = self.stages.global_name(name, self.stage)  # type: ignore[arg-type]
+            return g is not None and (self.names is None or g in self.names)
         if self.names is not None:
             return name in self.names
         try:
@@ -234,8 +257,8 @@ def _structural(
     """Build :func:`canonical_plan`'s structural part (uncached)."""
     from shardspec.runtime.dtensor import to_torch
 
-    names = Names(spec, mesh)
-    plan = CanonicalPlan()
+    names = Names(spec, mesh, rank)
+    plan = CanonicalPlan(stage=names.stage, foreign=names.other_stages())
     rest: list[tuple[str, str]] = []
     params: list[tuple[str, Expected, tuple[tuple[str, Unit], ...]]] = []
     structure: dict[str, tuple] = {}
@@ -252,7 +275,7 @@ def _structural(
             structure[key] = _describe(value)
             continue
         a, b = span
-        fqn = key[a:b]
+        fqn = names.global_of(key[a:b])
         if spec.is_ignored(fqn):
             continue
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
@@ -319,10 +342,12 @@ def _structural(
                         nbytes = math.prod(piece.sizes) * itemsize
                         chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
             continue
-        # Every rank stores the same keys: the parameter's name, or one per component.
-        for piece in pieces[0] if pieces else ():
+        # Every rank of the stage stores the same keys: the parameter's name, or one per
+        # component (under its global name).
+        stored = key[:a] + fqn + key[b:]
+        for piece in next((row for row in pieces if row), ()):
             comp = piece.component
-            plan.keys.add(key if comp is None else key[:b] + f".{comp}" + key[b:])
+            plan.keys.add(stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:])
         if not saving:
             continue  # a load reads every chunk it holds: no writers to choose
         if unreplicated(layout, mesh):
@@ -332,7 +357,7 @@ def _structural(
             continue
         # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
         for comp, offsets, replicas, n in chunk_table(layout, mesh):
-            skey = key if comp is None else key[:b] + f".{comp}" + key[b:]
+            skey = stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:]
             chunks.append(((skey, offsets), replicas, n * itemsize))
     if saving:
         base = [0] * mesh.world

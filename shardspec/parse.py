@@ -478,6 +478,12 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         return "write `config NAME = key * key * 2`"
     if "INT" in expected and re.search(r"\brope\s*$", before):
         return "write `rope N`, N the head size in rows"
+    if "SPLIT" in expected and word == "as" and re.search(r"\bsplit\s+\S+\s+local\s*$", before):
+        return "the counts come before `local`: `split layers.{layer} as 3, 5 local`"
+    if "SPLIT" in expected and word.isdigit() and re.search(r"\bsplit\s+\S+\s+as\b", before):
+        return "separate the counts with commas: `split layers.{layer} as 3, 5`"
+    if "SPLIT" in expected and word.isdigit() and re.search(r"\bsplit\s+\S+\s*$", before):
+        return "the counts follow `as`: `split layers.{layer} as 3, 5`"
     if "SPLIT" in expected and word and word != "}":
         guess = _closest(word, _PIPE_ITEMS)
         hint = f"did you mean `{guess}`? " if guess else ""

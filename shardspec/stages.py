@@ -83,20 +83,28 @@ def claims(spec: PipelineSpec, fqn: str) -> list[str]:
     return out
 
 
-def _layer_key(value: str) -> int:
-    if not value.isdigit():
+def is_layer_number(value: str) -> bool:
+    """Whether a split capture is a layer number: ASCII digits (``str.isdigit`` also takes
+    ``'²'``, which ``int`` refuses)."""
+    return value.isascii() and value.isdigit()
+
+
+def _layer_key(value: str) -> tuple[int, str]:
+    if not is_layer_number(value):
         raise StageError(
             f"the split's capture is {value!r}, not a layer number",
             "SS095",
             "split a family indexed by whole numbers, such as `layers.{layer}`",
         )
-    return int(value)
+    # The text breaks ties (``1`` and ``01``), so every process sorts the same way
+    # whatever its hash seed.
+    return int(value), value
 
 
 def layers(spec: PipelineSpec, names: Iterable[str]) -> tuple[str, ...]:
     """The split's layer values among ``names`` (global), in layer order."""
     found = {v for v in (layer_of(spec, n) for n in names) if v is not None}
-    return tuple(sorted(found, key=_layer_key))
+    return tuple(sorted(sorted(found), key=_layer_key))  # the first bad capture by text
 
 
 def layer_counts(spec: PipelineSpec, n_layers: int, n_stages: int) -> tuple[int, ...]:
@@ -187,13 +195,15 @@ class StagePlan:
 
     def global_name(self, name: str, stage: int) -> str | None:
         """The global name of stage ``stage``'s parameter ``name`` (None: no such one)."""
+        if not 0 <= stage < self.n_stages:
+            return None
         if not self.spec.local_names:
             return name if self.stage_of(name) == stage else None
         value = layer_of(self.spec, name)
         if value is None:
             return name if self.stage_of(name) == stage else None
         held = self.stage_layers[stage]
-        if not value.isdigit() or int(value) >= len(held) or str(int(value)) != value:
+        if not is_layer_number(value) or int(value) >= len(held) or str(int(value)) != value:
             return None
         return _replace_capture(self.spec, name, held[int(value)])
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from shardspec import ir
 from shardspec.checks.coverage import _entry_span, _more
 from shardspec.checks.registry import diag
-from shardspec.checks.structure import _did_you_mean
+from shardspec.checks.structure import _PATTERN_SYNTAX, _did_you_mean
 from shardspec.diagnostics import Diagnostic
 from shardspec.patterns import PatternError
 from shardspec.resolve import Resolved
-from shardspec.stages import claims, layer_of, prefix_glob
+from shardspec.stages import claims, is_layer_number, layer_of, prefix_glob
 
 
 def _patterns(p: ir.Pipeline) -> list[tuple[str, ir.Pattern]]:
@@ -70,7 +70,14 @@ def check_pipeline_block(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         try:
             g = prefix_glob(pat.text)
         except PatternError as e:
-            out.append(diag("SS090", f"bad {what} pattern {pat.text!r}: {e}", pat.span, ""))
+            out.append(
+                diag(
+                    "SS090",
+                    f"bad {what} pattern {pat.text!r}: {e}",
+                    pat.span,
+                    "patterns are module prefixes; " + _PATTERN_SYNTAX,
+                )
+            )
             continue
         if what == "split" and len(g.captures) != 1:
             out.append(
@@ -186,7 +193,7 @@ def _check_layer_names(res: Resolved, p: ir.Pipeline, spec, names: list[str]) ->
         return []
     split = p.splits[0]
     values = {v for v in (layer_of(spec, f) for f in names) if v is not None}
-    bad = sorted(v for v in values if not v.isdigit())
+    bad = sorted(v for v in values if not is_layer_number(v))
     if bad:
         return [
             diag(

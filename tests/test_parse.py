@@ -385,9 +385,8 @@ def test_hints_list_the_expected_tokens() -> None:
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")
     assert (
-        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param', 'pipeline' or the end of the "
-            "file"
-        in d.hint
+        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param', 'pipeline' or the end "
+        "of the file" in d.hint
     )
 
 
@@ -623,3 +622,169 @@ def test_hf_syntax_errors(text: str, where: tuple[int, int], found: str, hint: s
     assert at(d.span) == where
     assert d.message == f"syntax error: {found}"
     assert hint in d.hint
+
+
+# ----------------------------------------------------------------------------- pipeline block
+
+PIPE = """\
+mesh { pp: 2  dp_shard: * }
+pipeline pp {   # stages
+    first tok_embeddings, *.embed
+    split layers.{layer} as 1, 3 local
+    last norm,
+         output
+    first extra
+}
+"""
+
+
+def test_pipeline_block_items_and_spans() -> None:
+    p = ok(PIPE).pipeline
+    assert p is not None
+    assert p.axis.text == "pp" and at(p.axis.span) == pos(PIPE, "pp {")
+    assert at(p.span) == pos(PIPE, "pipeline")
+    assert (p.span.end_line, p.span.end_col) == (8, 2)  # through the closing brace
+    # first/last lists gather every line of their kind, in file order
+    assert [x.text for x in p.first] == ["tok_embeddings", "*.embed", "extra"]
+    assert [at(x.span) for x in p.first] == [
+        pos(PIPE, "tok_embeddings"),
+        pos(PIPE, "*.embed"),
+        pos(PIPE, "extra"),
+    ]
+    assert p.first[1].span.end_col == pos(PIPE, "*.embed")[1] + len("*.embed")
+    assert [x.text for x in p.last] == ["norm", "output"]
+    assert [at(x.span) for x in p.last] == [pos(PIPE, "norm"), pos(PIPE, "output")]
+    (split,) = p.splits
+    assert split.pattern.text == "layers.{layer}"
+    assert at(split.span) == pos(PIPE, "split")
+    assert (split.span.end_line, split.span.end_col) == (4, pos(PIPE, "local")[1] + len("local"))
+    assert at(split.pattern.span) == pos(PIPE, "layers.{layer}")
+    assert split.counts == [1, 3] and split.local_names is True
+    assert split.counts_span is not None and at(split.counts_span) == pos(PIPE, "as 1, 3")
+    assert split.counts_span.end_col == pos(PIPE, "as 1, 3")[1] + len("as 1, 3")
+
+
+def test_pipeline_split_forms() -> None:
+    def split_of(text: str):
+        p = ok(text).pipeline
+        assert p is not None
+        return p.splits
+
+    (s,) = split_of("pipeline pp { split layers.{layer} }")
+    assert (s.counts, s.counts_span, s.local_names) == ([], None, False)
+    (s,) = split_of("pipeline pp { split layers.{layer} local }")
+    assert (s.counts, s.counts_span, s.local_names) == ([], None, True)
+    (s,) = split_of("pipeline pp { split layers.{layer} as 2,2 ,4 }")
+    assert s.counts == [2, 2, 4] and not s.local_names
+    # a whole block on one line, items in any order
+    p = ok("pipeline pp{last c,d split b.{l} as 1, 3 local first a}").pipeline
+    assert p is not None
+    assert ([x.text for x in p.first], [x.text for x in p.last]) == (["a"], ["c", "d"])
+    assert [(s.pattern.text, s.counts, s.local_names) for s in p.splits] == [
+        ("b.{l}", [1, 3], True)
+    ]
+    # an empty block parses; the checks say what it lacks
+    p = ok("pipeline pp {}").pipeline
+    assert p is not None and (p.first, p.last, p.splits) == ([], [], [])
+    # two splits both parse (a second one is SS090, a check's finding)
+    assert [s.pattern.text for s in split_of("pipeline pp { split a.{i}\n split b.{i} }")] == [
+        "a.{i}",
+        "b.{i}",
+    ]
+    assert ok("mesh { tp: 2 }").pipeline is None
+
+
+def test_pipeline_keywords_stay_names_and_pattern_segments() -> None:
+    """`pipeline`, `first`, `last`, `split`, `as` and `local` are keywords only where a
+    pipeline item (or its counts) can start: elsewhere they are names and segments."""
+    text = (
+        "mesh { pipeline: 2  first: 2  split: * }\nfsdp split\nignore last.first\n"
+        "param pipeline.first.split.last.as [first, last] { shard first over pipeline }\n"
+        "pipeline pipeline {\n"
+        "    first split.x, last.y, first\n"
+        "    split as.{local} local\n"
+        "    last first.z, local.as\n"
+        "}\n"
+    )
+    spec = ok(text)
+    assert spec.mesh is not None
+    assert [a.name.text for a in spec.mesh.axes] == ["pipeline", "first", "split"]
+    assert spec.rules[0].pattern.text == "pipeline.first.split.last.as"
+    p = spec.pipeline
+    assert p is not None and p.axis.text == "pipeline"
+    assert [x.text for x in p.first] == ["split.x", "last.y", "first"]
+    assert [x.text for x in p.last] == ["first.z", "local.as"]
+    assert [(s.pattern.text, s.local_names) for s in p.splits] == [("as.{local}", True)]
+
+
+def test_pipeline_twice_is_ss005() -> None:
+    text = "pipeline pp { split a.{i} }\nmesh { pp: 2 }\npipeline stage { first b }\n"
+    spec, diags = parse(text, "t.shard")
+    assert spec is not None and spec.pipeline is not None
+    assert spec.pipeline.axis.text == "pp"  # the first one holds
+    (d,) = diags
+    assert d.code == "SS005" and at(d.span) == (3, 1)
+    assert "`pipeline` appears more than once" in d.message and "line 1" in d.hint
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "found", "hint"),
+    [
+        ("pipeline pp { frist a }", (1, 15), "unexpected 'frist'", "did you mean `first`?"),
+        ("pipeline pp {\n  first a\n  lsat b\n}", (3, 3), "unexpected 'lsat'", "`last`?"),
+        ("pipeline pp { splt a.{i} }", (1, 15), "unexpected 'splt'", "did you mean `split`?"),
+        ("pipeline pp { shard a }", (1, 15), "unexpected 'shard'", "first, last and split lines"),
+        ("split layers.{i}", (1, 1), "unexpected 'split'", "inside a `pipeline AXIS { ... }`"),
+        ("mesh { pp: 2 }\nfirst tok", (2, 1), "unexpected 'first'", "inside a `pipeline AXIS"),
+        ("last norm", (1, 1), "unexpected 'last'", "`last` goes inside a `pipeline AXIS"),
+        ("pipeline pp { split a.{i} as }", (1, 30), "unexpected '}'", "as whole numbers"),
+        ("pipeline pp { split a.{i} as x }", (1, 30), "unexpected 'x'", "as 3, 5`"),
+        ("pipeline pp { split a.{i} as 1, }", (1, 33), "unexpected '}'", "as whole numbers"),
+        ("pipeline pp { split a.{i} as -1 }", (1, 30), "unexpected character '-'", "whole"),
+        ("pipeline pp { split a.{i} as 1 2 }", (1, 32), "unexpected '2'", "with commas"),
+        ("pipeline pp { split a.{i} 1, 3 }", (1, 27), "unexpected '1'", "counts follow `as`"),
+        (
+            "pipeline pp { split a.{i} local as 1, 3 }",
+            (1, 33),
+            "unexpected 'as'",
+            "the counts come before `local`",
+        ),
+        ("pipeline { first a }", (1, 10), "unexpected '{'", "expected a name"),
+        ("pipeline pp { first }", (1, 21), "unexpected '}'", "expected a parameter pattern"),
+        ("pipeline pp { last a, }", (1, 23), "unexpected '}'", "expected a parameter pattern"),
+        ("pipeline pp {\n  first a\n", (2, 10), "unexpected end of file", "line 1"),
+        ("pipelin pp { first a }", (1, 1), "unexpected 'pipelin'", "did you mean `pipeline`?"),
+    ],
+)
+def test_pipeline_syntax_errors(text: str, where: tuple[int, int], found: str, hint: str) -> None:
+    d = syntax_error(text)
+    assert at(d.span) == where
+    assert d.message == f"syntax error: {found}"
+    assert hint in d.hint
+
+
+def test_as_hint_does_not_guess_last() -> None:
+    """`as` after `local` is out of order, not a misspelt `last`."""
+    d = syntax_error("pipeline pp { split a.{i} local as 1, 3 }")
+    assert "did you mean" not in d.hint
+
+
+_PIPE_WORDS = [
+    "first", "last", "split", "as", "local", "pipeline", "pp", "{", "}", ",", "1", "0", "12",
+    "layers.{layer}", "layers.*", "{a}.{b}", "tok_embeddings", "norm", "output", "**", "*",
+    "{a,b}", "out**put", "\n", "# c\n", "-", ":", "[", "]", '"x"', "é", "\t", "\r\n",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(min_codepoint=1, max_codepoint=0x2FFF), max_size=60))
+def test_random_text_in_a_pipeline_block_never_raises(text: str) -> None:
+    _never_raises("pipeline pp {\n" + text + "\n}\n")
+    _never_raises("pipeline pp { split layers.{layer} " + text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIPE_WORDS), max_size=30))
+def test_random_pipeline_token_soup_never_raises(words: list[str]) -> None:
+    _never_raises("pipeline pp { " + " ".join(words) + " }")
+    _never_raises(" ".join(words))

@@ -167,6 +167,40 @@ def _same_structure_everywhere(plan: CanonicalPlan) -> None:
         )
 
 
+def _shared_objects_agree(rest: Mapping[str, Any]) -> None:
+    """Pipeline stages: an entry that is not a tensor and names no parameter (an optimizer's
+    ``param_groups`` list, a step counter) is written once, by one rank, under one key for
+    every stage. Refuse to save when stages hold different values there: the other stages'
+    values would be lost (a ``param_groups`` list names only its own stage's parameters)."""
+    import hashlib
+    import pickle
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    mine = {}
+    for key, value in rest.items():
+        if isinstance(value, torch.Tensor):
+            continue
+        try:
+            blob = pickle.dumps(value)
+        except Exception:  # unpicklable: DCP would fail on it anyway
+            continue
+        mine[key] = hashlib.sha256(blob).hexdigest()
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    differ = sorted(
+        {k for d in every for k, h in d.items() if any(o.get(k, h) != h for o in every)}
+    )
+    if differ:
+        raise CheckpointError(
+            f"{len(differ)} entr{'y' if len(differ) == 1 else 'ies'} without a parameter name "
+            f"differ between pipeline stages ({', '.join(differ[:4])}); a checkpoint stores "
+            "such an entry once, so the other stages' values would be lost; nothing was "
+            "saved. For an optimizer, save get_state_dict(..., options=StateDictOptions("
+            "flatten_optimizer_state_dict=True)), which names every entry by its parameter"
+        )
+
+
 @functools.lru_cache(maxsize=1)
 def _dcp_caches_pending_plans() -> bool:
     """Whether the installed DCP caches local plans the way this planner relies on."""
@@ -216,6 +250,8 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.state_dict = rest
         self.is_coordinator = is_coordinator
         _same_structure_everywhere(self.canon)
+        if self.canon.stage is not None:
+            _shared_objects_agree(rest)
         # A cache of its own: spec, role and structure fingerprint (keys, shapes, dtypes,
         # chunk offsets, mesh). DCP's default key is the class name, shared by every
         # instance, and its plan comparison ignores dtypes.

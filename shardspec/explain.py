@@ -15,6 +15,7 @@ from shardspec.layout import (
     storage_units,
 )
 from shardspec.patterns import describe_key
+from shardspec.stages import claims
 from shardspec.stages import layer_of as stage_layer_of
 
 
@@ -176,11 +177,12 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
             if p.local_names:
                 why += f"; the stage model names it {sp.local_name(fqn)}"
         else:
-            why = "first stage" if stage == 0 else "last stage"
+            why = f"{claims(p, fqn)[0]} stage"
         off_stage = [t.rank for t in rank_table(layout, mesh) if not layout.on_stage(mesh, t.coord)]
+        others = f"; ranks {_rank_list(off_stage)} (other stages) hold none of it"
         lines.append(
-            f"  pipeline stage: {stage} of {sp.n_stages} on {p.axis} ({why}); "
-            f"ranks {_rank_list(off_stage)} (other stages) hold none of it"
+            f"  pipeline stage: {stage} of {sp.n_stages} on {p.axis} ({why})"
+            + (others if off_stage else "")
         )
     lines.append("")
     header = f"  {'rank':>4}  {'coord':<{3 * len(mesh.names) + 2}}  {'local shape':<14} "

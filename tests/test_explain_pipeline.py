@@ -98,12 +98,6 @@ def test_no_pipeline_no_stage_line(in_repo: Path, capsys: pytest.CaptureFixture[
     assert ranks(out) == list(range(8))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="explain.py: at pp 1 a `last` parameter is called '(first stage)' (the reason is "
-    "chosen by stage number, not by the declaration), and the empty list of other ranks "
-    "prints as 'ranks  (other stages) hold none of it'",
-)
 def test_a_single_stage(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = explain(capsys, "-D", "pp=1", SPEC, "output.weight")
     assert ranks(out) == list(range(8))

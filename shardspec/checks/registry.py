@@ -573,9 +573,9 @@ CHECKS: tuple[Check, ...] = (
         "stages or another number of layers.",
         "An uneven split must be stated; counts that do not add up would drop layers or "
         "invent them.",
-        "mesh over 8 ranks { pp: 3  dp_shard: * }\n"
+        "mesh over 6 ranks { pp: 3  dp_shard: * }\n"
         "pipeline pp { split layers.{layer} }   # 4 layers",
-        "mesh over 8 ranks { pp: 3  dp_shard: * }\npipeline pp { split layers.{layer} as 1, 1, 2 }",
+        "mesh over 6 ranks { pp: 3  dp_shard: * }\npipeline pp { split layers.{layer} as 1, 1, 2 }",
         True,
     ),
     Check(

@@ -7,7 +7,6 @@ parameter and how many more share it, so a 60-layer model does not print 60 copi
 from __future__ import annotations
 
 import dataclasses
-
 from collections import defaultdict
 
 from shardspec import ir

@@ -28,6 +28,21 @@ from typing import Any
 DIST_THREAD_MARKERS = ("gloo", "tcpstore")
 
 
+class Checks:
+    """What a multi-rank scenario found: failures (``[tag] message``) and the number of
+    checks made per tag, so a test can require a minimum (a scenario that checks nothing
+    fails)."""
+
+    def __init__(self) -> None:
+        self.fail: list[str] = []
+        self.count: dict[str, int] = {}
+
+    def check(self, tag: str, ok: bool, msg: str) -> None:
+        self.count[tag] = self.count.get(tag, 0) + 1
+        if not ok:
+            self.fail.append(f"[{tag}] {msg}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

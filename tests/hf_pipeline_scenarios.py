@@ -44,6 +44,7 @@ from torch import nn
 
 from examples.models import llama
 from shardspec.runtime.hf import HFError
+from shardspec.testing import Checks as _Checks
 from tests.hf_scenarios import (
     count_collectives,
     count_dispatched_collectives,
@@ -59,16 +60,10 @@ N_LAYERS = 4
 MISSING = "model.layers.3.mlp.up_proj.weight"  # on the last stage at pp 2 and pp 4
 
 
-class Checks:
+class Checks(_Checks):
     def __init__(self) -> None:
-        self.fail: list[str] = []
-        self.count: dict[str, int] = {}
+        super().__init__()
         self.extra: dict[str, dict[str, Any]] = {}
-
-    def check(self, tag: str, ok: bool, msg: str) -> None:
-        self.count[tag] = self.count.get(tag, 0) + 1
-        if not ok:
-            self.fail.append(f"[{tag}] {msg}")
 
 
 def stage_model(mod: Any, mesh: Any, dtype: torch.dtype = torch.float32) -> nn.Module:

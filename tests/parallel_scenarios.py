@@ -41,22 +41,12 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import hf as hf_models
 from examples.models import llama
+from shardspec.testing import Checks
 
 LR = 1e-3
 STEPS = 3
 BATCH = 4  # global batch, split over dp_shard
 SEQ = 17
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.fail: list[str] = []
-        self.count: dict[str, int] = {}
-
-    def check(self, tag: str, ok: bool, msg: str) -> None:
-        self.count[tag] = self.count.get(tag, 0) + 1
-        if not ok:
-            self.fail.append(f"[{tag}] {msg}")
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

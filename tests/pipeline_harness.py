@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from examples.models import llama
+from shardspec.testing import Checks
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -223,19 +224,6 @@ STEPS = 3
 BATCH = 8
 SEQ = 16
 MICROBATCHES = 4
-
-
-class Checks:
-    """Failures (strings naming the scenario) and the number of checks made per tag."""
-
-    def __init__(self) -> None:
-        self.fail: list[str] = []
-        self.count: dict[str, int] = {}
-
-    def check(self, tag: str, ok: bool, msg: str) -> None:
-        self.count[tag] = self.count.get(tag, 0) + 1
-        if not ok:
-            self.fail.append(f"[{tag}] {msg}")
 
 
 def batch(step: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

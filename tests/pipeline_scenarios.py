@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from examples.models import llama
+from shardspec.testing import Checks
 from tests.pipeline_harness import lm_loss, make_pipeline
 
 LR = 1e-3
@@ -43,17 +44,6 @@ BATCH = 8  # global batch, split over dp_shard, then into microbatches
 SEQ = 16
 MICROBATCHES = 2
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.fail: list[str] = []
-        self.count: dict[str, int] = {}
-
-    def check(self, tag: str, ok: bool, msg: str) -> None:
-        self.count[tag] = self.count.get(tag, 0) + 1
-        if not ok:
-            self.fail.append(f"[{tag}] {msg}")
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -335,6 +325,24 @@ def scenario_errors(c: Checks) -> None:
     m = whole()
     refused("whole model", lambda: layout.parallelize(m, mesh), "is not stage", m)
     refused("no such stage", lambda: layout.stage_layers(mesh, stage=5), "is not one of the 2", m)
+    m = whole()
+    m.norm = None  # not the whole model: split_stage refuses before cutting anything
+    refused("split a part", lambda: layout.split_stage(m, mesh), "lacks 1 of the manifest's", m)
+    # An entry without a parameter name that differs per stage (a param_groups list) would
+    # be stored once: save refuses it (the check save runs, on every rank).
+    from shardspec.runtime.checkpoint import CheckpointError, _shared_objects_agree
+
+    try:
+        _shared_objects_agree({"optim.param_groups": [f"stage {layout.stage_of(mesh)}"]})
+    except CheckpointError as e:
+        c.check(tag, "differ between pipeline stages" in str(e), f"param_groups: {e}")
+    else:
+        c.check(tag, False, "per-stage param_groups were not refused")
+    try:
+        _shared_objects_agree({"optim.param_groups": ["the same everywhere"], "t": torch.ones(2)})
+        c.check(tag, True, "")
+    except CheckpointError as e:
+        c.check(tag, False, f"equal entries refused: {e}")
 
 
 def run_all(rank: int, world: int, build_dir: str) -> tuple[list[str], dict]:

@@ -19,7 +19,7 @@ from shardspec.stages import StagePlan, layer_of
 def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
     sp = spec.stage_plan(mesh)
     if sp is None:
-        raise SpecError(f"spec {spec.name!r} declares no pipeline")
+        raise SpecError(f"spec {spec.name!r} declares no pipeline", "SS090")
     return sp
 
 
@@ -55,7 +55,11 @@ def stage_params(spec: CompiledSpec, mesh: object, stage: int | None = None) -> 
 
 def _check_stage(sp: StagePlan, stage: int) -> None:
     if not 0 <= stage < sp.n_stages:
-        raise SpecError(f"stage {stage} is not one of the {sp.n_stages} pipeline stage(s)")
+        raise SpecError(
+            f"stage {stage} is not one of the {sp.n_stages} pipeline stage(s)",
+            "SS004",
+            f"pass a stage from 0 to {sp.n_stages - 1}, or none for this rank's",
+        )
 
 
 def split_stage(
@@ -68,19 +72,28 @@ def split_stage(
     ``split ... local`` the kept layers are renumbered from 0 (a ``ModuleList`` or
     ``ModuleDict`` rebuilt in order), as Megatron's stages number them.
 
-    Checked before anything changes: the model must hold exactly the spec's parameters,
-    and afterwards :meth:`CompiledSpec.global_names` must accept the stage model.
+    Checked before anything changes: the model must hold exactly the manifest's
+    parameters, and whole modules must belong to one stage; afterwards
+    :meth:`CompiledSpec.global_names` accepts the stage model.
     """
     sp = _plan(spec, mesh)
     s = stage_of(spec, mesh) if stage is None else stage
     _check_stage(sp, s)
     names = [n for n, _ in model.named_parameters() if not spec.is_ignored(n)]
     unknown = sorted(set(names) - set(sp.stage))
-    if unknown:
+    missing = sorted(set(sp.stage) - set(names))
+    if unknown or missing:
+        what = (
+            [f"{len(unknown)} parameter(s) the manifest lacks, e.g. {unknown[0]!r}"]
+            if unknown
+            else []
+        )
+        what += [f"lacks {len(missing)} of the manifest's, e.g. {missing[0]!r}"] if missing else []
         raise SpecError(
-            f"split_stage needs the whole model; it has {len(unknown)} parameter(s) the "
-            f"manifest lacks, e.g. {unknown[0]!r} (for a stage model built by hand, skip "
-            "split_stage)"
+            f"split_stage needs the whole model; this one has {'; and '.join(what)}",
+            "SS091",
+            "build the whole model (on the meta device, say) and split it, or pass a stage "
+            "model built by hand straight to parallelize",
         )
     keep = set(sp.params_of(s))
     # Containers of the split family: "layers" for `layers.{layer}`.
@@ -91,34 +104,45 @@ def split_stage(
             continue
         head = _layer_prefix(n, value, sp)
         family.setdefault(head, model.get_submodule(head) if head else model)
-    drops: list[tuple[nn.Module, str]] = []
+    # Drop the outermost module all of whose parameters other stages hold: the first prefix
+    # of a name that no kept parameter lies under (one pass, not one scan per prefix).
+    held = {".".join(n.split(".")[:k]) for n in keep for k in range(1, n.count(".") + 1)}
+    drops: dict[str, tuple[nn.Module, str]] = {}
     for n in names:
         if n in keep or layer_of(sp.spec, n) is not None:
             continue
-        # The outermost module all of whose parameters other stages hold.
         parts = n.split(".")
-        for k in range(1, len(parts)):
-            prefix = ".".join(parts[:k])
-            inside = [m for m in names if m == prefix or m.startswith(prefix + ".")]
-            if not any(m in keep for m in inside):
-                owner = ".".join(parts[: k - 1])
-                drops.append((model.get_submodule(owner) if owner else model, parts[k - 1]))
-                break
-        else:  # pragma: no cover - a parameter directly on the root
-            raise SpecError(f"cannot drop root parameter {n!r} from a stage model")
+        k = next((k for k in range(1, len(parts)) if ".".join(parts[:k]) not in held), None)
+        if k is None:
+            raise SpecError(
+                f"{n!r} is another stage's, but every module holding it also holds this "
+                "stage's parameters",
+                "SS092",
+                "split_stage drops whole modules: place the module on one stage, or build "
+                "the stage model by hand",
+            )
+        owner = ".".join(parts[: k - 1])
+        drops.setdefault(
+            ".".join(parts[:k]), (model.get_submodule(owner) if owner else model, parts[k - 1])
+        )
     kept = list(sp.stage_layers[s])
     for head, container in family.items():
         if not isinstance(container, (nn.ModuleDict, nn.ModuleList)):
             raise SpecError(
                 f"{head or 'the model'} is a {type(container).__name__}: the split family "
-                "needs a ModuleDict or ModuleList"
+                "needs a ModuleDict or ModuleList",
+                "SS095",
+                "keep the layers in an nn.ModuleDict (as torchtitan does) or nn.ModuleList",
             )
         if isinstance(container, nn.ModuleList) and not sp.spec.local_names:
             raise SpecError(
-                f"{head} is a ModuleList: dropping layers renumbers it. Use a ModuleDict "
-                "(as torchtitan does) or `split ... local` (stage-local numbering)"
+                f"{head} is a ModuleList: dropping layers renumbers it, but the spec keeps "
+                "global names",
+                "SS095",
+                "use an nn.ModuleDict (as torchtitan does), or `split ... local` for "
+                "stage-local numbering",
             )
-    for parent, attr in drops:
+    for parent, attr in drops.values():
         setattr(parent, attr, None)
     for head, container in family.items():
         layers = [

@@ -129,8 +129,8 @@ PARAMS: dict[str, Param] | None = {
     "tok_embeddings.weight": Param(0, (256, 64), "float32"),
 }
 
-# Pipeline stages on pp (a rank's coordinate on pp is its stage). Patterns are module prefixes of
-#     the whole model's names.
+# Pipeline stages on pp: a rank's coordinate on pp is its stage.
+# Patterns are module prefixes of the whole model's names.
 # At pp=2:
 #   stage 0: tok_embeddings, layers.{layer} for 0-1
 #   stage 1: layers.{layer} for 2-3, norm, output

@@ -58,7 +58,15 @@ def render_case(name: str) -> str:
 
 
 def test_the_required_golden_cases_exist() -> None:
-    assert {"dense", "moe_local", "no_manifest", "long_names", "overrides", "hf"} <= set(CASES)
+    assert {
+        "dense",
+        "moe_local",
+        "no_manifest",
+        "long_names",
+        "overrides",
+        "hf",
+        "pipeline",
+    } <= set(CASES)
     assert (CASES_DIR / "overrides" / "defines.txt").is_file()
     assert not (CASES_DIR / "no_manifest" / "manifest.json").exists()
 

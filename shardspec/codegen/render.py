@@ -211,20 +211,10 @@ def _pipeline_context(res: Resolved) -> dict[str, str] | None:
     if p.local_names:
         fields.append(("local_names", True))
     lines = ["\n".join(layout(v, 4, f"{k}=", ",")).lstrip() for k, v in fields]
-    words = [
-        "Pipeline",
-        "stages",
-        f"on {p.axis}",
-        "(a",
-        "rank's",
-        "coordinate",
-        f"on {p.axis}",
-        "is",
-        "its",
-        "stage).",
-        *"Patterns are module prefixes of the whole model's names.".split(),
-    ]
-    doc = comment(words)
+    doc = (
+        f"# Pipeline stages on {p.axis}: a rank's coordinate on {p.axis} is its stage.\n"
+        "# Patterns are module prefixes of the whole model's names."
+    )
     sp = res.stages
     if sp is not None:
         doc += f"\n# At {p.axis}={sp.n_stages}:"

@@ -12,6 +12,15 @@ process. Two oracles per tensor, neither of which needs communication:
   (``distribute_tensor(..., src_data_rank=None)`` with the DTensor's placements; the module
   form is cut by ``local_tp_state``/``local_expert_state`` for Megatron-style models).
 
+Pipeline-parallel specs (``llama_pp``: specs/llama_pp.shard, a 4-layer llama) run the same
+way on stage models: each rank builds the whole model on meta, ``split_stage`` cuts it to
+the rank's stage, and ``distribute`` places the rest on the mesh without the pipeline axis.
+The loss is elementwise, so a stage trained alone reproduces the reference's parameters
+bitwise. Each rank checks its own stage's parameters and states, and that it holds nothing
+else (:func:`check_stage`: no other stage's parameter in its model, or in the state dict it
+saves or loads). Their optimizer state dicts are flattened (``flatten_optimizer_state_dict``,
+named by parameter): a plain ``param_groups`` list differs per stage, and ``save`` refuses it.
+
 Scenarios append failure strings instead of raising, so one rank's failed check never leaves
 the others waiting in a collective; :func:`run_all` returns, per plan item, its failures, how
 many tensors it checked (so an item that checked nothing is caught by the parent) and extras.
@@ -36,7 +45,11 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -48,6 +61,7 @@ TARGET_SEED = 77  # a model that loads starts from other values
 STEPS = 2  # Adam steps before a matrix checkpoint
 LR = 1e-3
 CONTINUE_STEPS, CONTINUE_SAVE_AT = 4, 2
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # pipeline stages' optimizer state
 Failures = list[str]
 
 
@@ -59,8 +73,9 @@ class Kind:
     """How to build, and what to compare, for one spec."""
 
     module: str  # generated module, importable by name
-    family: str  # the single-process reference model: "llama", "llama_gqa4", "moe"
+    family: str  # the single-process reference model: "llama", "llama4", "llama_gqa4", "moe"
     local_axis: str | None = None  # Megatron style: the axis whose shard a module holds
+    pipeline: bool = False  # each rank's model is its pipeline stage's (split_stage)
 
 
 # ``llama_gqa4`` is specs/llama.shard with 4 GQA groups instead of 2, compiled by the test
@@ -72,6 +87,7 @@ KINDS: dict[str, Kind] = {
     "deepseek_moe": Kind("generated.deepseek_moe", "moe"),
     "deepseek_moe_local": Kind("generated.deepseek_moe_local", "moe", "ep"),
     "llama_gqa4": Kind("llama_gqa4", "llama_gqa4"),
+    "llama_pp": Kind("generated.llama_pp", "llama4", pipeline=True),
 }
 
 
@@ -83,6 +99,8 @@ def global_model(family: str) -> nn.Module:
     """The unsharded model every spec of ``family`` describes, with global names."""
     if family == "llama":
         return llama.tiny()
+    if family == "llama4":
+        return llama.tiny4()
     if family == "llama_gqa4":
         return llama.tiny(**GQA4_ARGS)
     return moe.tiny()
@@ -128,8 +146,9 @@ def build(kind: Kind, mesh: DeviceMesh, seed: int) -> nn.Module:
     """The model for ``kind`` on ``mesh``, initialised like the reference with ``seed``.
 
     DTensor-style models are built on meta, distributed, then materialised and initialised
-    (torchtitan style); Megatron-style ones are built with local shapes, filled with their
-    own shard of the full initialisation, then distributed.
+    (torchtitan style; a pipeline spec's whole model is cut to this rank's stage with
+    ``split_stage`` first, at every pipeline size); Megatron-style ones are built with
+    local shapes, filled with their own shard of the full initialisation, then distributed.
     """
     mod = generated(kind)
     module_name, func = mod.FACTORY.split(":")
@@ -137,6 +156,8 @@ def build(kind: Kind, mesh: DeviceMesh, seed: int) -> nn.Module:
     if kind.local_axis is None:
         with torch.device("meta"):
             model = factory(**mod.FACTORY_ARGS)
+        if kind.pipeline:
+            mod.split_stage(model, mesh)
         mod.distribute(model, mesh)
         model.to_empty(device="cpu")
         init_fn(kind.family)(model, seed)
@@ -322,6 +343,36 @@ def check_model(
             item.fail.append(f"{item.label}: lr {group['lr']}, want {LR}")
 
 
+STAGE_CHECKS = 3  # check_stage: the model's parameters, the state's model and optimizer keys
+
+
+def optim_fqn(key: str) -> str:
+    """The parameter a flattened optimizer entry belongs to: ``state.<fqn>.exp_avg`` or
+    ``param_groups.<fqn>.lr`` -> ``<fqn>``."""
+    return key.split(".", 1)[1].rsplit(".", 1)[0]
+
+
+def check_stage(
+    item: Item, kind: Kind, mesh: DeviceMesh, model: nn.Module, state: Mapping[str, Any]
+) -> None:
+    """A pipeline rank holds its stage's parameters and nothing else: in its model, and in
+    the state dict it saved or loaded (model entries, flattened optimizer entries)."""
+    want = set(generated(kind).stage_params(mesh))
+    stage = generated(kind).stage_of(mesh)
+    held = {
+        "model parameters": {fqn for fqn, _ in model.named_parameters()},
+        "state dict model entries": set(state["model"]),
+        "state dict optimizer entries": {optim_fqn(k) for k in state["optim"]},
+    }
+    for what, names in held.items():
+        item.checked += 1
+        if names != want:
+            item.fail.append(
+                f"{item.label} stage {stage} {what}: other stages' {sorted(names - want)}, "
+                f"missing {sorted(want - names)}"
+            )
+
+
 # --------------------------------------------------------------------------- scenarios
 
 
@@ -342,8 +393,12 @@ class Context:
         return os.path.join(self.root, name)
 
 
-def state_of(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
-    msd, osd = get_state_dict(model, optim)
+def state_of(
+    model: nn.Module, optim: torch.optim.Optimizer, kind: Kind | None = None
+) -> dict[str, Any]:
+    """Model and optimizer state dicts; a pipeline stage's optimizer state is flattened."""
+    options = FLAT if kind is not None and kind.pipeline else None
+    msd, osd = get_state_dict(model, optim, options=options)
     return {"model": msd, "optim": osd}
 
 
@@ -362,14 +417,17 @@ def fresh(ctx: Context, kind: Kind, sizes: Mapping[str, int]):
     mesh = ctx.mesh(kind, sizes)
     model = build(kind, mesh, TARGET_SEED)
     optim = torch.optim.Adam(model.parameters(), lr=LR * 10)
-    return mesh, model, optim, state_of(model, optim)
+    return mesh, model, optim, state_of(model, optim, kind)
 
 
 def save_source(ctx: Context, item: Item, spec: str, sizes: dict[str, int], name: str) -> None:
     """Train, check, and save with the generated ``save`` as ``name``."""
     kind = KINDS[spec]
     mesh, model, optim = trained(ctx, kind, sizes, item)
-    generated(kind).save(state_of(model, optim), ctx.path(name), mesh=mesh)
+    state = state_of(model, optim, kind)
+    if kind.pipeline:
+        check_stage(item, kind, mesh, model, state)
+    generated(kind).save(state, ctx.path(name), mesh=mesh)
 
 
 def load_target(ctx: Context, item: Item, name: str, spec: str, sizes: dict[str, int]) -> None:
@@ -377,7 +435,15 @@ def load_target(ctx: Context, item: Item, name: str, spec: str, sizes: dict[str,
     kind = KINDS[spec]
     mesh, model, optim, state = fresh(ctx, kind, sizes)
     generated(kind).load(state, ctx.path(name), mesh=mesh)
-    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if kind.pipeline:
+        check_stage(item, kind, mesh, model, state)
+    set_state_dict(
+        model,
+        optim,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=FLAT if kind.pipeline else None,
+    )
     check_model(item, kind, mesh, model, optim, reference(kind.family))
 
 
@@ -574,6 +640,7 @@ def run_all(
         sys.path.insert(0, gen)
     # DTensor warns on every multi-axis all-gather; the output is for failures.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    torch.set_num_threads(1)  # up to 8 ranks on 2 cores: one thread each, or they thrash
     ctx = Context(rank, world, root)
     out: dict[str, tuple[Failures, int, dict[str, Any]]] = {}
     for entry in plan:

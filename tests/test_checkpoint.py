@@ -8,6 +8,13 @@
   source) and after loading (the target). Megatron-style variants (``llama_local``,
   ``deepseek_moe_local``) hold local shards; ``llama_local`` and ``llama`` load each other's
   checkpoints.
+* **Pipeline parallelism** (``llama_pp``: specs/llama_pp.shard, a 4-layer llama): stage
+  models (``split_stage``) saved at pp 2 x dp_shard 2 x tp 2, pp 2 x dp_shard 2, pp 4 and
+  pp 1 x tp 2 load across pipeline sizes (pp 2 -> 1, 2 -> 4, 4 -> 2, 1 -> 2) and dp/tp
+  sizes (dp_shard 3 included). Each rank compares its own stage's parameters and Adam
+  states with the reference and checks that its model and state dicts hold no other
+  stage's parameter, so the number of tensors it checks depends on its stage
+  (:func:`expected`); between them the stages check every parameter.
 * **Interop** with DCP's default planners, both ways (``ckpt_scenarios.interop``).
 * **Save, load, continue**: a resumed run gives bitwise the same losses and state.
 
@@ -31,7 +38,7 @@ from tests import ckpt_scenarios
 from tests.ckpt_scenarios import KINDS
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ("llama", "llama_local", "deepseek_moe", "deepseek_moe_local")
+EXAMPLES = ("llama", "llama_local", "deepseek_moe", "deepseek_moe_local", "llama_pp")
 ORDER = (8, 6, 4, 2)  # spawn order: each world size loads what the earlier ones saved
 
 # (world, spec, sizes) of every checkpoint the matrix saves, by name
@@ -41,6 +48,7 @@ SAVES: dict[str, tuple[int, str, dict[str, int]]] = {
     "moe-dp2ep4": (8, "deepseek_moe", {"ep": 4}),
     "moe_local-dp4ep2": (8, "deepseek_moe_local", {"ep": 2}),
     "gqa4-dp2tp4": (8, "llama_gqa4", {"tp": 4}),
+    "pp-pp2dp2tp2": (8, "llama_pp", {"pp": 2, "tp": 2}),
     "llama-dp3tp2": (6, "llama", {"tp": 2}),
     "llama_local-dp3tp2": (6, "llama_local", {"tp": 2}),
     "moe-dp3ep2": (6, "deepseek_moe", {"ep": 2}),
@@ -51,6 +59,9 @@ SAVES: dict[str, tuple[int, str, dict[str, int]]] = {
     "moe-dp1ep4": (4, "deepseek_moe", {"ep": 4}),
     "moe_local-dp2ep2": (4, "deepseek_moe_local", {"ep": 2}),
     "gqa4-dp2tp2": (4, "llama_gqa4", {"tp": 2}),
+    "pp-pp2dp2": (4, "llama_pp", {"pp": 2, "tp": 1}),
+    "pp-pp4": (4, "llama_pp", {"pp": 4, "tp": 1}),
+    "pp-pp1dp2tp2": (4, "llama_pp", {"pp": 1, "tp": 2}),
     "moe_local-dp1ep2": (2, "deepseek_moe_local", {"ep": 2}),
 }
 
@@ -64,6 +75,9 @@ LOADS: list[tuple[int, str, str, dict[str, int]]] = [
     (8, "moe-dp2ep4", "deepseek_moe", {"ep": 8}),
     (8, "moe_local-dp4ep2", "deepseek_moe_local", {"ep": 2}),
     (8, "gqa4-dp2tp4", "llama_gqa4", {"tp": 2}),
+    (8, "pp-pp2dp2tp2", "llama_pp", {"pp": 1, "tp": 2}),  # pp 2 -> pp 1 (dp_shard 4 x tp 2)
+    (8, "pp-pp2dp2tp2", "llama_pp", {"pp": 4, "tp": 2}),  # pp 2 -> pp 4 (dp_shard 1 x tp 2)
+    (8, "pp-pp2dp2tp2", "llama_pp", {"pp": 2, "tp": 1}),  # within stages: dp_shard 4
     # 6 ranks: uneven FSDP chunks, and empty expert shards on dp_shard 3
     (6, "llama-dp4tp2", "llama", {"tp": 2}),
     (6, "llama-dp3tp2", "llama", {"tp": 1}),
@@ -73,6 +87,8 @@ LOADS: list[tuple[int, str, str, dict[str, int]]] = [
     (6, "moe-dp3ep2", "deepseek_moe", {"ep": 1}),
     (6, "moe_local-dp4ep2", "deepseek_moe_local", {"ep": 2}),
     (6, "moe_local-dp3ep2", "deepseek_moe_local", {"ep": 2}),
+    (6, "pp-pp2dp2tp2", "llama_pp", {"pp": 2, "tp": 1}),  # stages on dp_shard 3
+    (6, "pp-pp2dp2tp2", "llama_pp", {"pp": 1, "tp": 2}),
     # 4 ranks: the issue's pairs
     (4, "llama-dp2tp2", "llama", {"tp": 1}),  # (dp_shard 2 x tp 2) -> (dp_shard 4)
     (4, "llama-dp2tp2", "llama_local", {"tp": 2}),  # torchtitan -> Megatron
@@ -89,6 +105,11 @@ LOADS: list[tuple[int, str, str, dict[str, int]]] = [
     (4, "moe_local-dp3ep2", "deepseek_moe_local", {"ep": 2}),
     (4, "gqa4-dp2tp2", "llama_gqa4", {"tp": 4}),  # (tp 2 x dp_shard 2, strided) -> (tp 4)
     (4, "gqa4-dp2tp4", "llama_gqa4", {"tp": 2}),
+    (4, "pp-pp2dp2", "llama_pp", {"pp": 1, "tp": 1}),  # (pp 2 x dp_shard 2) -> (dp_shard 4)
+    (4, "pp-pp2dp2", "llama_pp", {"pp": 4, "tp": 1}),  # (pp 2 x dp_shard 2) -> (pp 4)
+    (4, "pp-pp4", "llama_pp", {"pp": 2, "tp": 1}),  # (pp 4) -> (pp 2 x dp_shard 2)
+    (4, "pp-pp1dp2tp2", "llama_pp", {"pp": 2, "tp": 2}),  # (dp_shard 2 x tp 2) -> (pp 2 x tp 2)
+    (4, "pp-pp2dp2tp2", "llama_pp", {"pp": 4, "tp": 1}),
     # 2 ranks
     (2, "llama-dp2tp2", "llama", {"tp": 2}),
     (2, "llama-dp2tp2", "llama_local", {"tp": 2}),
@@ -99,6 +120,9 @@ LOADS: list[tuple[int, str, str, dict[str, int]]] = [
     (2, "moe_local-dp3ep2", "deepseek_moe_local", {"ep": 2}),
     (2, "moe_local-dp2ep2", "deepseek_moe_local", {"ep": 2}),
     (2, "moe_local-dp1ep2", "deepseek_moe_local", {"ep": 2}),
+    (2, "pp-pp4", "llama_pp", {"pp": 2, "tp": 1}),
+    (2, "pp-pp2dp2", "llama_pp", {"pp": 1, "tp": 2}),
+    (2, "pp-pp1dp2tp2", "llama_pp", {"pp": 2, "tp": 1}),
 ]
 INTEROP = ("interop", "moe-dp2ep2", "llama-dp2tp2")
 CONTINUE = ("continue", {"tp": 2})
@@ -173,16 +197,34 @@ def _without_hf_blocks(text: str) -> str:
     return "".join(out)
 
 
-def n_params(spec: str, gen: Path) -> int:
+def layout_module(spec: str, gen: Path) -> Any:
     kind = KINDS[spec]
     if kind.module.startswith("generated."):
-        mod = importlib.import_module(kind.module)
-    else:
-        loader = importlib.util.spec_from_file_location(kind.module, gen / f"{kind.module}.py")
-        assert loader is not None and loader.loader is not None
-        mod = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(mod)
-    return len(mod.PARAMS)
+        return importlib.import_module(kind.module)
+    loader = importlib.util.spec_from_file_location(kind.module, gen / f"{kind.module}.py")
+    assert loader is not None and loader.loader is not None
+    mod = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(mod)
+    return mod
+
+
+def n_params(spec: str, gen: Path) -> int:
+    return len(layout_module(spec, gen).PARAMS)
+
+
+def expected(world: int, spec: str, sizes: dict[str, int], gen: Path) -> list[int]:
+    """Per rank, the tensors a save or load item checks: every parameter's (PER_PARAM
+    each), or for a pipeline spec its stage's, plus the stage-content checks. The stages
+    must hold every parameter between them."""
+    mod = layout_module(spec, gen)
+    if not KINDS[spec].pipeline:
+        return [PER_PARAM * len(mod.PARAMS)] * world
+    full = full_sizes(world, sizes)
+    mesh = mod.SPEC.layout_mesh({axis: full[axis] for axis in mod.AXES})
+    stages = [mod.SPEC.stage_of(mesh, coord) for coord in mesh.coords()]
+    held = {s: mod.stage_params(mesh, s) for s in range(mod.num_stages(mesh))}
+    assert sorted(n for names in held.values() for n in names) == sorted(mod.PARAMS)
+    return [PER_PARAM * len(held[s]) + ckpt_scenarios.STAGE_CHECKS for s in stages]
 
 
 Results = dict[str, list[tuple[list[str], int, dict[str, Any]]]]
@@ -203,19 +245,25 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, Path]:
     return merged, root / "gen"
 
 
-def report(results: Results, labels: list[str], want: dict[str, int]) -> list[str]:
+def report(results: Results, labels: list[str], want: dict[str, int | list[int]]) -> list[str]:
     """Failures of ``labels`` on every rank, plus any item missing or checking a number of
-    tensors other than ``want[label]`` on some rank."""
+    tensors other than ``want[label]`` (one count for every rank, or one per rank) on some
+    rank."""
     out = []
     for label in labels:
         ranks = results.get(label)
         if not ranks:
             out.append(f"{label}: did not run")
             continue
-        for rank, (fails, checked, _) in enumerate(ranks):
+        counts = want[label]
+        if isinstance(counts, int):
+            counts = [counts] * len(ranks)
+        if len(counts) != len(ranks):
+            out.append(f"{label}: {len(ranks)} ranks reported, want {len(counts)}")
+        for rank, ((fails, checked, _), count) in enumerate(zip(ranks, counts, strict=False)):
             out += [f"w/rank {rank}: {f}" for f in fails]
-            if checked != want[label]:
-                out.append(f"{label} rank {rank}: checked {checked} tensors, want {want[label]}")
+            if checked != count:
+                out.append(f"{label} rank {rank}: checked {checked} tensors, want {count}")
     return out
 
 
@@ -232,11 +280,17 @@ PER_PARAM = 3 * 2 + 1  # param, exp_avg, exp_avg_sq at two oracles each, and ste
 
 
 def test_matrix_covers_the_issue() -> None:
-    """The plan has >= 8 save -> load mesh pairs per example spec, and the named pairs."""
+    """The plan has >= 8 save -> load mesh pairs per example spec, and the named pairs
+    (pipeline ones included: pp 2 -> 1, 2 -> 4, 4 -> 2 and 1 -> 2)."""
     pairs: dict[str, set] = {}
+    for _, spec, sizes in SAVES.values():
+        if KINDS[spec].pipeline:  # pp and tp have defaults: name them, or pairs mislead
+            assert set(sizes) == {"pp", "tp"}, (spec, sizes)
     for world, name, spec, sizes in LOADS:
         sw, sspec, ssizes = SAVES[name]
         assert ORDER.index(sw) <= ORDER.index(world), f"{name} is loaded before it is saved"
+        if KINDS[spec].pipeline:
+            assert set(sizes) == {"pp", "tp"}, (spec, sizes)
         src = (sspec, tuple(sorted(full_sizes(sw, ssizes).items())))
         dst = (spec, tuple(sorted(full_sizes(world, sizes).items())))
         pairs.setdefault(spec, set()).add((src, dst))
@@ -250,6 +304,15 @@ def test_matrix_covers_the_issue() -> None:
         ("llama_local", {"dp_shard": 2, "tp": 2}, "llama", {"dp_shard": 4, "tp": 1}),
         ("llama", {"dp_shard": 2, "tp": 2}, "llama_local", {"dp_shard": 2, "tp": 2}),
     ]
+    pp = "llama_pp"
+    named += [  # pipeline sizes crossed, at pp 2 x dp_shard 2 and with tp 2
+        (pp, {"pp": 2, "dp_shard": 2, "tp": 1}, pp, {"pp": 1, "dp_shard": 4, "tp": 1}),
+        (pp, {"pp": 2, "dp_shard": 2, "tp": 1}, pp, {"pp": 4, "dp_shard": 1, "tp": 1}),
+        (pp, {"pp": 4, "dp_shard": 1, "tp": 1}, pp, {"pp": 2, "dp_shard": 2, "tp": 1}),
+        (pp, {"pp": 1, "dp_shard": 2, "tp": 2}, pp, {"pp": 2, "dp_shard": 1, "tp": 2}),
+        (pp, {"pp": 2, "dp_shard": 2, "tp": 2}, pp, {"pp": 1, "dp_shard": 4, "tp": 2}),
+        (pp, {"pp": 2, "dp_shard": 2, "tp": 2}, pp, {"pp": 4, "dp_shard": 1, "tp": 2}),
+    ]
     for sspec, src, spec, dst in named:
         pair = ((sspec, tuple(sorted(src.items()))), (spec, tuple(sorted(dst.items()))))
         assert pair in pairs.get(spec, set()), pair
@@ -260,11 +323,11 @@ def test_checkpoint_matrix(results: tuple[Results, Path]) -> None:
     """Every source run equals the single-process reference; every load of its checkpoint
     under another mesh (or spec style) equals it too, bitwise, on every rank."""
     merged, gen = results
-    want: dict[str, int] = {}
-    for name, (world, spec, _) in SAVES.items():
-        want[f"w{world} save {name}"] = PER_PARAM * n_params(spec, gen)
+    want: dict[str, int | list[int]] = {}
+    for name, (world, spec, sizes) in SAVES.items():
+        want[f"w{world} save {name}"] = expected(world, spec, sizes, gen)
     for world, name, spec, sizes in LOADS:
-        want[f"w{world} load {name} -> {spec} {sizes}"] = PER_PARAM * n_params(spec, gen)
+        want[f"w{world} load {name} -> {spec} {sizes}"] = expected(world, spec, sizes, gen)
     assert_clean(report(merged, list(want), want))
 
 

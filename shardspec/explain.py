@@ -90,6 +90,15 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
             f"{shown} names none\n"
             '  hint: add `manifest "model.json"` (made by `shardspec manifest`)\n'
         ), 2
+    ties = dict(res.pipeline.ties) if res.pipeline is not None else {}
+    alias_note = None
+    if fqn not in res.matches and ties.get(fqn) in res.matches:
+        # A pipeline tie's alias: the whole model holds the weight under its source's name.
+        alias_note = (
+            f"{fqn} is tied to {ties[fqn]} (pipeline tie): its stage holds a copy under "
+            f"this name, cut as {ties[fqn]} is below, stored once under {ties[fqn]}"
+        )
+        fqn = ties[fqn]
     m = res.matches.get(fqn)
     if m is None:
         import difflib
@@ -104,6 +113,8 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
             f"<command line>:1:1: error SS004 [bad-argument]: {fqn!r} is not in the manifest "
             f"{display_path(res.manifest.path)}\n  hint: {hint}\n"
         ), 1
+    if alias_note is not None:
+        lines.append(alias_note)
     if m.entry.kind == "extra_state":
         lines.append(f"{fqn}  (extra state)")
     else:
@@ -170,8 +181,8 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
     lines.append(f"  tensor-parallel style: {_style_text(res, m.winner)}")
     off_stage: list[int] = []
     if layout.stage_axis is not None and res.stages is not None and res.pipeline is not None:
-        stage = layout.stages[0]
         sp, p = res.stages, res.pipeline
+        stage = sp.stage.get(fqn, layout.stages[0])
         if p.split is not None and stage_layer_of(p, fqn) is not None:
             why = f"layer {stage_layer_of(p, fqn)} of split {p.split}"
             if p.local_names:
@@ -180,6 +191,13 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
             why = f"{claims(p, fqn)[0]} stage"
         off_stage = [t.rank for t in rank_table(layout, mesh) if not layout.on_stage(mesh, t.coord)]
         others = f"; ranks {_rank_list(off_stage)} (other stages) hold none of it"
+        copies = [
+            f"stage {st} holds a copy as {a}"
+            for a, src in p.ties
+            if src == fqn and (st := sp.tie_stage.get(a)) is not None and st != stage
+        ]
+        if copies:
+            why += "; tied: " + ", ".join(copies) + " (stored once, under this name)"
         lines.append(
             f"  pipeline stage: {stage} of {sp.n_stages} on {p.axis} ({why})"
             + (others if off_stage else "")

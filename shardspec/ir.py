@@ -157,13 +157,22 @@ class StageSplit(Node):
     local_names: bool = False
 
 
+class StageTie(Node):
+    """``tie ALIAS = SOURCE`` in a pipeline block: parameter ``alias`` (global name, on its
+    own stage) is the same weight as parameter ``source`` (tied embeddings and head)."""
+
+    alias: Pattern
+    source: Pattern
+
+
 class Pipeline(Node):
-    """``pipeline AXIS { first ...  split ...  last ... }``; lists keep file order."""
+    """``pipeline AXIS { first ...  split ...  last ...  tie ... }``; lists keep file order."""
 
     axis: Name
     first: list[Pattern] = []
     last: list[Pattern] = []
     splits: list[StageSplit] = []
+    ties: list[StageTie] = []
 
 
 class Suppression(Node):

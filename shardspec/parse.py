@@ -308,11 +308,20 @@ class _ToIR(Transformer):
         )
 
     @v_args(meta=True)
+    def pipe_tie(self, meta, children):
+        alias, source = children
+        return ir.StageTie(
+            span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
+        )
+
+    @v_args(meta=True)
     def pipeline_stmt(self, meta, children):
-        fields: dict = {"first": [], "last": [], "splits": []}
+        fields: dict = {"first": [], "last": [], "splits": [], "ties": []}
         for c in children[1:]:
             if isinstance(c, ir.StageSplit):
                 fields["splits"].append(c)
+            elif isinstance(c, ir.StageTie):
+                fields["ties"].append(c)
             else:
                 fields[c[0]].extend(c[1])
         node = ir.Pipeline(span=_span(self.path, meta), axis=self._name(children[0]), **fields)
@@ -371,7 +380,7 @@ class _ToIR(Transformer):
 
 _STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param", "pipeline")
 _HF_ITEMS = ("config", "drop", "keep", "tie")
-_PIPE_ITEMS = ("first", "last", "split")
+_PIPE_ITEMS = ("first", "last", "split", "tie")
 _BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard", "style")
 
 
@@ -473,6 +482,9 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
     if "CONFIG_EXPR" in expected:
         return "write `config NAME = key * key * 2` (config.json keys and whole numbers)"
     if "EQUAL" in expected and re.search(r"\btie\s+\S+\s*$", before):
+        upto = "\n".join([*lines[: line - 1], before])
+        if re.search(r"\bpipeline\s+\w+\s*\{[^}]*$", upto):
+            return "write `tie ALIAS = SOURCE`, two parameter names (`tie output.weight = ...`)"
         return "write `tie ALIAS = SOURCE` (two Hugging Face names)"
     if "EQUAL" in expected:
         return "write `config NAME = key * key * 2`"
@@ -487,7 +499,9 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
     if "SPLIT" in expected and word and word != "}":
         guess = _closest(word, _PIPE_ITEMS)
         hint = f"did you mean `{guess}`? " if guess else ""
-        return hint + "a pipeline block holds first, last and split lines"
+        return hint + "a pipeline block holds first, last, split and tie lines"
+    if "PARAM" in expected and word == "tie":
+        return "`tie` goes inside a `pipeline` block (parameters) or an `hf` block (HF keys)"
     if "PARAM" in expected and word in _PIPE_ITEMS:
         return f"`{word}` goes inside a `pipeline AXIS {{ ... }}` block"
     if "PARAM" in expected and word in _HF_ITEMS:

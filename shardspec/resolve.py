@@ -53,6 +53,10 @@ class Resolved:
     pipeline: PipelineSpec | None = None
     stages: StagePlan | None = None
     stage_error: StageError | None = None  # why the parameters could not be placed
+    # Pipeline ties (`tie ALIAS = SOURCE`): per alias whose source is a parameter, the rules
+    # that match the alias's own name and, where one wins, its layout on the source's shape
+    # (the alias's stage must hold the source's layout; the rule gives the module's style).
+    tie_matches: dict[str, Match] = field(default_factory=dict)
 
     @property
     def params(self) -> list[tuple[str, Match]]:
@@ -104,6 +108,7 @@ def pipeline_spec(spec: ir.Spec) -> PipelineSpec | None:
         split=split.pattern.text if split else None,
         counts=tuple(split.counts) if split else (),
         local_names=bool(split and split.local_names),
+        ties=tuple((t.alias.text, t.source.text) for t in p.ties),
     )
 
 
@@ -205,6 +210,7 @@ def resolve(
     if manifest is None:
         return res
     _match_all(res)
+    _match_ties(res)
     if mesh is not None:
         _layouts(res, mesh)
     _place_stages(res)
@@ -230,14 +236,38 @@ def _place_stages(res: Resolved) -> None:
         return
     # Layouts know their stage: other stages' ranks hold none of the parameter, and its
     # DTensor spans the mesh without the pipeline axis.
-    staged: dict[tuple[int, int], ParamLayout] = {}  # keeps layouts shared per stage
+    # A tied weight lives on its source's stage and its alias's.
+    staged: dict[tuple[int, tuple[int, ...]], ParamLayout] = {}  # shared per stage set
     for fqn, m in res.params:
         if m.layout is not None:
-            stage = res.stages.stage[fqn]
-            key = (id(m.layout), stage)
+            stages = res.stages.stages_of(fqn)
+            key = (id(m.layout), stages)
             if key not in staged:
-                staged[key] = dataclasses.replace(m.layout, stage_axis=p.axis, stages=(stage,))
+                staged[key] = dataclasses.replace(m.layout, stage_axis=p.axis, stages=stages)
             m.layout = staged[key]
+    sources = dict(p.ties)
+    for alias, m in res.tie_matches.items():
+        if m.layout is not None:
+            stages = res.stages.stages_of(sources[alias])
+            m.layout = dataclasses.replace(m.layout, stage_axis=p.axis, stages=stages)
+
+
+def _match_ties(res: Resolved) -> None:
+    """The rules of every tie alias (not a manifest name: the whole model holds the tied
+    weight once), matched by the alias's own name on its source's manifest entry."""
+    try:
+        p = pipeline_spec(res.spec)
+    except PatternError:
+        return
+    if p is None:
+        return
+    for alias, source in p.ties:
+        m = res.matches.get(source)
+        if m is None or m.entry.kind != "param" or alias in res.matches:
+            continue
+        res.tie_matches[alias] = _match_one(
+            res, Entry(fqn=alias, shape=m.entry.shape, dtype=m.entry.dtype)
+        )
 
 
 def _match_all(res: Resolved) -> None:
@@ -245,29 +275,37 @@ def _match_all(res: Resolved) -> None:
     ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
     rules = [(index, g.regex.match, g.key) for index, g in ordered]
     ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
-    matches = res.matches
     for entry in res.manifest.entries:
-        if entry.kind == "buffer":
-            continue
-        fqn = entry.fqn
-        m = Match(entry, [])
-        for i, match in ignores:
-            if match(fqn):
-                m.ignored_by = i
-                break
-        if entry.kind == "param":
-            best_key = None
-            for index, match, key in rules:
-                found = match(fqn)
-                if found is None:
-                    continue
-                m.candidates.append(index)
-                if best_key is None:
-                    best_key = key
-                    m.winner, m.captures = index, found.groupdict()
-                elif key == best_key:
-                    m.tied.append(index)
-        matches[fqn] = m
+        if entry.kind != "buffer":
+            res.matches[entry.fqn] = _match_one(res, entry, rules, ignores)
+
+
+def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
+    """``entry`` and the rules that match its name, best first."""
+    if rules is None:
+        ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
+        rules = [(index, g.regex.match, g.key) for index, g in ordered]
+    if ignores is None:
+        ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
+    fqn = entry.fqn
+    m = Match(entry, [])
+    for i, match in ignores:
+        if match(fqn):
+            m.ignored_by = i
+            break
+    if entry.kind == "param":
+        best_key = None
+        for index, match, key in rules:
+            found = match(fqn)
+            if found is None:
+                continue
+            m.candidates.append(index)
+            if best_key is None:
+                best_key = key
+                m.winner, m.captures = index, found.groupdict()
+            elif key == best_key:
+                m.tied.append(index)
+    return m
 
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:
@@ -283,7 +321,7 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
         res.virtual_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
     # Parameters of one rule with one shape share a layout object: build it once.
     built: dict[tuple[int, tuple[int, ...]], ParamLayout | LayoutError] = {}
-    for m in res.matches.values():
+    for m in [*res.matches.values(), *res.tie_matches.values()]:
         if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
             continue
         key = (m.winner, m.entry.shape)

@@ -15,12 +15,18 @@ every parameter (always by its *global* name, the manifest's) onto a stage:
   (Megatron); otherwise stage models keep global names (torchtitan).
 
 Patterns are module prefixes: ``output`` places ``output.weight`` and ``output.bias``.
+
+``tie ALIAS = SOURCE`` names a weight used on two stages (embeddings tied to the output
+head): the whole model holds one tensor under ``SOURCE`` (the manifest's name); the stage
+that ``first``/``last`` gives ``ALIAS`` holds a copy under the name ``ALIAS``. Both copies
+have the source's layout and are stored once, under the source's name. Where the two
+stages are one (a single stage), the model keeps the tie itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from shardspec.patterns import Glob, compile_glob
@@ -45,6 +51,7 @@ class PipelineSpec:
     split: str | None = None  # a pattern with one capture: the layer index
     counts: tuple[int, ...] = ()  # explicit layers per stage; () is an even split
     local_names: bool = False  # stage models number their split layers from 0
+    ties: tuple[tuple[str, str], ...] = ()  # (alias, source): global parameter names
 
 
 @lru_cache(maxsize=256)
@@ -150,20 +157,116 @@ def _raise_uneven(spec: PipelineSpec, n_layers: int, n_stages: int, lo: int) -> 
     )
 
 
+def tie_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[int, str, str, str]]:
+    """Ties that do not fit the parameters ``names`` (global, the manifest's): ``(index of
+    the tie, "alias" or "source", message, hint)``. The source must be a parameter, the
+    alias must not be one (the whole model holds the tied weight once), neither may be in
+    the split family, and ``first`` or ``last`` must place the alias, once."""
+    have = set(names)
+    out = []
+    for i, (alias, source) in enumerate(spec.ties):
+        if source not in have:
+            out.append(
+                (
+                    i,
+                    "source",
+                    f"the tie's source {source!r} is not a parameter of the manifest",
+                    "the source is the name the whole model holds the tied weight under "
+                    "(its named_parameters() lists it, the alias not)",
+                )
+            )
+        if alias in have:
+            out.append(
+                (
+                    i,
+                    "alias",
+                    f"the tie's alias {alias!r} is a parameter of its own in the manifest: "
+                    "the model does not tie it",
+                    f"tie the weights in the model ({alias} = {source}) and regenerate the "
+                    "manifest, or drop the tie",
+                )
+            )
+        for role, name in (("alias", alias), ("source", source)):
+            what = claims(spec, name)
+            if "split" in what:
+                out.append(
+                    (
+                        i,
+                        role,
+                        f"the tie's {role} {name!r} is in the split family",
+                        "tie weights of the first or last stage (place them with `first` "
+                        "or `last`)",
+                    )
+                )
+            elif role == "alias" and not what:
+                out.append(
+                    (
+                        i,
+                        role,
+                        f"the tie's alias {name!r} is on no pipeline stage",
+                        f"place its module with `first` or `last` (e.g. `last "
+                        f"{name.rpartition('.')[0] or name}`)",
+                    )
+                )
+            elif role == "alias" and len(what) > 1:
+                out.append(
+                    (
+                        i,
+                        role,
+                        f"the tie's alias {name!r} is placed by both {' and '.join(what)}",
+                        "place its module once",
+                    )
+                )
+    return out
+
+
+def _tie_stage(spec: PipelineSpec, alias: str, n_stages: int) -> int:
+    return 0 if claims(spec, alias) == ["first"] else n_stages - 1
+
+
 @dataclass(frozen=True)
 class StagePlan:
     """Where every parameter lives at one pipeline size."""
 
     spec: PipelineSpec
     n_stages: int
-    stage: dict[str, int]  # global name -> stage
+    stage: dict[str, int]  # global name -> stage (a tied weight: its source's stage)
     stage_layers: tuple[tuple[str, ...], ...]  # per stage, its layer values in order
+    tie_stage: dict[str, int] = field(default_factory=dict)  # tie alias -> its stage
+
+    @property
+    def tie_source(self) -> dict[str, str]:
+        """Tie alias -> source (global names)."""
+        return dict(self.spec.ties)
+
+    def stages_of(self, fqn: str) -> tuple[int, ...]:
+        """Every stage that holds global parameter ``fqn``: its own, and those of the
+        aliases tied to it (() for a name the plan does not place)."""
+        own = self.stage_of(fqn)
+        if own is None:
+            return ()
+        ties = self.spec.ties
+        more = {self.tie_stage[a] for a, src in ties if src == fqn and a in self.tie_stage}
+        return tuple(sorted({own} | more))
+
+    def alias_on(self, fqn: str, stage: int) -> str | None:
+        """The alias under which stage ``stage`` holds tied weight ``fqn``, where that
+        stage is not the source's own (None otherwise)."""
+        if self.stage.get(fqn) == stage:
+            return None
+        for a, src in self.spec.ties:
+            if src == fqn and self.tie_stage.get(a) == stage:
+                return a
+        return None
 
     def stage_of(self, fqn: str) -> int | None:
         """The stage of global name ``fqn``, also for names the manifest lacks (modules
-        built for other local sizes); None when no declaration covers it once."""
+        built for other local sizes); None when no declaration covers it once. A tied
+        weight's stage is its source's; an alias's is its own."""
         if fqn in self.stage:
             return self.stage[fqn]
+        if fqn in self.tie_stage:
+            return self.tie_stage[fqn]
         what = claims(self.spec, fqn)
         if len(what) != 1:
             return None
@@ -178,11 +281,19 @@ class StagePlan:
         return None
 
     def params_of(self, stage: int) -> list[str]:
-        """The global names stage ``stage`` holds, sorted."""
-        return sorted(f for f, s in self.stage.items() if s == stage)
+        """The global names stage ``stage`` holds, sorted (tied weights on every stage
+        that holds them)."""
+        out = {f for f, s in self.stage.items() if s == stage}
+        out.update(src for a, src in self.spec.ties if self.tie_stage.get(a) == stage)
+        return sorted(out & set(self.stage))
 
-    def local_name(self, fqn: str) -> str:
-        """The name stage models give global parameter ``fqn``."""
+    def local_name(self, fqn: str, stage: int | None = None) -> str:
+        """The name stage models give global parameter ``fqn`` (on ``stage``: a tied
+        weight is its alias on the alias's stage)."""
+        if stage is not None:
+            alias = self.alias_on(fqn, stage)
+            if alias is not None:
+                return alias
         if not self.spec.local_names:
             return fqn
         value = layer_of(self.spec, fqn)
@@ -193,10 +304,17 @@ class StagePlan:
             return fqn
         return _replace_capture(self.spec, fqn, str(self.stage_layers[stage].index(value)))
 
-    def global_name(self, name: str, stage: int) -> str | None:
-        """The global name of stage ``stage``'s parameter ``name`` (None: no such one)."""
+    def global_name(self, name: str, stage: int, ties: bool = True) -> str | None:
+        """The global name of stage ``stage``'s parameter ``name`` (None: no such one).
+        A tie's alias, on its own stage, is its source's (``ties=False``: the alias, the
+        whole model's name of the module that holds it)."""
         if not 0 <= stage < self.n_stages:
             return None
+        if name in self.tie_stage:
+            source = self.tie_source[name]
+            if self.tie_stage[name] != stage or self.stage.get(source) == stage:
+                return None  # another stage's, or tied within the stage (one tensor)
+            return source if ties else name
         if not self.spec.local_names:
             return name if self.stage_of(name) == stage else None
         value = layer_of(self.spec, name)
@@ -248,14 +366,20 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
             value = layer_of(spec, fqn)
             assert value is not None
             stage[fqn] = of_layer[value]
-    empty = [s for s in range(n_stages) if s not in set(stage.values())]
+    bad_ties = tie_problems(spec, names)
+    if bad_ties:
+        _, _, message, hint = bad_ties[0]
+        raise StageError(message, "SS097", hint)
+    tie_stage = {a: _tie_stage(spec, a, n_stages) for a, _ in spec.ties}
+    held = set(stage.values()) | set(tie_stage.values())
+    empty = [s for s in range(n_stages) if s not in held]
     if empty:
         raise StageError(
             f"stage {empty[0]} of {n_stages} holds no parameter",
             "SS093",
             "give every stage at least one layer, or use a smaller pipeline",
         )
-    return StagePlan(spec, n_stages, stage, tuple(stage_layers))
+    return StagePlan(spec, n_stages, stage, tuple(stage_layers), tie_stage)
 
 
 def assignment_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[str, list[str]]]:

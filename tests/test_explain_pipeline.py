@@ -104,3 +104,27 @@ def test_a_single_stage(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> No
     line = stage_line(out)
     assert line.startswith("  pipeline stage: 0 of 1 on pp (last stage)")
     assert "ranks  (" not in line
+
+
+def test_a_weight_tied_across_stages(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """specs/llama_pp_tied.shard: the embedding is the output head's weight. Both stages
+    hold it (every rank a shard), stored once under the source's name."""
+    tied = "specs/llama_pp_tied.shard"
+    out = explain(capsys, tied, "tok_embeddings.weight")
+    assert stage_line(out) == (
+        "  pipeline stage: 0 of 2 on pp (first stage; tied: stage 1 holds a copy as "
+        "output.weight (stored once, under this name))"
+    )
+    assert ranks(out) == list(range(8))
+    rows = {int(r.split()[0]): r.split() for r in out.splitlines() if ROW.match(r)}
+    assert rows[0][2:] == rows[4][2:] and rows[3][2:] == rows[7][2:]  # the same shards
+    # the alias explains as its source, saying so
+    alias = explain(capsys, tied, "output.weight")
+    first = alias.splitlines()[0]
+    assert first.startswith("output.weight is tied to tok_embeddings.weight (pipeline tie)")
+    assert alias.splitlines()[1:] == out.splitlines()
+    # at pp 4 the copy is on stage 3, and the middle stages hold none of it
+    out = explain(capsys, tied, "-D", "pp=4", "tok_embeddings.weight")
+    assert "tied: stage 3 holds a copy as output.weight" in stage_line(out)
+    assert "ranks 2-5 (other stages) hold none of it" in stage_line(out)
+    assert ranks(out) == [0, 1, 6, 7]

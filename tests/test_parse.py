@@ -613,7 +613,12 @@ def test_hf_block_twice_is_ss005() -> None:
         ("hf { a -> b[e }", (1, 15), "unexpected '}'", "expected ']'"),
         ('hf { "a" -> b }', (1, 6), "unexpected '\"a\"'", "without quotes"),
         ("drop x.y", (1, 1), "unexpected 'drop'", "`drop` goes inside an `hf { ... }` block"),
-        ("hf { a -> b }\ntie a = b", (2, 1), "unexpected 'tie'", "inside an `hf"),
+        (
+            "hf { a -> b }\ntie a = b",
+            (2, 1),
+            "unexpected 'tie'",
+            "a `pipeline` block (parameters) or an `hf`",
+        ),
         ("hf { a -> b\n", (1, 12), "unexpected end of file", "line 1"),
     ],
 )
@@ -694,6 +699,30 @@ def test_pipeline_split_forms() -> None:
     assert ok("mesh { tp: 2 }").pipeline is None
 
 
+def test_pipeline_ties() -> None:
+    text = (
+        "pipeline pp {\n    last output\n    tie output.weight = tok_embeddings.weight\n"
+        "    first tok_embeddings\n    tie out.b=emb.b\n}\n"
+    )
+    p = ok(text).pipeline
+    assert p is not None
+    assert [(t.alias.text, t.source.text) for t in p.ties] == [
+        ("output.weight", "tok_embeddings.weight"),
+        ("out.b", "emb.b"),
+    ]
+    t = p.ties[0]
+    assert at(t.span) == pos(text, "tie output")
+    assert at(t.alias.span) == pos(text, "output.weight")
+    assert at(t.source.span) == pos(text, "tok_embeddings.weight")
+    assert t.source.span.end_col == pos(text, "tok_embeddings.weight")[1] + len(
+        "tok_embeddings.weight"
+    )
+    assert [x.text for x in p.first] == ["tok_embeddings"]
+    # `tie` stays a name elsewhere, and a segment of a pattern
+    spec = ok("mesh { tie: 2 }\nparam tie.x [a] { shard a over tie }\npipeline tie { first tie }")
+    assert spec.pipeline is not None and spec.pipeline.first[0].text == "tie"
+
+
 def test_pipeline_keywords_stay_names_and_pattern_segments() -> None:
     """`pipeline`, `first`, `last`, `split`, `as` and `local` are keywords only where a
     pipeline item (or its counts) can start: elsewhere they are names and segments."""
@@ -733,7 +762,11 @@ def test_pipeline_twice_is_ss005() -> None:
         ("pipeline pp { frist a }", (1, 15), "unexpected 'frist'", "did you mean `first`?"),
         ("pipeline pp {\n  first a\n  lsat b\n}", (3, 3), "unexpected 'lsat'", "`last`?"),
         ("pipeline pp { splt a.{i} }", (1, 15), "unexpected 'splt'", "did you mean `split`?"),
-        ("pipeline pp { shard a }", (1, 15), "unexpected 'shard'", "first, last and split lines"),
+        ("pipeline pp { shard a }", (1, 15), "unexpected 'shard'", "first, last, split and tie"),
+        ("pipeline pp { tei a = b }", (1, 15), "unexpected 'tei'", "did you mean `tie`?"),
+        ("pipeline pp {\n  tie a b\n}", (2, 9), "unexpected 'b'", "two parameter names"),
+        ("pipeline pp { tie a = }", (1, 23), "unexpected '}'", "expected a parameter pattern"),
+        ("pipeline pp { tie = b }", (1, 19), "unexpected '='", "expected a parameter pattern"),
         ("split layers.{i}", (1, 1), "unexpected 'split'", "inside a `pipeline AXIS { ... }`"),
         ("mesh { pp: 2 }\nfirst tok", (2, 1), "unexpected 'first'", "inside a `pipeline AXIS"),
         ("last norm", (1, 1), "unexpected 'last'", "`last` goes inside a `pipeline AXIS"),
@@ -770,7 +803,8 @@ def test_as_hint_does_not_guess_last() -> None:
 
 
 _PIPE_WORDS = [
-    "first", "last", "split", "as", "local", "pipeline", "pp", "{", "}", ",", "1", "0", "12",
+    "first", "last", "split", "as", "local", "tie", "=", "pipeline", "pp", "{", "}", ",", "1",
+    "0", "12",
     "layers.{layer}", "layers.*", "{a}.{b}", "tok_embeddings", "norm", "output", "**", "*",
     "{a,b}", "out**put", "\n", "# c\n", "-", ":", "[", "]", '"x"', "é", "\t", "\r\n",
 ]  # fmt: skip

@@ -485,3 +485,91 @@ def test_local_and_global_names_round_trip(model) -> None:
         elif layer_of(spec, f) is not None:
             number = layer_of(spec, local)  # counted from 0 on each stage
             assert number is not None and int(number) < len(sp.stage_layers[s])
+
+
+# ----------------------------------------------------------------------------- ties
+
+TIED = PipelineSpec(
+    axis="pp",
+    first=("tok_embeddings",),
+    last=("norm", "output"),
+    split="layers.{layer}",
+    local_names=True,
+    ties=(("output.weight", "tok_embeddings.weight"),),
+)
+SRC, ALIAS = "tok_embeddings.weight", "output.weight"
+
+
+def tied_names(n_layers: int) -> list[str]:
+    """A tied model's names: the head's weight is the embedding's, listed once."""
+    return [n for n in names(n_layers) if n != ALIAS]
+
+
+def test_a_tied_weight_lives_on_its_source_stage_and_its_alias_stage() -> None:
+    sp = plan(TIED, tied_names(4), 2)
+    assert sp.stage[SRC] == 0 and ALIAS not in sp.stage
+    assert sp.tie_stage == {ALIAS: 1} and sp.tie_source == {ALIAS: SRC}
+    assert sp.stages_of(SRC) == (0, 1) and sp.stages_of("norm.weight") == (1,)
+    assert sp.stage_of(ALIAS) == 1  # the alias's own stage
+    assert SRC in sp.params_of(0) and SRC in sp.params_of(1)
+    # names: the source on its stage, the alias on the alias's
+    assert sp.local_name(SRC, 0) == SRC and sp.local_name(SRC, 1) == ALIAS
+    assert sp.alias_on(SRC, 1) == ALIAS and sp.alias_on(SRC, 0) is None
+    assert sp.global_name(ALIAS, 1) == SRC
+    assert sp.global_name(ALIAS, 1, ties=False) == ALIAS  # the name its rule goes by
+    assert sp.global_name(SRC, 1) is None  # stage 1 holds it as the alias only
+    assert sp.global_name(ALIAS, 0) is None  # another stage's
+    # local layer names still work beside the tie
+    assert sp.global_name("layers.0.attention.wo.weight", 1) == "layers.2.attention.wo.weight"
+
+
+def test_at_one_stage_the_model_ties_the_weight_itself() -> None:
+    sp = plan(TIED, tied_names(4), 1)
+    assert sp.stages_of(SRC) == (0,) and sp.tie_stage == {ALIAS: 0}
+    assert sp.local_name(SRC, 0) == SRC and sp.alias_on(SRC, 0) is None
+    assert sp.global_name(SRC, 0) == SRC
+    assert sp.global_name(ALIAS, 0) is None  # a separate tensor there would be untied
+
+
+def test_at_four_stages_the_tie_joins_the_first_and_the_last() -> None:
+    sp = plan(TIED, tied_names(4), 4)
+    assert sp.stages_of(SRC) == (0, 3)
+    assert [SRC in sp.params_of(s) for s in range(4)] == [True, False, False, True]
+
+
+def test_a_stage_holding_only_a_tie_is_not_empty() -> None:
+    spec = PipelineSpec(
+        axis="pp",
+        first=("tok_embeddings",),
+        last=("output",),
+        split="layers.{layer}",
+        counts=(0, 1, 0),
+        ties=(("output.weight", SRC),),
+    )
+    sp = plan(spec, [SRC, "layers.0.w"], 3)
+    assert sp.stages_of(SRC) == (0, 2) and sp.params_of(2) == [SRC]
+
+
+@pytest.mark.parametrize(
+    ("ties", "model", "message"),
+    [
+        ((("output.weight", "embed.weight"),), "tied", "source 'embed.weight' is not a parameter"),
+        ((("output.weight", SRC),), "untied", "'output.weight' is a parameter of its own"),
+        ((("layers.1.x", SRC),), "tied", "alias 'layers.1.x' is in the split family"),
+        ((("head.weight", SRC),), "tied", "alias 'head.weight' is on no pipeline stage"),
+        ((("output.weight", "layers.0.attention.wo.weight"),), "tied", "source"),
+    ],
+)
+def test_ties_that_do_not_fit_the_manifest(ties: tuple, model: str, message: str) -> None:
+    spec = PipelineSpec(
+        axis="pp",
+        first=("tok_embeddings",),
+        last=("norm", "output"),
+        split="layers.{layer}",
+        ties=ties,
+    )
+    given_names = tied_names(4) if model == "tied" else names(4)
+    with pytest.raises(StageError) as e:
+        plan(spec, given_names, 2)
+    assert e.value.code == "SS097" and message in str(e.value)
+    assert e.value.hint

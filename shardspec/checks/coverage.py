@@ -58,7 +58,8 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
     winners: dict[int, int] = defaultdict(int)
     beaten_by: dict[int, int] = {}
     only_ignored: dict[int, int] = {}  # rule -> an ignore that takes a parameter it matches
-    for m in res.matches.values():
+    # A pipeline tie's alias is a parameter of its stage: a rule for it is used.
+    for m in [*res.matches.values(), *res.tie_matches.values()]:
         if m.ignored_by is not None:
             for c in m.candidates:
                 only_ignored.setdefault(c, m.ignored_by)

@@ -1,18 +1,24 @@
 """Checks of the ``pipeline`` block: its axis and patterns (SS090), then, with a manifest,
 that every parameter lives on exactly one stage (SS091, SS092), that the layers split
 over the stages (SS094) with none left empty (SS093), that stage-local names map back to
-global ones (SS095), and that every pattern places something (SS096)."""
+global ones (SS095), that every pattern places something (SS096), that ties fit the
+manifest (SS097) and that a tie's alias is laid out as its source (SS098)."""
 
 from __future__ import annotations
+
+import re
 
 from shardspec import ir
 from shardspec.checks.coverage import _entry_span, _more
 from shardspec.checks.registry import diag
 from shardspec.checks.structure import _PATTERN_SYNTAX, _did_you_mean
 from shardspec.diagnostics import Diagnostic
+from shardspec.layout import Mesh, ParamLayout, local_indices
 from shardspec.patterns import PatternError
 from shardspec.resolve import Resolved
-from shardspec.stages import claims, is_layer_number, layer_of, prefix_glob
+from shardspec.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
+
+_GLOB_CHARS = re.compile(r"[*?{}\[\]]")
 
 
 def _patterns(p: ir.Pipeline) -> list[tuple[str, ir.Pattern]]:
@@ -97,6 +103,7 @@ def check_pipeline_block(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     "only the split pattern indexes layers; write `*` here",
                 )
             )
+    out.extend(_check_tie_lines(p))
     for extra in p.splits[1:]:
         out.append(
             diag(
@@ -118,6 +125,55 @@ def check_pipeline_block(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     return out
 
 
+def _check_tie_lines(p: ir.Pipeline) -> list[Diagnostic]:
+    """SS090 for tie lines: two literal parameter names, an alias tied once, to another
+    name that is no alias itself."""
+    out = []
+    aliases: dict[str, ir.StageTie] = {}
+    for t in p.ties:
+        bad = [x for x in (t.alias, t.source) if _GLOB_CHARS.search(x.text)]
+        for x in bad:
+            out.append(
+                diag(
+                    "SS090",
+                    f"tie names {x.text!r}, a pattern: a tie joins two parameters",
+                    x.span,
+                    "write whole parameter names: `tie output.weight = tok_embeddings.weight`",
+                )
+            )
+        if bad:
+            continue
+        if t.alias.text == t.source.text:
+            out.append(
+                diag("SS090", f"{t.alias.text!r} is tied to itself", t.span, "delete the tie")
+            )
+            continue
+        if t.alias.text in aliases:
+            first = aliases[t.alias.text]
+            out.append(
+                diag(
+                    "SS090",
+                    f"{t.alias.text!r} is tied twice",
+                    t.alias.span,
+                    f"the first tie is at line {first.span.line}; an alias has one source",
+                )
+            )
+            continue
+        aliases[t.alias.text] = t
+    for t in p.ties:
+        if aliases.get(t.source.text) is not None and aliases.get(t.alias.text) is t:
+            out.append(
+                diag(
+                    "SS090",
+                    f"the tie's source {t.source.text!r} is itself an alias",
+                    t.source.span,
+                    f"tie {t.alias.text} to {aliases[t.source.text].source.text}, the weight "
+                    "the model holds",
+                )
+            )
+    return out
+
+
 def check_stages(res: Resolved) -> list[Diagnostic]:
     """SS091-SS096 with a manifest, for a pipeline block without SS090 findings."""
     p = res.spec.pipeline
@@ -129,9 +185,14 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
     assert spec is not None
     out = []
     names = [f for f, _ in res.params]
+    ties = tie_problems(spec, names)
+    for i, role, message, hint in ties:
+        t = p.ties[i]
+        out.append(diag("SS097", message, (t.alias if role == "alias" else t.source).span, hint))
+    placed = names + [a for a, _ in spec.ties]  # an alias is a parameter of its stage
     for what, pat in _patterns(p):
         g = prefix_glob(pat.text)
-        if not any(g.match(f) is not None for f in names):
+        if not any(g.match(f) is not None for f in placed):
             out.append(
                 diag(
                     "SS096",
@@ -168,6 +229,8 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
             )
         )
     out.extend(_check_layer_names(res, p, spec, names))
+    if not ties:
+        out.extend(_check_tie_layouts(res, p))
     if out:
         return out
     err = res.stage_error
@@ -217,3 +280,53 @@ def _check_layer_names(res: Resolved, p: ir.Pipeline, spec, names: list[str]) ->
                 )
             ]
     return []
+
+
+def _check_tie_layouts(res: Resolved, p: ir.Pipeline) -> list[Diagnostic]:
+    """SS098: a rule that matches a tie's alias lays it out as the source's rule does (the
+    alias's stage holds a copy of the source's shards; the rule gives its module a style)."""
+    if res.mesh is None:
+        return []
+    out = []
+    for t in p.ties:
+        am = res.tie_matches.get(t.alias.text)
+        sm = res.matches.get(t.source.text)
+        if am is None or sm is None or am.layout is None or sm.layout is None:
+            continue
+        where = _differs(am.layout, sm.layout, res.mesh)
+        if where is None:
+            continue
+        rule = res.spec.rules[am.winner] if am.winner is not None else None
+        coord, want, have = where
+        out.append(
+            diag(
+                "SS098",
+                f"tied {t.alias.text} is laid out differently from its source "
+                f"{t.source.text}: at mesh coordinate {coord} its rule gives indices {have}, "
+                f"the source's {want}",
+                rule.pattern.span if rule is not None else t.span,
+                "a tie's alias holds a copy of the source's shards: shard it over the same "
+                "axes in the same order (the rule may still state the module's style)",
+            )
+        )
+    return out
+
+
+def _differs(alias: ParamLayout, source: ParamLayout, mesh: Mesh):
+    """The first mesh coordinate where the two layouts give a rank different indices
+    (read within a stage), with the source's and the alias's; None when they agree."""
+    import dataclasses
+
+    a = dataclasses.replace(alias, stage_axis=None, stages=())
+    s = dataclasses.replace(source, stage_axis=None, stages=())
+    if a.local != s.local:
+        return (), f"local over {sorted(s.local)}", f"local over {sorted(a.local)}"
+    for coord in mesh.coords():
+        want, have = local_indices(s, mesh, coord), local_indices(a, mesh, coord)
+        if want != have:
+            return tuple(coord), _fmt(want), _fmt(have)
+    return None
+
+
+def _fmt(ranges) -> str:
+    return "[" + ", ".join(",".join(f"{a}:{b}" for a, b in r) or "-" for r in ranges) + "]"

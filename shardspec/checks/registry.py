@@ -603,6 +603,38 @@ CHECKS: tuple[Check, ...] = (
         "pipeline pp { first tok_embeddings  split layers.{layer}  last norm, output }",
         True,
     ),
+    Check(
+        "SS097",
+        "bad-tie",
+        E,
+        "A pipeline `tie ALIAS = SOURCE` does not fit the manifest: the source is no "
+        "parameter, the alias is a parameter of its own (the model does not tie it), or one "
+        "of them is in the split family or the alias is on no stage (or two).",
+        "The whole model holds a tied weight once, under the source's name; the alias's "
+        "stage holds a copy that training keeps equal (its gradient is summed with the "
+        "source's) and checkpoints store once. A tie the model does not have would make two "
+        "weights one.",
+        "pipeline pp {\n    first tok_embeddings\n    split layers.{layer}\n"
+        "    last norm, output\n    tie output.weight = embed.weight\n}",
+        "pipeline pp {\n    first tok_embeddings\n    split layers.{layer}\n"
+        "    last norm, output\n    tie output.weight = tok_embeddings.weight\n}",
+        True,
+    ),
+    Check(
+        "SS098",
+        "tie-layout",
+        E,
+        "A rule that matches a tie's alias shards it differently from its source's rule.",
+        "The alias's stage holds a copy of the source's shards, summed with them every step "
+        "and stored under the source's name: both must be cut the same way. The alias's rule "
+        "may still state its module's style.",
+        "param tok_embeddings.weight [vocab, hidden] { shard vocab over tp }\n"
+        "param output.weight [vocab, hidden] { shard hidden over tp }",
+        "param tok_embeddings.weight [vocab, hidden] { shard vocab over tp }\n"
+        "param output.weight [vocab, hidden] {\n    shard vocab over tp\n"
+        "    style colwise output replicate\n}",
+        True,
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

@@ -193,7 +193,7 @@ def _layer_runs(values: tuple[str, ...]) -> str:
     return ", ".join(values)
 
 
-def _pipeline_context(res: Resolved) -> dict[str, str] | None:
+def _pipeline_context(res: Resolved) -> dict[str, object] | None:
     """The generated module's ``PIPELINE`` table, with a comment showing the stages at the
     default size, or ``None`` when the spec has no pipeline block."""
     p = res.pipeline
@@ -210,6 +210,8 @@ def _pipeline_context(res: Resolved) -> dict[str, str] | None:
         fields.append(("counts", p.counts))
     if p.local_names:
         fields.append(("local_names", True))
+    if p.ties:
+        fields.append(("ties", p.ties))
     lines = ["\n".join(layout(v, 4, f"{k}=", ",")).lstrip() for k, v in fields]
     doc = (
         f"# Pipeline stages on {p.axis}: a rank's coordinate on {p.axis} is its stage.\n"
@@ -224,9 +226,17 @@ def _pipeline_context(res: Resolved) -> dict[str, str] | None:
                 held.append(f"{p.split} for {_layer_runs(sp.stage_layers[s])}")
             held += [f for f in p.last if s == sp.n_stages - 1]
             doc += "\n" + comment([f"  stage {s}:", *", ".join(held).split(" ")])
+        for alias, source in p.ties:
+            a, b = sp.stage.get(source), sp.tie_stage.get(alias)
+            where = (
+                f"stage {b} holds a copy as {alias}"
+                if a != b
+                else "one stage holds both: the model ties them"
+            )
+            doc += "\n" + comment([f"  {source}", "(tied):", *where.split(" ")])
     table = "PIPELINE: PipelineSpec | None = PipelineSpec(\n"
     table += "".join(f"    {line}\n" for line in lines) + ")"
-    return {"comment": doc, "table": table}
+    return {"comment": doc, "table": table, "ties": bool(p.ties)}
 
 
 def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
@@ -341,6 +351,9 @@ def render_module(
     for _fqn, m in all_params:
         if m.layout is not None:
             first_layout.setdefault(m.winner, m.layout)  # type: ignore[arg-type]
+    for m in res.tie_matches.values():  # a rule for a pipeline tie's alias only
+        if m.layout is not None and m.winner is not None and m.ignored_by is None:
+            first_layout.setdefault(m.winner, m.layout)
     rules = []
     for rule in spec.rules:
         rs = res.rule_specs.get(rule.index) or rule_spec(rule, fsdp)

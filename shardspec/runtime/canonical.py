@@ -256,6 +256,17 @@ def chunk_table(
     return tuple(out)
 
 
+def stage_writers(layout: ParamLayout, mesh: Mesh, replicas: tuple[int, ...]) -> tuple[int, ...]:
+    """The replicas that may write a chunk. A weight tied across pipeline stages has
+    replicas on each; only its lowest stage's write, so that every stage, balancing bytes
+    over its own state dict, still agrees that the other stages' ranks do not."""
+    if len(layout.stages) < 2 or layout.stage_axis is None:
+        return replicas
+    axis = mesh.names.index(layout.stage_axis)
+    first = layout.stages[0]
+    return tuple(r for r in replicas if mesh.coord_of(r)[axis] == first)
+
+
 @lru_cache(maxsize=4096)
 def unreplicated(layout: ParamLayout, mesh: Mesh) -> bool:
     """Whether every chunk of the layout has exactly one holder (nothing to choose)."""

@@ -521,7 +521,7 @@ def _stage_dtypes(
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         error = (
             f"its model lacks {len(missing)} parameter(s) of stage {names.stage}: "
-            f"{', '.join(sp.local_name(m) for m in missing[:3])}{more}"
+            f"{', '.join(sp.local_name(m, names.stage) for m in missing[:3])}{more}"
         )
     mine = (names.stage, sorted(held.items()), error)
     every: list[Any] = [mine]
@@ -565,12 +565,13 @@ def _stage_plans(
         coord = [0] * len(lm.names)
         coord[axis] = s
         flat = {
-            sp.local_name(f): torch.empty(names.table[f].shape, dtype=dtypes[f], device="meta")
+            sp.local_name(f, s): torch.empty(names.table[f].shape, dtype=dtypes[f], device="meta")
             for f in sp.params_of(s)
             if not spec.is_ignored(f)
         }
         plans.append(canonical_plan(spec, lm, lm.rank_of(coord), flat, saving=True)[0])
-    return lambda fqn: plans[sp.stage[fqn]]
+    # A tied weight is written by its lowest stage (canonical.stage_writers).
+    return lambda fqn: plans[sp.stages_of(fqn)[0]]
 
 
 def _written_twice(sources: Mapping[str, Source]) -> list[str]:

@@ -67,6 +67,8 @@ class ParamPlan:
     placements: tuple  # layout tuples on ``names``
     names: tuple[str, ...]  # the DTensor's mesh axes (the spec's axes minus local ones)
     global_fqn: str = ""  # the whole model's name (a pipeline stage's model may renumber)
+    # The name its rule (and style) go by: the global name, or a pipeline tie's alias.
+    rule_fqn: str = ""
 
     def on(self, axis: str) -> tuple:
         return self.placements[self.names.index(axis)] if axis in self.names else ("R",)
@@ -86,11 +88,14 @@ def plan_params(
     table = spec.table(lmesh)
     named = list(model.named_parameters(remove_duplicate=False))
     gname: dict[str, str] = {}
+    rname: dict[str, str] = {}
     if spec.pipeline is not None:
         coord = mesh.get_coordinate() if mesh is not None else None
         if coord is None:
             raise SpecError("a pipeline stage's model needs this rank's DeviceMesh")
-        gname = spec.global_names([f for f, _ in model.named_parameters()], lmesh, coord)
+        own = [f for f, _ in model.named_parameters()]
+        gname = spec.global_names(own, lmesh, coord)
+        rname = spec.global_names(own, lmesh, coord, ties=False)
     counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[str, ParamPlan] = {}
     first: dict[int, str] = {}
@@ -110,7 +115,12 @@ def plan_params(
             continue
         sub = dtensor_mesh(layout, lmesh)
         plans[fqn] = ParamPlan(
-            fqn, layout, dtensor_placements(layout, lmesh), sub.names, gname.get(fqn, fqn)
+            fqn,
+            layout,
+            dtensor_placements(layout, lmesh),
+            sub.names,
+            gname.get(fqn, fqn),
+            rname.get(fqn, fqn),
         )
     if table is not None and spec.pipeline is None:  # (stages: global_names checked)
         seen = {f for f, _ in named}
@@ -433,7 +443,7 @@ def build_tp_plan(
         if owner in (styles or {}):
             plan_out[owner] = styles[owner]  # type: ignore[index]
             continue
-        stated = spec.style_of(next(iter(leaves.values())).global_fqn)
+        stated = spec.style_of(next(iter(leaves.values())).rule_fqn)
         module = model.get_submodule(owner) if owner else model
         try:
             style = _style_for(owner or "<root>", module, leaves, axis, stated)
@@ -582,6 +592,13 @@ def parallelize(
             "tensor-parallel style torch can apply to both; untie them, or keep the "
             "model-parallel axes at size 1"
         )
+    if aliases and axis is not None:
+        # TP size 1 (larger sizes are refused above): a style would replace its module's
+        # parameter with a DTensor of its own, parting a weight tied across two modules,
+        # and a module without a style would meet a DTensor weight. Styles do nothing at
+        # size 1: leave the modules of tied weights to FSDP alone.
+        tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
+        tp = {owner: style for owner, style in tp.items() if owner not in tied}
     dims = fsdp_dims(spec, plans)
     block_names = list(blocks) if blocks is not None else default_blocks(model)
     block_modules = []

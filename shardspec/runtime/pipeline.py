@@ -9,6 +9,8 @@ DTensors span the mesh without the pipeline axis) and into
 
 from __future__ import annotations
 
+import weakref
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -80,6 +82,8 @@ def split_stage(
     s = stage_of(spec, mesh) if stage is None else stage
     _check_stage(sp, s)
     names = [n for n, _ in model.named_parameters() if not spec.is_ignored(n)]
+    every = dict(model.named_parameters(remove_duplicate=False))  # tied names too
+    _check_ties(sp, every)
     unknown = sorted(set(names) - set(sp.stage))
     missing = sorted(set(sp.stage) - set(names))
     if unknown or missing:
@@ -95,7 +99,11 @@ def split_stage(
             "build the whole model (on the meta device, say) and split it, or pass a stage "
             "model built by hand straight to parallelize",
         )
-    keep = set(sp.params_of(s))
+    # The stage model's own names: a tied weight keeps its alias's name on the alias's
+    # stage (whose module holds it there), and both names where the stage holds both.
+    keep = {sp.alias_on(f, s) or f for f in sp.params_of(s)}
+    keep |= {a for a, st in sp.tie_stage.items() if st == s}
+    names = [n for n in every if not spec.is_ignored(n)]
     # Containers of the split family: "layers" for `layers.{layer}`.
     family: dict[str, nn.Module] = {}
     for n in names:
@@ -163,6 +171,25 @@ def split_stage(
     return model
 
 
+def _check_ties(sp: StagePlan, every: dict[str, nn.Parameter]) -> None:
+    """A whole model holds each tie as one tensor under both names."""
+    problems = []
+    for alias, source in sp.spec.ties:
+        if alias not in every:
+            problems.append(f"it has no parameter {alias!r}, which the spec ties to {source}")
+        elif source in every and every[alias] is not every[source]:
+            problems.append(
+                f"{alias} is a tensor of its own, but the spec ties it to {source}: tie them "
+                f"(model.{alias} = model.{source})"
+            )
+    if problems:
+        raise SpecError(
+            "split_stage cannot cut this model: " + "; ".join(problems),
+            "SS097",
+            "a spec's tie describes a tied model (named_parameters() lists the weight once)",
+        )
+
+
 def _layer_prefix(fqn: str, value: str, sp: StagePlan) -> str:
     """The container of the split family in ``fqn`` (``layers`` of ``layers.3.w``)."""
     from shardspec.stages import prefix_glob
@@ -185,3 +212,109 @@ def pipeline_group(spec: CompiledSpec, mesh: DeviceMesh):
     """The process group of the pipeline axis (``PipelineStage(..., group=...)``)."""
     _plan(spec, mesh)
     return mesh.get_group(spec.pipeline.axis)  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- tied weights
+
+
+def _tie_group(spec: CompiledSpec, mesh: DeviceMesh, stages: tuple[int, ...]):
+    """The process group of this rank and its peers on ``stages`` (same coordinate on
+    every other axis). The pipeline axis's own group where the stages are all of them;
+    otherwise groups made once, by every rank (``new_group`` is collective)."""
+    import torch.distributed as dist
+
+    axis = spec.pipeline.axis  # type: ignore[union-attr]
+    names = tuple(mesh.mesh_dim_names or ())
+    ax = names.index(axis)
+    ranks = mesh.mesh
+    if len(stages) == ranks.shape[ax]:
+        return mesh.get_group(axis)
+    # Cached with the mesh (and gone with it: a module-level cache would keep the groups,
+    # and their threads, alive after the process groups are destroyed).
+    cache = _TIE_GROUPS.setdefault(mesh, {})
+    if stages not in cache:
+        lines = ranks.movedim(ax, -1).reshape(-1, ranks.shape[ax])[:, list(stages)].tolist()
+        me = dist.get_rank()
+        mine = None
+        for line in lines:  # every rank creates every group, in the same order
+            g = dist.new_group(line)
+            if me in line:
+                mine = g
+        cache[stages] = mine
+    return cache[stages]
+
+
+_TIE_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _ties(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh):
+    """``(tensor's local part, param, source stage, group)`` for every weight tied across
+    stages that this rank holds, in the spec's order; every rank must call (groups)."""
+    from torch.distributed.tensor import DTensor
+
+    sp = _plan(spec, mesh)
+    s = stage_of(spec, mesh)
+    params = dict(model.named_parameters())
+    out = []
+    for _alias, source in sp.spec.ties:
+        stages = sp.stages_of(source)
+        if len(stages) < 2:
+            continue  # one stage holds both names: the model ties them itself
+        group = _tie_group(spec, mesh, stages)
+        if s not in stages:
+            continue
+        name = sp.local_name(source, s)
+        p = params.get(name)
+        if p is None:
+            raise SpecError(
+                f"the model has no parameter {name!r}: stage {s} holds the tied weight "
+                f"{source} under that name",
+                "SS091",
+                "pass the stage model that parallelize was given",
+            )
+        local = p.to_local() if isinstance(p, DTensor) else p
+        out.append((local, p, sp.stage[source], group))
+    return out
+
+
+def reduce_tied_grads(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+    """Sum the gradients of weights tied across pipeline stages (the embedding on the
+    first stage, its alias in the output head on the last), as the whole model's single
+    tensor would accumulate both uses. Call on every rank after the schedule's step (after
+    FSDP's reduce-scatter) and before the optimizer step; other stages' ranks only take
+    part in making the groups, once."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    for local, p, _, group in _ties(spec, model, mesh):
+        g = p.grad
+        if g is None:  # this stage did not use it: the sum is the other stage's
+            buf = torch.zeros_like(local)
+        else:
+            buf = g.to_local() if isinstance(g, DTensor) else g
+        dist.all_reduce(buf, group=group)
+        if g is None:
+            p.grad = (
+                DTensor.from_local(buf, p.device_mesh, p.placements, run_check=False)
+                if isinstance(p, DTensor)
+                else buf
+            )
+
+
+def broadcast_tied(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+    """Copy every tied weight from its source's stage to its alias's (as Megatron does
+    at start-up): for stage models initialized apart. Call on every rank. A checkpoint or
+    ``load_hf`` gives both copies the stored value already."""
+    import torch
+    import torch.distributed as dist
+
+    axis = spec.pipeline.axis  # type: ignore[union-attr]
+    names = tuple(mesh.mesh_dim_names or ())
+    coord = list(mesh.get_coordinate() or ())
+    for local, _, src_stage, group in _ties(spec, model, mesh):
+        at = list(coord)
+        at[names.index(axis)] = src_stage
+        src = int(mesh.mesh[tuple(at)].item())
+        with torch.no_grad():
+            dist.broadcast(local, src=src, group=group)

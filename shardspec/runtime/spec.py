@@ -196,15 +196,20 @@ class CompiledSpec:
         return tuple(coord)[lm.names.index(self.pipeline.axis)]
 
     def global_names(
-        self, names: Iterable[str], mesh: object, coord: Iterable[int] | None = None
+        self,
+        names: Iterable[str],
+        mesh: object,
+        coord: Iterable[int] | None = None,
+        ties: bool = True,
     ) -> dict[str, str]:
         """A stage model's parameter names -> the whole model's (global) names.
 
         Without a pipeline, or with stage models that keep global names, every name maps to
         itself. With ``split ... local`` a stage's layers count from 0, and the k-th maps to
-        the stage's k-th global layer. Raises one :class:`SpecError` naming every name that
-        is not this stage's, and every parameter of the stage the names lack (given a
-        manifest); ignored names map to themselves.
+        the stage's k-th global layer. A tie's alias on its own stage maps to its source
+        (``ties=False``: to itself, the name its rule and style go by). Raises one
+        :class:`SpecError` naming every name that is not this stage's, and every parameter
+        of the stage the names lack (given a manifest); ignored names map to themselves.
         """
         names = list(names)
         sp = self.stage_plan(mesh)
@@ -218,24 +223,29 @@ class CompiledSpec:
             if self.is_ignored(n):
                 out[n] = n
                 continue
-            g = sp.global_name(n, stage)
+            g = sp.global_name(n, stage, ties)
             if g is None:
                 other = sp.stage_of(n)
-                where = (
-                    f"stage {other}'s"
-                    if other is not None and not sp.spec.local_names
-                    else "no parameter of this stage"
-                )
+                if n in sp.tie_stage and other == stage:
+                    where = (
+                        f"a tensor of its own; the spec ties it to {sp.tie_source[n]}, which "
+                        "this stage holds too: the model must hold them as one tensor"
+                    )
+                elif other is not None and not sp.spec.local_names:
+                    where = f"stage {other}'s"
+                else:
+                    where = "no parameter of this stage"
                 foreign.append(f"{n} ({where})")
             else:
                 out[n] = g
-        missing = sorted(set(sp.params_of(stage)) - set(out.values()))
+        held = {sp.global_name(n, stage) for n in out if not self.is_ignored(n)}
+        missing = sorted(set(sp.params_of(stage)) - held)
         if foreign or missing:
             lines = [f"holds {f}" for f in foreign[:5]]
             if len(foreign) > 5:
                 lines.append(f"... and {len(foreign) - 5} more it should not hold")
             if missing:
-                local = [sp.local_name(m) for m in missing]
+                local = [sp.local_name(m, stage) for m in missing]
                 more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
                 lines.append(
                     f"lacks {len(missing)} parameter(s) of stage {stage}: "
@@ -279,9 +289,15 @@ class CompiledSpec:
         return best[0]
 
     def style_of(self, fqn: str) -> dict[str, object]:
-        """The tensor-parallel style the spec states for ``fqn``'s rule (empty: derive it)."""
+        """The tensor-parallel style the spec states for ``fqn``'s rule (empty: derive it).
+        A pipeline tie's alias takes its style from a rule for its own name, if any."""
         if self.params is not None and fqn in self.params:
             rule = self.params[fqn].rule
+        elif self.pipeline is not None and fqn in dict(self.pipeline.ties):
+            try:
+                rule, _ = self.match(fqn)
+            except SpecError:
+                return {}
         else:
             rule, _ = self.match(fqn)
         return dict(self.rule_styles.get(rule, {}))
@@ -348,7 +364,7 @@ class CompiledSpec:
             layout = dataclasses.replace(
                 layout,
                 stage_axis=self.pipeline.axis,  # type: ignore[union-attr]
-                stages=(stage,),
+                stages=sp.stages_of(fqn),  # a tied weight: its alias's stage too
             )
         bad = representable(layout, lm)
         if bad is not None:

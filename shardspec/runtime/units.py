@@ -39,6 +39,7 @@ from shardspec.runtime.canonical import (
     rank_elements,
     rank_pieces,
     replica_groups,
+    stage_writers,
     unreplicated,
 )
 from shardspec.runtime.spec import CompiledSpec, SpecError
@@ -114,7 +115,8 @@ class Names:
         """Global names of the parameters other pipeline stages hold (empty without)."""
         if self.stages is None:
             return frozenset()
-        return frozenset(f for f, s in self.stages.stage.items() if s != self.stage)
+        sp = self.stages
+        return frozenset(f for f in sp.stage if self.stage not in sp.stages_of(f))
 
     def split(self, key: str) -> tuple[int, int] | None:
         """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
@@ -230,13 +232,14 @@ def canonical_plan(
     those, so a repeated save or load binds only this call's tensors. The returned plan is
     shared between such calls: read it, do not change it.
     """
-    key = (mesh, rank, saving, _signature(flat))
+    shared = _shared_storage(flat)
+    key = (mesh, rank, saving, _signature(flat), tuple(sorted(shared.items())))
     per_spec = _PLANS.get(spec)
     if per_spec is None:
         per_spec = _PLANS.setdefault(spec, OrderedDict())
     hit = per_spec.get(key)
     if hit is None:
-        hit = _structural(spec, mesh, rank, flat, saving=saving)
+        hit = _structural(spec, mesh, rank, flat, saving=saving, shared=shared)
         per_spec[key] = hit
         while len(per_spec) > PLAN_CACHE_SIZE:
             per_spec.popitem(last=False)
@@ -251,13 +254,50 @@ def canonical_plan(
     return hit.plan, rest, local
 
 
+def _shared_storage(flat: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Keys whose tensors are one tensor (a tied weight under two names, each a detached
+    view of the same storage): key -> the other keys of its group."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[tuple, list[str]] = {}
+    for key in sorted(flat):
+        value = flat[key]
+        if not isinstance(value, torch.Tensor):
+            continue
+        t = value.to_local() if isinstance(value, DTensor) else value
+        if t.device.type == "meta" or t.numel() == 0:
+            continue
+        ident = (
+            str(t.device),
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.dtype,
+        )
+        groups.setdefault(ident, []).append(key)
+    return {
+        k: tuple(o for o in keys if o != k)
+        for keys in groups.values()
+        if len(keys) > 1
+        for k in keys
+    }
+
+
 def _structural(
-    spec: CompiledSpec, mesh: Mesh, rank: int, flat: Mapping[str, Any], *, saving: bool
+    spec: CompiledSpec,
+    mesh: Mesh,
+    rank: int,
+    flat: Mapping[str, Any],
+    *,
+    saving: bool,
+    shared: Mapping[str, tuple[str, ...]] | None = None,
 ) -> _Structural:
     """Build :func:`canonical_plan`'s structural part (uncached)."""
     from shardspec.runtime.dtensor import to_torch
 
     names = Names(spec, mesh, rank)
+    shared = shared or {}
     plan = CanonicalPlan(stage=names.stage, foreign=names.other_stages())
     rest: list[tuple[str, str]] = []
     params: list[tuple[str, Expected, tuple[tuple[str, Unit], ...]]] = []
@@ -270,6 +310,10 @@ def _structural(
         span = names.split(key)
         if span is None:
             if ignored_key(spec, key):
+                continue
+            if any(names.split(o) is not None for o in shared.get(key, ())):
+                # A tied weight's other name (state dicts list both): the same tensor as a
+                # parameter stored under its own name; saving or loading that fills both.
                 continue
             rest.append((key, key))
             structure[key] = _describe(value)
@@ -340,7 +384,8 @@ def _structural(
                     plan.keys.add(skey)
                     if saving and not any(s == 0 for s in piece.sizes):
                         nbytes = math.prod(piece.sizes) * itemsize
-                        chunks.append(((skey, piece.offsets), groups[r][k], nbytes))
+                        replicas = stage_writers(layout, mesh, groups[r][k])
+                        chunks.append(((skey, piece.offsets), replicas, nbytes))
             continue
         # Every rank of the stage stores the same keys: the parameter's name, or one per
         # component (under its global name).
@@ -358,7 +403,7 @@ def _structural(
         # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
         for comp, offsets, replicas, n in chunk_table(layout, mesh):
             skey = stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:]
-            chunks.append(((skey, offsets), replicas, n * itemsize))
+            chunks.append(((skey, offsets), stage_writers(layout, mesh, replicas), n * itemsize))
     if saving:
         base = [0] * mesh.world
         for (layout, itemsize), count in single.items():

@@ -150,4 +150,40 @@ CASES = [
         [],
         rules="param output.weight [vocab, hidden] {\n    shard vocab over tp\n}\n" + RULES,
     ),
+    case(
+        "a tie of patterns",
+        GOOD.replace("output\n}", "output\n    tie output.* = tok_embeddings.weight\n}"),
+        [("SS090", 9, "tie names 'output.*', a pattern", "output.*", "write whole parameter")],
+    ),
+    case(
+        "a weight tied to itself",
+        GOOD.replace("output\n}", "output\n    tie output.weight = output.weight\n}"),
+        [("SS090", 9, "'output.weight' is tied to itself", "tie output", "delete the tie")],
+    ),
+    case(
+        "an alias tied twice",
+        GOOD.replace(
+            "output\n}",
+            "output\n    tie output.weight = tok_embeddings.weight\n"
+            "    tie output.weight = norm.weight\n}",
+        ),
+        [("SS090", 10, "'output.weight' is tied twice", "output.weight", "at line 9")],
+    ),
+    case(
+        "a tie to an alias",
+        GOOD.replace(
+            "output\n}",
+            "output\n    tie output.weight = tok_embeddings.weight\n"
+            "    tie output.bias = output.weight\n}",
+        ),
+        [
+            (
+                "SS090",
+                10,
+                "the tie's source 'output.weight' is itself an alias",
+                "output.weight",
+                "tie output.bias to tok_embeddings.weight",
+            )
+        ],
+    ),
 ]

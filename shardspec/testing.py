@@ -178,7 +178,9 @@ def _entry(
             f"{len(leftover)} torch.distributed thread(s) still running after the harness "
             f"destroyed every process group: {', '.join(leftover)}. Something still "
             "references a DeviceMesh, a ProcessGroup or a DTensor (a global, a module-level "
-            "cache); such threads can abort the process at exit (SIGABRT, issue 8)."
+            "cache, or a reference cycle that one garbage collection does not free, such as "
+            "an exception kept in a local of a frame its traceback holds); such threads can "
+            "abort the process at exit (SIGABRT, issue 8)."
         )
     if problem is not None:
         result = ("error", problem if result[0] == "ok" else f"{result[1]}\n{problem}")

@@ -21,7 +21,11 @@ MIN_CHECKS = {
     "train": 2 * (1 + 13),  # two schedules: stage contents and every parameter of a stage
     "reshard": 2 * (2 * 13 + 2),
     "local names": 1 + 27 + 13 + 13,
-    "errors": 12,
+    "errors": 10,
+    # the refusal (message, nothing left holding the state dict, no debris, files
+    # unchanged), then every tensor of the stage's model and flattened AdamW state
+    # (13 parameters or more: value, exp_avg, exp_avg_sq, step)
+    "refused save": 9 + 4 * 13,
 }
 
 

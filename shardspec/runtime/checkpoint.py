@@ -135,28 +135,24 @@ def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[st
     return out
 
 
-def _same_structure_everywhere(plan: CanonicalPlan) -> None:
+def _same_structure_everywhere(plan: CanonicalPlan) -> dict[int | None, str]:
     """Refuse to save when ranks' state dicts differ in structure: they would choose
     writers differently and some chunks would be written by nobody. One small all_gather,
-    independent of any plan cache."""
+    independent of any plan cache. Returns each pipeline stage's structure fingerprint
+    (one entry, under None, without pipeline stages)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
+        return {plan.stage: plan.fingerprint}
     import hashlib
 
-    mine = (
-        plan.stage,
-        plan.fingerprint
-        + ":"
-        + hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16],
-    )
+    writers = hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16]
     every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    dist.all_gather_object(every, (plan.stage, plan.fingerprint, writers))
     # Ranks of one pipeline stage hold the same structure; stages differ (disjoint keys).
-    first: dict[Any, tuple[int, str]] = {}
+    first: dict[Any, tuple[int, tuple[str, str]]] = {}
     odd = []
-    for r, (stage, digest) in enumerate(every):
-        lead = first.setdefault(stage, (r, digest))
-        if lead[1] != digest:
+    for r, (stage, fingerprint, chosen) in enumerate(every):
+        lead = first.setdefault(stage, (r, (fingerprint, chosen)))
+        if lead[1] != (fingerprint, chosen):
             odd.append((r, lead[0]))
     if odd:
         where = ", ".join(f"rank {r} differs from rank {lead}" for r, lead in odd[:8])
@@ -165,6 +161,7 @@ def _same_structure_everywhere(plan: CanonicalPlan) -> None:
             f"in their state dicts; {where}), so they would choose different writers; "
             "nothing was saved"
         )
+    return {stage: lead[1][0] for stage, lead in first.items()}
 
 
 def _shared_objects_agree(rest: Mapping[str, Any]) -> None:
@@ -249,7 +246,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
         self.is_coordinator = is_coordinator
-        _same_structure_everywhere(self.canon)
+        self.stage_fingerprints = _same_structure_everywhere(self.canon)
         if self.canon.stage is not None:
             _shared_objects_agree(rest)
         # A cache of its own: spec, role and structure fingerprint (keys, shapes, dtypes,
@@ -637,27 +634,26 @@ def save(
         shutil.rmtree(tmp)
     _barrier()
     planner = planner or ShardspecSavePlanner(spec, mesh)
+    error: CheckpointError | None = None
     try:
         with _no_gc():
             dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-        found = _first_checkpoint_error(e)
-        if found is not None:
-            raise found from None
         ranks = sorted(getattr(e, "failures", {}) or [])
         where = f" on rank(s) {ranks}" if ranks else ""
-        raise CheckpointError(
+        error = _failure(
+            e,
             f"saving {path} failed{where}: {path} is unchanged, and {tmp} is not marked "
-            f"complete:\n{e}"
-        ) from e
+            f"complete:\n{e}",
+        )
+    if error is not None:  # raised here, out of the except clause: no context chained
+        try:
+            raise error
+        finally:  # the traceback holds this frame: no cycle back through a local
+            error = None
     _barrier()
     if _rank0():
-        marker = {
-            "format": "shardspec-checkpoint/1",
-            "spec": spec.name,
-            "fingerprint": planner.canon.fingerprint,
-            "mesh": dict(zip(planner.lmesh.names, planner.lmesh.sizes, strict=True)),
-        }
+        marker = _marker(spec, planner)
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
             json.dump(marker, f, indent=1, sort_keys=True)
         old = path + ".old"
@@ -713,22 +709,52 @@ def load(
         planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
     reader = storage_reader if storage_reader is not None else dcp.FileSystemReader(path)
     planner.capture = reader_fills_sinks(reader)
+    error: CheckpointError | None = None
     try:
         with _no_gc():
             dcp.load(state, storage_reader=reader, planner=planner)
         exchange = getattr(planner, "exchange", None)
         if exchange is not None:
             exchange()
-    except CheckpointError:
+    except CheckpointError as e:  # ours, raised after DCP (the exchange): as it is
+        _clear_frames(e)
         raise
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException: name it all
-        found = _first_checkpoint_error(e)
-        if found is not None:
-            raise found from None
         state_of = "the model was not changed" if atomic else "the model may be partly loaded"
-        raise CheckpointError(f"reading {path} failed; {state_of}:\n{e}") from e
+        error = _failure(e, f"reading {path} failed; {state_of}:\n{e}")
+    if error is not None:  # raised here, out of the except clause: no context chained
+        try:
+            raise error
+        finally:  # the traceback holds this frame: no cycle back through a local
+            error = None
     planner.commit()
     return planner
+
+
+def _marker(spec: CompiledSpec, planner: ShardspecSavePlanner) -> dict[str, Any]:
+    """The ``.shardspec.json`` of a complete checkpoint: the spec, the mesh, and the
+    structure fingerprint a file-local load (:mod:`shardspec.runtime.locality`) compares
+    with its own.
+
+    Pipeline stages hold different structures, so no single fingerprint describes the
+    checkpoint: the marker lists each stage's (``stage_fingerprints``) and records no
+    ``fingerprint``. With rank 0's fingerprint (stage 0's) there, the first stage's ranks
+    chose file-local reads and the others did not, and every load at pp > 1 on the mesh
+    it was saved with failed ("ranks disagree on file locality"). Now no rank finds its
+    fingerprint there, and every rank reads the checkpoint as on any other mesh."""
+    marker: dict[str, Any] = {
+        "format": "shardspec-checkpoint/1",
+        "spec": spec.name,
+        "mesh": dict(zip(planner.lmesh.names, planner.lmesh.sizes, strict=True)),
+    }
+    if planner.canon.stage is None:
+        marker["fingerprint"] = planner.canon.fingerprint
+    else:
+        stages = getattr(planner, "stage_fingerprints", None) or {
+            planner.canon.stage: planner.canon.fingerprint
+        }
+        marker["stage_fingerprints"] = {str(k): v for k, v in sorted(stages.items())}
+    return marker
 
 
 @contextlib.contextmanager
@@ -752,6 +778,57 @@ def _read_marker(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def _failure(e: BaseException, message: str) -> CheckpointError:
+    """The error ``save``/``load`` raise for ``e``, an exception out of ``dcp.save`` or
+    ``dcp.load``: our own validation error if a rank raised one (DCP wraps it with every
+    rank's failures), else a :class:`CheckpointError` saying ``message``, caused by ``e``.
+
+    ``e``'s finished frames are emptied first (:func:`_clear_frames`): DCP keeps the
+    exception it raises in a local of the raising frame (``_DistWrapper.reduce_scatter``:
+    ``result = self.scatter_object(...)``, then ``raise result``), so exception, traceback
+    and frame form a reference cycle, freed only by the garbage collector. The frames of
+    that traceback hold the state dict and the planner (``_save_state_dict``'s locals,
+    ``local_step``'s closure, the failing rank's own exception with its
+    ``set_up_planner`` frame), hence DTensors and their DeviceMesh with its process
+    groups; and each frame holds its caller (``f_back``), up to the training loop's
+    frame with the model, the optimizer, a pipeline schedule. One collection is not always
+    enough: the last stage's schedule keeps its microbatch losses, whose autograd graphs
+    (C++, unseen by the collector) hold the parameters until their tensors are freed by
+    a first collection. A refused save at pp > 1 thus left gloo threads running on the
+    last stage's ranks after a teardown. With the frames emptied (their lines still
+    print) all of it is freed as soon as the error is dropped.
+    """
+    _clear_frames(e)
+    found = _first_checkpoint_error(e)
+    if found is not None:  # its frames emptied too; shown without DCP's wrapper
+        found.__cause__, found.__suppress_context__ = None, True
+        return found
+    error = CheckpointError(message)
+    error.__cause__ = e
+    return error
+
+
+def _clear_frames(e: BaseException) -> None:
+    """Empty the finished frames of ``e``'s traceback, and of the exceptions it links to
+    (cause, context, DCP's per-rank failures), breaking reference cycles through them. A
+    frame still running (the caller's) is left as it is."""
+    import traceback
+
+    seen: set[int] = set()
+    todo: list[Any] = [e]
+    while todo:
+        exc = todo.pop()
+        if not isinstance(exc, BaseException) or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        todo += [exc.__cause__, exc.__context__]
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            for wrapped in failures.values():
+                todo.append(wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped)
 
 
 def _first_checkpoint_error(e: BaseException) -> CheckpointError | None:

@@ -66,19 +66,17 @@ def tied_hf_style(seed: int = 0) -> nn.Module:
 
 
 class TiedTrainer(Trainer):
-    """Trainer that sums the tied copies' gradients before each optimizer step."""
+    """Trainer that sums the tied copies' gradients before each optimizer step (a step
+    pre-hook: it holds the model, not the trainer, so no reference cycle keeps the last
+    stage's autograd graphs, and with them the mesh, alive)."""
 
     def __init__(self, *args, reduce: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.reduce = reduce
-        step = self.optim.step
-
-        def reduced_step(*a, **k):
-            if self.reduce:
-                self.layout.reduce_tied_grads(self.model, self.mesh)
-            return step(*a, **k)
-
-        self.optim.step = reduced_step  # type: ignore[method-assign]
+        if reduce:
+            layout, model, mesh = self.layout, self.model, self.mesh
+            self.optim.register_step_pre_hook(
+                lambda *_: layout.reduce_tied_grads(model, mesh)  # type: ignore[arg-type]
+            )
 
 
 def split_model(layout, mesh, seed: int = 0) -> nn.Module:
@@ -347,11 +345,6 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict]:
             dist.barrier()
         except Exception:
             c.fail.append(f"[final barrier] raised:\n{traceback.format_exc()}")
-    # TODO(issue 9): the last stage's schedules leave reference cycles that one collection
-    # (the harness's) does not free; collect once here until the cause is fixed.
-    import gc
-
-    gc.collect()
     return c.fail, c.count
 
 

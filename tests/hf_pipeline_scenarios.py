@@ -27,6 +27,28 @@ fails. Scenarios:
   the load casts, the export equals the unsplit export cast to bf16.
 * ``missing key``: a checkpoint missing a key of the last stage makes every rank (also
   the first stage's, which read none of it) raise HFError naming it; the model is unchanged.
+
+Tied weights (``gen/llama_pp_tied_hf``: specs/llama_pp_tied.shard with the hf block of a
+tied checkpoint; ``reference-tied.pt``, the tied 4-layer Llama; ``hf-tied`` without
+``lm_head.weight``, ``hf-tied-head`` with it equal to the embedding, ``hf-tied-missing``
+without ``model.embed_tokens.weight``):
+
+* ``tied pp2 split``/``tied pp4 split`` (pp x dp_shard, stage models cut by ``split_stage``
+  from a model tied as transformers ties), ``tied pp2 megatron``/``tied pp4 megatron``
+  (cut by ``llama.stage_model``, the last stage holding a copy), ``tied pp1 split`` (the
+  whole tied model, dp_shard 4): both checkpoints load into fresh stage models with zero
+  collectives, each file opened once; the first stage holds the weight as
+  ``tok_embeddings.weight``, the last as ``output.weight``, middle stages not at all; every
+  parameter is bitwise the reference's, the tied weight bitwise
+  ``model.embed_tokens.weight`` (at pp 1 head and embedding stay one tensor); each rank
+  reads its own shards' bytes, the copy included. Then the last stage's copy is made to
+  differ and the stages export: no key in two files, ``model.embed_tokens.weight`` once and
+  no ``lm_head.weight`` (the hf ``tie`` alias is not written: a tied checkpoint), the index
+  naming each key's file, every tensor bitwise ``hf-tied``'s (so the tied weight came from
+  the source's stage, not the stale copy).
+* ``tied missing``: ``hf-tied-missing`` makes every rank at pp 2 (the last stage needs
+  the embedding for its copy) raise HFError naming ``model.embed_tokens.weight``, without a
+  collective, with the model unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +58,7 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +81,9 @@ from tests.hf_scenarios import (
 
 N_LAYERS = 4
 MISSING = "model.layers.3.mlp.up_proj.weight"  # on the last stage at pp 2 and pp 4
+TIED_MODULE = "llama_pp_tied_hf"
+ALIAS, SOURCE = "output.weight", "tok_embeddings.weight"  # the pipeline tie
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"  # the hf tie
 
 
 class Checks(_Checks):
@@ -181,31 +207,190 @@ def pp_case(
     compare_export(c, tag, out, os.path.join(root, "export-unsplit"), dtype)
 
 
-def missing_key(c: Checks, module: str, root: str) -> None:
-    tag = "missing key"
+def missing_key(
+    c: Checks,
+    module: str,
+    root: str,
+    *,
+    tag: str = "missing key",
+    hf: str = "hf-missing",
+    missing: str = MISSING,
+    build: Callable[[Any, Any], nn.Module] | None = None,
+) -> None:
     mod = importlib.import_module(module)
     mesh = mod.build_mesh(pp=2, tp=1)
-    model = stage_model(mod, mesh)
+    model = stage_model(mod, mesh) if build is None else build(mod, mesh)
     before = snapshot(model)
     error = None
     try:
         with count_collectives() as calls, count_dispatched_collectives() as ops:
-            mod.load_hf(model, os.path.join(root, "hf-missing"), mesh)
+            mod.load_hf(model, os.path.join(root, hf), mesh)
     except HFError as e:
         error = str(e)
     except Exception as e:
         error = f"{type(e).__name__} instead of HFError: {e}"
     c.check(
         tag,
-        error is not None and MISSING in error and "instead of HFError" not in error,
+        error is not None and missing in error and "instead of HFError" not in error,
         f"{module} stage {mod.stage_of(mesh)}: "
-        + ("loaded without an error" if error is None else f"the error does not name {MISSING}")
+        + ("loaded without an error" if error is None else f"the error does not name {missing}")
         + f":\n{error}",
     )
     c.check(tag, not calls and not ops, f"a failing load_hf communicated: {calls} {ops}")
     after = snapshot(model)
     changed = [k for k in before if not same_bits(before[k], after[k])]
     c.check(tag, not changed, f"{module}: the model changed: {changed[:3]}")
+
+
+# --------------------------------------------------------------------------- tied weights
+
+
+def tied_stage_model(mod: Any, mesh: Any, how: str) -> nn.Module:
+    """This rank's stage of the tied 4-layer Llama, parallelized, holding values (seed 99)
+    that a load must overwrite. ``how``: ``"split"`` cuts, by ``split_stage``, a model tied
+    as transformers ties (the head's weight *is* the embedding's; at pp 1 that whole model);
+    ``"megatron"`` cuts ``tiny_tied`` by ``llama.stage_model``, which gives the last stage
+    an output module holding a copy of the embedding."""
+    pp, stage = mod.num_stages(mesh), mod.stage_of(mesh)
+    if how == "split":
+        model = llama.tiny(n_layers=N_LAYERS)
+        llama.init_weights(model, seed=99)
+        model.output.weight = model.tok_embeddings.weight
+        if pp > 1:
+            mod.split_stage(model, mesh)
+    elif how == "megatron":
+        model = llama.tiny_tied(n_layers=N_LAYERS)
+        llama.init_weights(model, seed=99)
+        layers = [int(v) for v in mod.stage_layers(mesh)]
+        llama.stage_model(model, layers, first=stage == 0, last=stage == pp - 1)
+    else:
+        raise ValueError(how)
+    mod.parallelize(model, mesh)
+    return model
+
+
+def compare_tied_export(c: Checks, tag: str, out: str, want_dir: str) -> dict[str, Any]:
+    """The export of the tied model: each key in exactly one file (one rank wrote it), the
+    index naming that file, no ``lm_head.weight`` (the tied checkpoint's form: the
+    embedding stored once), and every tensor bitwise ``want_dir``'s. Returns the file that
+    holds the embedding."""
+    import json
+
+    from safetensors import safe_open
+
+    held: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(out, name), framework="pt") as f:
+                for key in f.keys():
+                    held.setdefault(key, []).append(name)
+    twice = {k: v for k, v in held.items() if len(v) > 1}
+    c.check(tag, not twice, f"keys written by more than one rank: {twice}")
+    c.check(
+        tag,
+        HEAD not in held and held.get(EMBED) is not None and len(held[EMBED]) == 1,
+        f"{EMBED} in {held.get(EMBED)}, {HEAD} in {held.get(HEAD)}: the tied weight must be "
+        f"exported once, as {EMBED}",
+    )
+    with open(os.path.join(out, "model.safetensors.index.json"), encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    c.check(
+        tag,
+        weight_map == {k: v[0] for k, v in held.items()},
+        "the index's weight_map does not name the file each key is in",
+    )
+    compare_export(c, tag, out, want_dir)
+    return {"embed_file": (held.get(EMBED) or [None])[0]}
+
+
+def tied_case(
+    c: Checks, tag: str, root: str, ref: dict[str, torch.Tensor], *, pp: int, how: str
+) -> None:
+    """The tied spec at pp x dp_shard (4 ranks): load both tied checkpoints (without
+    lm_head.weight, and with it equal to the embedding) into fresh stage models, check,
+    then export from the last one, whose alias copy is first made to differ from the
+    source: the export must take the tied weight from its source's (lowest) stage."""
+    mod = importlib.import_module(TIED_MODULE)
+    mesh = mod.build_mesh(pp=pp, tp=1)  # dp_shard: the rest of the 4 ranks
+    stage, n_stages = mod.stage_of(mesh), mod.num_stages(mesh)
+    stage_names = set(mod.stage_params(mesh))
+    embed = hf_state(os.path.join(root, "hf-tied"))[EMBED]
+    holds_want = SOURCE if stage == 0 else ALIAS if stage == n_stages - 1 else None
+    model: nn.Module | None = None
+    params: dict[str, nn.Parameter] = {}
+    for ckpt in ("hf-tied", "hf-tied-head"):
+        model = tied_stage_model(mod, mesh, how)
+        params = dict(model.named_parameters())
+        holds = [k for k in (SOURCE, ALIAS) if k in params]
+        c.check(
+            tag,
+            holds == ([holds_want] if holds_want else []),
+            f"stage {stage} of {n_stages} holds the tied weight as {holds}, not {holds_want}",
+        )
+        with count_collectives() as calls, count_dispatched_collectives() as ops:
+            with count_opens() as opens:
+                report = mod.load_hf(model, os.path.join(root, ckpt), mesh)
+        c.check(tag, not calls and not ops, f"{ckpt}: load_hf communicated: {calls}, {ops}")
+        c.check(
+            tag,
+            bool(opens) and all(k == 1 for k in opens.values()),
+            f"{ckpt}: files not opened once each: {opens}",
+        )
+        gname = mod.SPEC.global_names(list(params), mesh)
+        c.check(
+            tag,
+            set(gname.values()) == stage_names,
+            f"the stage model holds {sorted(gname.values())}, stage_params says "
+            f"{sorted(stage_names)}",
+        )
+        for name, p in sorted(params.items()):
+            c.check(
+                tag,
+                same_bits(full_of(p), ref[gname[name]]),
+                f"{ckpt}: {name} (= {gname[name]}) differs from the single-process model",
+            )
+        if holds_want is not None:
+            # The tied weight, under whichever name this stage holds it: the HF embedding.
+            c.check(
+                tag,
+                same_bits(full_of(params[holds_want]), embed),
+                f"{ckpt}: stage {stage}'s {holds_want} is not {EMBED} after load_hf",
+            )
+        if n_stages == 1:
+            c.check(
+                tag,
+                model.output.weight is model.tok_embeddings.weight,
+                f"{ckpt}: the whole model's head and embedding are no longer one tensor",
+            )
+        local_bytes = sum(local_of(p).numel() * local_of(p).element_size() for p in params.values())
+        c.check(
+            tag,
+            report.bytes_read == report.bytes_owned == local_bytes,
+            f"{ckpt}: read {report.bytes_read} bytes, owned {report.bytes_owned}, its shards "
+            f"hold {local_bytes}",
+        )
+        c.extra[tag] = {
+            "stage": stage,
+            "bytes_read": report.bytes_read,
+            "stage_bytes": sum(math.prod(mod.PARAMS[f].shape) * 4 for f in stage_names),
+            "model_bytes": sum(t.numel() * t.element_size() for t in ref.values()),
+            "tied_bytes": embed.numel() * embed.element_size(),
+        }
+    assert model is not None
+
+    if ALIAS in params:
+        # A stale copy on the alias's stage: the export must not take it.
+        with torch.no_grad():
+            local_of(params[ALIAS]).add_(1.0)
+        c.check(
+            tag,
+            not same_bits(full_of(params[ALIAS]), embed),
+            "perturbing the alias's local shard did not change it",
+        )
+    out = os.path.join(root, f"export-{tag.replace(' ', '-')}")
+    exported = mod.export_hf(model, out, mesh)
+    c.extra[tag] |= {"written": exported.bytes_written, "file": exported.file}
+    c.extra[tag] |= compare_tied_export(c, tag, out, os.path.join(root, "hf-tied"))
 
 
 def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int], dict]:
@@ -217,6 +402,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     c = Checks()
     ref = torch.load(os.path.join(root, "reference.pt"))
+    tref = torch.load(os.path.join(root, "reference-tied.pt"))
     steps = [
         ("unsplit export", lambda: unsplit_export(c, root, ref)),
         ("pp2 global", lambda: pp_case(c, "pp2 global", "llama_pp_hf", root, ref, pp=2)),
@@ -231,6 +417,29 @@ def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]
         ),
         ("missing key", lambda: missing_key(c, "llama_pp_hf", root)),
         ("missing key", lambda: missing_key(c, "llama_pp_hf_local", root)),
+        ("tied pp2 split", lambda: tied_case(c, "tied pp2 split", root, tref, pp=2, how="split")),
+        (
+            "tied pp2 megatron",
+            lambda: tied_case(c, "tied pp2 megatron", root, tref, pp=2, how="megatron"),
+        ),
+        ("tied pp4 split", lambda: tied_case(c, "tied pp4 split", root, tref, pp=4, how="split")),
+        (
+            "tied pp4 megatron",
+            lambda: tied_case(c, "tied pp4 megatron", root, tref, pp=4, how="megatron"),
+        ),
+        ("tied pp1 split", lambda: tied_case(c, "tied pp1 split", root, tref, pp=1, how="split")),
+        (
+            "tied missing",
+            lambda: missing_key(
+                c,
+                TIED_MODULE,
+                root,
+                tag="tied missing",
+                hf="hf-tied-missing",
+                missing=EMBED,
+                build=lambda mod, mesh: tied_stage_model(mod, mesh, "megatron"),
+            ),
+        ),
     ]
     for tag, step in steps:
         try:

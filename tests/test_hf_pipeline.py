@@ -7,10 +7,19 @@ local``), and specs/llama.shard for the same 4-layer model (the unsplit referenc
 Hugging Face checkpoint is the single-process tiny Llama (4 layers) written by hand as
 that hf block maps it (checked here against the hand conversion of
 :mod:`examples.models.hf`), in several files with an index.
+
+Tied weights: specs/llama_pp_tied.shard (``tie output.weight = tok_embeddings.weight`` in
+its pipeline block) is compiled the same way with the hf block for a tied checkpoint
+(llama.shard's without the ``lm_head.weight -> output.weight`` line, as tests/test_hf.py
+does for the tied Llama; its ``tie lm_head.weight = model.embed_tokens.weight`` stays).
+The tied 4-layer Llama is written as a tied checkpoint twice: without ``lm_head.weight``
+(as transformers saves one) and with it, equal to the embedding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -29,6 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 WORLD = 4
 N_LAYERS = hf_pipeline_scenarios.N_LAYERS
 HF_KEYS = 3 + 9 * N_LAYERS  # embed, norm, lm_head; 9 per layer
+HF_KEYS_TIED = HF_KEYS - 1  # a tied checkpoint: no lm_head
+# The tied export: no key in two files, the embedding once and no lm_head, the index names
+# each key's file; then keys, the index's keys and every tensor bitwise.
+TIED_EXPORT = 3 + 2 + HF_KEYS_TIED
 
 # Checks each scenario must make on every rank (a scenario that checks nothing fails).
 MIN_CHECKS = {
@@ -40,7 +53,17 @@ MIN_CHECKS = {
     "pp1 global": 3 + 27 + 1 + HF_KEYS + 2,
     "pp2 tp2 bf16": 3 + 13 + 1 + HF_KEYS + 2,
     "missing key": 2 * 3,
+    # Tied: per load (two checkpoints, a fresh model each): stage contents, collectives,
+    # opens, stage names, bytes, every parameter, the tied weight's value where the stage
+    # holds it (at pp 1 also that head and embedding stay one tensor); the export once.
+    "tied pp2 split": 2 * (5 + 13 + 1) + TIED_EXPORT,
+    "tied pp2 megatron": 2 * (5 + 13 + 1) + TIED_EXPORT,
+    "tied pp4 split": 2 * (5 + 6) + TIED_EXPORT,  # a middle stage: one layer, no tied weight
+    "tied pp4 megatron": 2 * (5 + 6) + TIED_EXPORT,
+    "tied pp1 split": 2 * (5 + 26 + 2) + TIED_EXPORT,
+    "tied missing": 3,
 }
+TIED_TAGS = ["tied pp2 split", "tied pp2 megatron", "tied pp4 split", "tied pp4 megatron"]
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: llama.LlamaConfig) -> dict[str, torch.Tensor]:
@@ -49,8 +72,9 @@ def to_hf(state: dict[str, torch.Tensor], cfg: llama.LlamaConfig) -> dict[str, t
     out = {
         "model.embed_tokens.weight": state["tok_embeddings.weight"],
         "model.norm.weight": state["norm.weight"],
-        "lm_head.weight": state["output.weight"],
     }
+    if "output.weight" in state:  # a tied model has none (and a tied checkpoint need not)
+        out["lm_head.weight"] = state["output.weight"]
     for i in range(cfg.n_layers):
         p, q = f"layers.{i}.", f"model.layers.{i}."
         wq, wk, wv = llama.split_wqkv(state[p + "attention.wqkv.weight"], cfg)
@@ -71,7 +95,7 @@ def to_hf(state: dict[str, torch.Tensor], cfg: llama.LlamaConfig) -> dict[str, t
 
 def write_hf(folder: Path, tensors: dict[str, torch.Tensor], cfg: llama.LlamaConfig) -> None:
     """Three safetensors files (keys dealt round robin, so files cut across stages), an
-    index and a config.json."""
+    index and a config.json (``tie_word_embeddings`` as ``cfg.tie_embeddings``)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
@@ -97,7 +121,7 @@ def write_hf(folder: Path, tensors: dict[str, torch.Tensor], cfg: llama.LlamaCon
         "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim,
         "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
@@ -131,6 +155,41 @@ def compile_specs(gen: Path, hf_dir: Path) -> None:
     assert "local_names=True" in (gen / "llama_pp_hf_local.py").read_text(encoding="utf-8")
 
 
+def compile_tied(gen: Path, hf_dir: Path) -> None:
+    """llama_pp_tied_hf: specs/llama_pp_tied.shard plus specs/llama.shard's hf block for a
+    tied checkpoint (as tests/test_hf.py's tied Llama: no ``lm_head.weight ->
+    output.weight`` line, the whole model has no ``output.weight`` unit; ``tie
+    lm_head.weight = model.embed_tokens.weight`` stays), with the HF manifest of the tied
+    checkpoint ``hf_dir`` (no lm_head), linted clean and compiled by the CLI."""
+    shutil.copy(ROOT / "specs" / "llama_pp_tied.manifest.json", gen / "llama4_tied.manifest.json")
+    assert shardspec_main(["hf-manifest", str(hf_dir), "-o", str(gen / "llama4_tied.hf.json")]) == 0
+    base = (ROOT / "specs" / "llama.shard").read_text(encoding="utf-8")
+    found = re.findall(r'(?ms)^hf "llama\.hf\.json" \{.*?^\}\n', base)
+    assert len(found) == 1, "specs/llama.shard's hf block not found"
+    hf_block = found[0].replace('hf "llama.hf.json"', 'hf "llama4_tied.hf.json"')
+    head = "    lm_head.weight -> output.weight\n"  # no output.weight unit: SS078 would warn
+    assert hf_block.count(head) == 1, "specs/llama.shard's hf block no longer maps lm_head"
+    hf_block = hf_block.replace(head, "")
+    tie = "    tie lm_head.weight = model.embed_tokens.weight"
+    assert hf_block.count(tie) == 1, "specs/llama.shard's hf block no longer ties lm_head"
+    pp = (ROOT / "specs" / "llama_pp_tied.shard").read_text(encoding="utf-8")
+    old = 'manifest "llama_pp_tied.manifest.json"'
+    assert pp.count(old) == 1, "specs/llama_pp_tied.shard changed"
+    assert pp.count("    tie output.weight = tok_embeddings.weight\n") == 1, "no pipeline tie"
+    pp = pp.replace(old, 'manifest "llama4_tied.manifest.json"') + "\n" + hf_block
+    spec = gen / "llama_pp_tied_hf.shard"
+    spec.write_text(pp, encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = shardspec_main(["lint", str(spec)])
+    said = out.getvalue() + err.getvalue()
+    assert code == 0 and not said.strip(), said  # no finding at all (SS078 would warn)
+    assert shardspec_main(["compile", str(spec), "-o", str(gen)]) == 0
+    text = (gen / "llama_pp_tied_hf.py").read_text(encoding="utf-8")
+    assert "def load_hf(" in text and "def export_hf(" in text
+    assert 'ties=(("output.weight", "tok_embeddings.weight"),)' in text
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list:
     root = tmp_path_factory.mktemp("hfpp")
@@ -151,6 +210,28 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list:
         cfg,
     )
     compile_specs(root / "gen", root / "hf")
+
+    # The tied model: tok_embeddings.weight is also its head (no output.weight).
+    tcfg = llama.LlamaConfig(n_layers=N_LAYERS, tie_embeddings=True)
+    tied = llama.tiny_tied(n_layers=N_LAYERS)
+    llama.init_weights(tied, seed=11)
+    tstate = {k: v.detach().clone() for k, v in tied.state_dict().items()}
+    assert "output.weight" not in tstate
+    torch.save(tstate, root / "reference-tied.pt")
+    ttensors = to_hf(tstate, tcfg)
+    assert "lm_head.weight" not in ttensors
+    back = hfm.llama_from_hf(ttensors, tcfg)
+    assert set(back) == set(tstate)
+    assert all(torch.equal(back[k], tstate[k]) for k in tstate)
+    embed = ttensors["model.embed_tokens.weight"]
+    write_hf(root / "hf-tied", ttensors, tcfg)  # as transformers saves a tied model
+    write_hf(root / "hf-tied-head", ttensors | {"lm_head.weight": embed.clone()}, tcfg)
+    write_hf(
+        root / "hf-tied-missing",
+        {k: v for k, v in ttensors.items() if k != "model.embed_tokens.weight"},
+        tcfg,
+    )
+    compile_tied(root / "gen", root / "hf-tied")
     return run_ranks(hf_pipeline_scenarios.run_all, WORLD, str(root), timeout=240)
 
 
@@ -188,3 +269,34 @@ def test_each_stage_reads_its_own_bytes_and_export_spreads(results: list, tag: s
     assert sum(e["stage_bytes"] for e in {e["stage"]: e for e in extras}.values()) == model_bytes
     written = [e["written"] for e in extras]
     assert sum(1 for w in written if w) >= 2 and max(written) < sum(written), written
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("tag", [*TIED_TAGS, "tied pp1 split"])
+def test_tied_stages_read_their_bytes_and_export_once(results: list, tag: str) -> None:
+    """The tied weight: read by the first stage and, for its copy, by the last (each
+    stage's ranks together read the stage's bytes once, the tied weight included); exported
+    once (the ranks' written bytes add up to the whole model's, the tied weight counted
+    once), into one rank's file."""
+    extras = [extra[tag] for _, _, extra in results]
+    model_bytes, tied_bytes = extras[0]["model_bytes"], extras[0]["tied_bytes"]
+    n_stages = int(tag.split()[1][2:])
+    per_stage: dict[int, list[int]] = {}
+    stage_bytes: dict[int, int] = {}
+    for e in extras:
+        per_stage.setdefault(e["stage"], []).append(e["bytes_read"])
+        assert stage_bytes.setdefault(e["stage"], e["stage_bytes"]) == e["stage_bytes"], e
+        assert 0 < e["bytes_read"] < model_bytes, e
+    assert sorted(per_stage) == list(range(n_stages)), per_stage
+    for stage, read in per_stage.items():
+        assert sum(read) == stage_bytes[stage], (stage, read, stage_bytes[stage])
+    # Stages hold the whole model, plus the last stage's copy of the tied weight.
+    copies = 1 if n_stages > 1 else 0
+    assert sum(stage_bytes.values()) == model_bytes + copies * tied_bytes, stage_bytes
+    written = [e["written"] for e in extras]
+    assert sum(written) == model_bytes, written  # the tied weight written once
+    assert sum(1 for w in written if w) >= 2, written
+    embed_files = {e["embed_file"] for e in extras}
+    assert len(embed_files) == 1 and None not in embed_files, embed_files
+    (embed_file,) = embed_files
+    assert [e["file"] for e in extras].count(embed_file) == 1, extras

@@ -43,8 +43,9 @@ import torch.distributed as dist
 from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
 from shardspec.layout import Mesh, ParamLayout
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
-from shardspec.runtime.spec import CompiledSpec
+from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
+    CheckpointError,
     Names,
     canonical_plan,
     mesh_and_rank,
@@ -54,6 +55,8 @@ from shardspec.runtime.units import (
 )
 
 INDEX = "model.safetensors.index.json"
+# Marks a ``<path>.partial`` folder as export_hf's own: only such a folder is ever removed.
+EXPORT_MARKER = ".shardspec-export-in-progress"
 SINGLE = "model.safetensors"
 _MAX_LISTED = 20
 # Below this many bytes to read, rank 0 shows no progress bar unless asked to.
@@ -662,14 +665,31 @@ def _agree(error: str | None, path: str, partial: str | None = None) -> None:
     if not failed:
         return
     if partial is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove_own(partial)
     lines = "\n  ".join(f"rank {r}: {e}" for r, e in failed)
     raise HFError(f"export to {path} failed; nothing was written there:\n  {lines}")
 
 
+def _remove_own(partial: str) -> None:
+    """Remove ``partial`` if export_hf made it (its marker is there), else leave it."""
+    if os.path.isfile(os.path.join(partial, EXPORT_MARKER)):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def _fresh_dir(partial: str) -> None:
-    shutil.rmtree(partial, ignore_errors=True)
+    """Make ``partial`` with export_hf's marker. A leftover of an export that did not
+    finish (marked) is replaced; a folder of that name that export_hf did not make is
+    refused, never deleted."""
+    if os.path.lexists(partial):
+        if not os.path.isfile(os.path.join(partial, EXPORT_MARKER)):
+            raise HFError(
+                f"{partial} exists and was not made by export_hf (no {EXPORT_MARKER} in it); "
+                "export_hf writes there before renaming: move or delete it"
+            )
+        shutil.rmtree(partial)
     os.makedirs(partial)
+    with open(os.path.join(partial, EXPORT_MARKER), "w", encoding="utf-8") as f:
+        f.write("export_hf writes this folder; it is renamed into place when complete\n")
 
 
 def _write_file(tensors: dict[str, torch.Tensor], partial: str, name: str | None) -> None:
@@ -686,9 +706,18 @@ def _finish(partial: str, path: str, index: dict, config: Any) -> None:
         json.dump(index, f, indent=2)
     if config is not None:
         _write_config(config, partial)
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(partial, path)
+    os.remove(os.path.join(partial, EXPORT_MARKER))
+    if os.path.lexists(path):
+        # Moved aside, not deleted first: a crash between the renames leaves the old
+        # export at ``<path>.replaced`` and the new one complete at ``<path>.partial``.
+        aside = path + ".replaced"
+        if os.path.lexists(aside):
+            shutil.rmtree(aside)
+        os.rename(path, aside)
+        os.replace(partial, path)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(partial, path)
 
 
 def export_hf(
@@ -714,6 +743,40 @@ def export_hf(
     failed export leaves no half-written checkpoint at ``path``.
     """
     path = os.fspath(path).rstrip("/") or "/"
+    error: HFError | None = None
+    try:
+        return _export_hf(spec, hfmap, model, path, mesh, config, overwrite, dtype)
+    except (HFError, CheckpointError, SpecError):
+        raise
+    except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo, NCCL)
+        # Built here, raised below, out of the except clause: no context chained, so no
+        # frame of the failed export (its tensors, the mesh) stays referenced.
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        partial = path + ".partial"
+        if rank == 0:
+            _remove_own(partial)
+        error = HFError(
+            f"export to {path} failed on rank {rank}: {type(e).__name__}: {e}. Another rank "
+            f"probably stopped (its own error, if it lives, names the cause). {path} is "
+            "unchanged"
+            + ("" if rank == 0 else f"; a leftover {partial} is removed by the next export_hf")
+        )
+    try:
+        raise error
+    finally:
+        error = None
+
+
+def _export_hf(
+    spec: CompiledSpec,
+    hfmap: HFMap,
+    model: Any,
+    path: str,
+    mesh: Any,
+    config: Any,
+    overwrite: bool,
+    dtype: torch.dtype | None,
+) -> HFExportReport:
     lm, rank = mesh_and_rank(spec, mesh)
     world = lm.world
     flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
@@ -736,12 +799,46 @@ def export_hf(
     chunks = _global_chunks(names, lm, layouts, plan_of)
     todo = [units[n] for n in sorted(sources)]
     dest = _assign(todo, world)
-    mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
 
     partial = path + ".partial"
-    # Every step that can fail on one rank ends in an exchange of errors, so all ranks
-    # raise together instead of leaving the others waiting.
+    return _export(
+        hfmap,
+        lm,
+        rank,
+        world,
+        path,
+        partial,
+        todo,
+        dest,
+        chunks,
+        units,
+        sources,
+        local,
+        config,
+        dtype,
+    )
+
+
+def _export(
+    hfmap: HFMap,
+    lm: Mesh,
+    rank: int,
+    world: int,
+    path: str,
+    partial: str,
+    todo: list,
+    dest: dict,
+    chunks: dict,
+    units: dict,
+    sources: dict,
+    local: Mapping,
+    config: Any,
+    dtype: torch.dtype | None,
+) -> HFExportReport:
+    """export_hf's collective part: every failure on one rank ends in an exchange of
+    errors, so all ranks raise together instead of leaving the others waiting."""
     _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
+    mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
 
     # Send every chunk to its unit's writer: one message per (sender, receiver) pair.
     report = HFExportReport()

@@ -346,7 +346,7 @@ def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> No
         ),
         f"saving {path} failed on rank(s) [1]",
         "no space left on device",
-        "is not marked complete",
+        "the unfinished save in",
     )
     if err:
         fail.append(f"{tag} on rank {rank}: {err}")

@@ -27,6 +27,8 @@ import gc
 import json
 import os
 import shutil
+import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -135,45 +137,41 @@ def _stored_mappings(plan: CanonicalPlan, mappings: dict[str, tuple]) -> dict[st
     return out
 
 
-def _same_structure_everywhere(plan: CanonicalPlan) -> dict[int | None, str]:
-    """Refuse to save when ranks' state dicts differ in structure: they would choose
-    writers differently and some chunks would be written by nobody. One small all_gather,
-    independent of any plan cache. Returns each pipeline stage's structure fingerprint
-    (one entry, under None, without pipeline stages)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return {plan.stage: plan.fingerprint}
-    import hashlib
-
-    writers = hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (plan.stage, plan.fingerprint, writers))
-    # Ranks of one pipeline stage hold the same structure; stages differ (disjoint keys).
-    first: dict[Any, tuple[int, tuple[str, str]]] = {}
-    odd = []
-    for r, (stage, fingerprint, chosen) in enumerate(every):
-        lead = first.setdefault(stage, (r, (fingerprint, chosen)))
-        if lead[1] != (fingerprint, chosen):
-            odd.append((r, lead[0]))
-    if odd:
-        where = ", ".join(f"rank {r} differs from rank {lead}" for r, lead in odd[:8])
-        raise CheckpointError(
-            "ranks disagree on the checkpoint's structure (different keys, shapes or dtypes "
-            f"in their state dicts; {where}), so they would choose different writers; "
-            "nothing was saved"
-        )
-    return {stage: lead[1][0] for stage, lead in first.items()}
+# Where a local save plan carries its structure check (see ShardspecSavePlanner): a key no
+# flattened state dict has, taken out again before DCP's global planning.
+_CHECK = "\x00shardspec:check"
 
 
-def _shared_objects_agree(rest: Mapping[str, Any]) -> None:
-    """Pipeline stages: an entry that is not a tensor and names no parameter (an optimizer's
-    ``param_groups`` list, a step counter) is written once, by one rank, under one key for
-    every stage. Refuse to save when stages hold different values there: the other stages'
-    values would be lost (a ``param_groups`` list names only its own stage's parameters)."""
+@dataclasses.dataclass(frozen=True)
+class _Check:
+    """What the coordinator compares across ranks before planning a save: the rank's
+    pipeline stage, its structure fingerprint, a digest of its writer choice, and (pipeline
+    stages only) hashes of its entries that are neither tensors nor named by a parameter."""
+
+    stage: int | None
+    fingerprint: str
+    writers: str
+    shared: dict[str, str] | None = None
+
+
+def _writers_digest(plan: CanonicalPlan) -> str:
+    """A digest of the static writer choice (cached on the plan, which is itself cached per
+    structure)."""
+    digest = plan.__dict__.get("_shardspec_writers")
+    if digest is None:
+        import hashlib
+
+        digest = hashlib.sha256(repr(sorted(plan.writer.items())).encode()).hexdigest()[:16]
+        plan.__dict__["_shardspec_writers"] = digest
+    return digest
+
+
+def _shared_hashes(rest: Mapping[str, Any]) -> dict[str, str]:
+    """Hashes of the entries without a parameter name that are not tensors (an optimizer's
+    ``param_groups`` list, a step counter): compared across pipeline stages."""
     import hashlib
     import pickle
 
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
     mine = {}
     for key, value in rest.items():
         if isinstance(value, torch.Tensor):
@@ -183,8 +181,33 @@ def _shared_objects_agree(rest: Mapping[str, Any]) -> None:
         except Exception:  # unpicklable: DCP would fail on it anyway
             continue
         mine[key] = hashlib.sha256(blob).hexdigest()
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    return mine
+
+
+def _agree(checks: list[_Check | None]) -> dict[int | None, str]:
+    """The coordinator's structure check over every rank's :class:`_Check` (in process-group
+    rank order). Refuses to save when ranks' state dicts differ in structure (they would
+    choose writers differently and some chunks would be written by nobody), or, with
+    pipeline stages, when stages hold different values under one shared key (the other
+    stages' values would be lost: a ``param_groups`` list names only its own stage's
+    parameters). Returns each pipeline stage's structure fingerprint (one entry, under
+    None, without pipeline stages)."""
+    first: dict[Any, tuple[int, tuple[str, str]]] = {}
+    odd = []
+    for r, check in enumerate(checks):
+        if check is None:  # a planner of another kind: nothing to compare
+            continue
+        lead = first.setdefault(check.stage, (r, (check.fingerprint, check.writers)))
+        if lead[1] != (check.fingerprint, check.writers):
+            odd.append((r, lead[0]))
+    if odd:
+        where = ", ".join(f"rank {r} differs from rank {lead}" for r, lead in odd[:8])
+        raise CheckpointError(
+            "ranks disagree on the checkpoint's structure (different keys, shapes or dtypes "
+            f"in their state dicts; {where}), so they would choose different writers; "
+            "nothing was saved"
+        )
+    every = [c.shared for c in checks if c is not None and c.shared is not None]
     differ = sorted(
         {k for d in every for k, h in d.items() if any(o.get(k, h) != h for o in every)}
     )
@@ -196,6 +219,7 @@ def _shared_objects_agree(rest: Mapping[str, Any]) -> None:
             "saved. For an optimizer, save get_state_dict(..., options=StateDictOptions("
             "flatten_optimizer_state_dict=True)), which names every entry by its parameter"
         )
+    return {stage: lead[1][0] for stage, lead in first.items()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -211,11 +235,52 @@ def _dcp_caches_pending_plans() -> bool:
     return isinstance(cache, dict) and promotes
 
 
+def _cpu_copy(data: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``data`` that later changes to ``live`` cannot reach: pinned memory,
+    filled asynchronously, for a CUDA tensor (the caller synchronizes once); a clone for a
+    CPU view of ``live``; ``data`` itself where it is already a fresh tensor (a unit cut in
+    several runs is concatenated into new memory)."""
+    if data.device.type != "cpu":
+        buf = torch.empty(data.shape, dtype=data.dtype, pin_memory=torch.cuda.is_available())
+        buf.copy_(data, non_blocking=True)
+        return buf
+    if data.untyped_storage().data_ptr() == live.untyped_storage().data_ptr():
+        return data.clone(memory_format=torch.contiguous_format)
+    return data
+
+
+def _stage_value(value: Any) -> Any:
+    """A copy of a state-dict entry that is not a storage unit (CPU for tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        local = value.to_local()
+        return DTensor.from_local(
+            _cpu_copy(local, local),
+            value.device_mesh,
+            value.placements,
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
+    if isinstance(value, torch.Tensor):
+        return _cpu_copy(value, value)
+    import copy
+
+    return copy.deepcopy(value)
+
+
 class ShardspecSavePlanner(DefaultSavePlanner):
     """Saves a state dict in the spec's canonical, topology-independent layout.
 
     ``role`` names the cache: give the model and the optimizer planners different roles
     if they are used for separate saves (their fingerprints differ anyway).
+
+    The planner runs no collective of its own: every rank's structure check (fingerprint,
+    writer choice, pipeline stage, shared entries) travels in its local plan's
+    ``planner_data`` and the coordinator compares them in ``create_global_plan``, so it
+    works on whatever process group DCP is given (``dcp.async_save(...,
+    process_group=...)`` while training runs collectives on the default group).
     """
 
     def __init__(
@@ -238,21 +303,57 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.spec = spec
         self.role = role
         self._mesh_arg = mesh
+        self._staged: dict[str, torch.Tensor] | None = None
+        self._set_up_done = False
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
+        self.is_coordinator = is_coordinator
+        if self._set_up_done:  # stage() ran: planned and copied in the caller's thread
+            self._set_up_done = False
+            return
+        self._set_up(state_dict)
+
+    def _set_up(self, state_dict: Mapping[str, Any]) -> None:
         flat, mappings = _flat(state_dict)
         self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
-        self.is_coordinator = is_coordinator
-        self.stage_fingerprints = _same_structure_everywhere(self.canon)
-        if self.canon.stage is not None:
-            _shared_objects_agree(rest)
+        self._staged = None
+        stage = self.canon.stage
+        self._check = _Check(
+            stage,
+            self.canon.fingerprint,
+            _writers_digest(self.canon),
+            _shared_hashes(rest) if stage is not None else None,
+        )
+        # Until the coordinator has compared every rank's: this rank's own.
+        self.stage_fingerprints = {stage: self.canon.fingerprint}
         # A cache of its own: spec, role and structure fingerprint (keys, shapes, dtypes,
         # chunk offsets, mesh). DCP's default key is the class name, shared by every
         # instance, and its plan comparison ignores dtypes.
         self._cached_plans_key = f"shardspec:{self.spec.name}:{self.role}:{self.canon.fingerprint}"
+
+    def stage(self, state_dict: Mapping[str, Any]) -> None:
+        """Plan this rank's part of a save of ``state_dict`` and copy what it writes to CPU
+        memory (pinned memory from CUDA; only the chunks this rank writes, a replicated chunk
+        by its one writer), so that the live tensors may change as soon as this returns.
+        The next ``set_up_planner`` (DCP's, in the thread that writes) keeps this plan.
+        Runs no collective."""
+        self._set_up(state_dict)
+        staged: dict[str, torch.Tensor] = {}
+        for unit in self.canon.units:
+            if unit.empty or self.canon.writer_of(unit.key, unit.offsets, unit.replicas) != (
+                self.rank
+            ):
+                continue
+            _, tensor = self.local[unit.key]
+            staged[unit.key] = _cpu_copy(unit_data(unit, tensor), tensor)
+        self.state_dict = {k: _stage_value(v) for k, v in self.state_dict.items()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the pinned copies are complete
+        self._staged = staged
+        self._set_up_done = True
 
     def create_local_plan(self) -> SavePlan:
         items: list[WriteItem] = []
@@ -278,14 +379,36 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         rest = create_default_local_save_plan(self.state_dict, self.is_coordinator)
         plan = SavePlan(items + list(rest.items), planner_data=self.mappings)
         self.plan = plan
+        checked = {**self.mappings, _CHECK: self._check}
         if self._enable_plan_caching:
             from torch.distributed.checkpoint.planner_helpers import _compare_save_plans
 
             cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)  # type: ignore[attr-defined]
             if cached is not None and _compare_save_plans(plan, cached):
-                return SavePlan([], usable=False)
+                # Unchanged: DCP sends no items, but the coordinator still checks structure.
+                return SavePlan([], planner_data={_CHECK: self._check}, usable=False)
             self._pending_local_plan = plan
-        return plan
+        return dataclasses.replace(plan, planner_data=checked)
+
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        """The coordinator: compare every rank's structure check (:func:`_agree`; a
+        mismatch fails the save on every rank with a :class:`CheckpointError`, before a byte
+        is written), then DCP's global planning on the plans without it."""
+        checks: list[_Check | None] = []
+        plans: list[SavePlan] = []
+        for plan in all_plans:
+            data = plan.planner_data
+            check = None
+            if isinstance(data, dict) and _CHECK in data:
+                data = dict(data)
+                check = data.pop(_CHECK)
+                if not data and not plan.usable:
+                    data = None
+                plan = dataclasses.replace(plan, planner_data=data)
+            checks.append(check)
+            plans.append(plan)
+        self.stage_fingerprints = _agree(checks)
+        return super().create_global_plan(plans)
 
     def _create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
         """The coordinator's step, as DCP's (dedup, metadata, merged object paths), with
@@ -316,6 +439,10 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         return global_plan, metadata
 
     def resolve_data(self, write_item: WriteItem):
+        if self._staged is not None:
+            staged = self._staged.get(write_item.index.fqn)
+            if staged is not None:
+                return staged
         hit = self.local.get(write_item.index.fqn)
         if hit is not None:
             unit, tensor = hit
@@ -612,9 +739,285 @@ def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+# ----------------------------------------------------------------------------- groups
+
+
+# One checkpoint group per default process group: held only as long as the default group
+# lives (a module-level strong reference would keep its gloo threads alive after
+# destroy_process_group()).
+_CHECKPOINT_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def checkpoint_group() -> Any:
+    """The process group asynchronous saves use by default: a gloo group over every rank,
+    created on first use (a collective: every rank calls it at the same point, as every
+    rank calls ``save``) and kept as long as the default process group. Its collectives
+    never mix with the training loop's on the default group."""
+    world = dist.group.WORLD
+    group = _CHECKPOINT_GROUPS.get(world)
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        _CHECKPOINT_GROUPS[world] = group
+    return group
+
+
+def _distributed(group: Any) -> bool:
+    return dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _coordinator(group: Any) -> bool:
+    """DCP's coordinator: rank 0 of the process group."""
+    return not dist.is_initialized() or dist.get_rank(group) == 0
+
+
+# ----------------------------------------------------------------------------- folders
+
+# A save in progress: written into ``<path>.partial`` before any data, removed once the
+# completion marker is there. A folder that has it is never loaded as a checkpoint.
+SAVING = ".shardspec-saving"
+
+# Test hook: called with the name of each step of the save protocol (see save()).
+_fault_point: Any = None
+
+
+def _point(name: str) -> None:
+    if _fault_point is not None:
+        _fault_point(name)
+
+
+def _folder_state(path: str) -> str:
+    """``missing``; ``complete`` (DCP's ``.metadata`` and shardspec's completion marker);
+    ``saving`` (a shardspec save in progress or interrupted: no completion marker, the
+    in-progress marker); ``foreign`` (a DCP checkpoint without shardspec's markers, as
+    ``dcp.save`` writes); ``empty``; ``other`` (anything else)."""
+    if not os.path.lexists(path):
+        return "missing"
+    if not os.path.isdir(path):
+        return "other"
+    names = set(os.listdir(path))
+    if MARKER in names and ".metadata" in names:
+        return "complete"
+    if SAVING in names:
+        return "saving"
+    if MARKER in names:
+        return "other"
+    if ".metadata" in names:
+        return "foreign"
+    return "other" if names else "empty"
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: str, value: Any) -> None:
+    """Write ``path`` atomically (a temporary file, fsynced, renamed over it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _recover(path: str) -> list[str]:
+    """Finish or undo what a save of ``path`` that stopped part-way left (the coordinator,
+    before a save or load of ``path``; see :func:`save` for the steps). Returns what it
+    did, one sentence each:
+
+    * ``<path>.partial`` complete (marked) but not moved into place: moved into place,
+      the checkpoint that was at ``path`` removed (the save stopped after marking);
+    * ``path`` missing and ``<path>.old`` a checkpoint: restored (the save stopped between
+      its two renames, before the new one was complete);
+    * ``<path>.old`` beside a checkpoint at ``path``: removed (the save stopped after
+      moving the new checkpoint into place).
+    """
+    tmp, old = path + ".partial", path + ".old"
+    done: list[str] = []
+    here, new, prev = _folder_state(path), _folder_state(tmp), _folder_state(old)
+    checkpoint = ("complete", "foreign")
+    if new == "complete":
+        if here not in ("missing", "empty", *checkpoint):
+            raise CheckpointError(
+                f"{tmp} holds a complete checkpoint that a save did not move into place, but "
+                f"{path} exists and is not a checkpoint; move {path} away and retry"
+            )
+        if here != "missing":
+            if prev != "missing":
+                _remove(old, prev)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        done.append(
+            f"{tmp} held a complete checkpoint that its save had marked but not moved into "
+            f"place: moved it to {path}"
+            + ("" if here == "missing" else " (the checkpoint that was there is removed)")
+        )
+        here = "complete"
+        prev = _folder_state(old)
+        if prev in (*checkpoint, "saving"):
+            shutil.rmtree(old)
+            prev = "missing"
+    if here == "missing" and prev in checkpoint:
+        os.rename(old, path)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        done.append(
+            f"{path} was missing and {old} held the previous checkpoint (a save stopped "
+            f"between its renames): restored it to {path}"
+        )
+    elif here in checkpoint and prev in (*checkpoint, "saving"):
+        shutil.rmtree(old)
+        done.append(
+            f"removed {old}, the previous checkpoint, which a save that moved the new one to "
+            f"{path} had not removed yet"
+        )
+    return done
+
+
+def _remove(path: str, state: str) -> None:
+    if state in ("complete", "foreign", "saving", "empty"):
+        shutil.rmtree(path)
+    elif state != "missing":
+        raise CheckpointError(f"{path} exists and is not a checkpoint; move it away and retry")
+
+
+def _prepare(path: str) -> list[str]:
+    """The coordinator, before any rank writes: recover what an interrupted save left,
+    then create ``<path>.partial`` with the in-progress marker. Refuses (nothing changed) a
+    ``path`` or ``<path>.partial`` that is someone else's folder."""
+    tmp = path + ".partial"
+    done = _recover(path)
+    here = _folder_state(path)
+    if here == "other" or here == "saving":
+        raise CheckpointError(
+            f"{path} exists and is not a checkpoint (no DCP .metadata); nothing was saved: "
+            "save elsewhere or remove it"
+        )
+    state = _folder_state(tmp)
+    if state == "saving":
+        shutil.rmtree(tmp)
+        done.append(f"removed {tmp}, an unfinished save")
+    elif state == "empty":
+        os.rmdir(tmp)
+    elif state != "missing":
+        raise CheckpointError(
+            f"{tmp} exists and is not a save in progress by shardspec (no {SAVING} marker); "
+            f"nothing was saved: move it away (a save of {path} writes there first)"
+        )
+    os.makedirs(tmp)
+    _write_json(
+        os.path.join(tmp, SAVING),
+        {"format": "shardspec-save-in-progress/1", "path": os.path.basename(path)},
+    )
+    return done
+
+
+def _commit(path: str, marker: dict[str, Any]) -> None:
+    """The coordinator, after every rank's data and DCP's ``.metadata`` are written: mark
+    ``<path>.partial`` complete, then move it into place."""
+    tmp, old = path + ".partial", path + ".old"
+    _write_json(os.path.join(tmp, MARKER), marker)
+    os.remove(os.path.join(tmp, SAVING))
+    _fsync_dir(tmp)
+    _point("marked")
+    if os.path.lexists(path):
+        if os.path.lexists(old):  # _prepare's recovery leaves none; never two
+            _remove(old, _folder_state(old))
+        os.rename(path, old)
+        _point("renamed-old")
+    os.rename(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _point("renamed-new")
+    if os.path.lexists(old):
+        shutil.rmtree(old)
+
+
+def _report(done: list[str]) -> None:
+    for line in done:
+        warnings.warn(line, CheckpointRecoveryWarning, stacklevel=3)
+
+
+class CheckpointRecoveryWarning(UserWarning):
+    """A save or load finished or undid what an interrupted save of the same path left."""
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+def _exchange(group: Any, value: Any, failed: str) -> Any:
+    """Broadcast the coordinator's ``value`` (an outcome: ``("ok", x)`` or ``("error",
+    message)``) to every rank of ``group``; raise the error everywhere. A failed collective
+    (a rank that died) becomes a :class:`CheckpointError` starting with ``failed``."""
+    if _distributed(group):
+        box = [value]
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        try:
+            dist.broadcast_object_list(box, src=src, group=group)
+        except Exception as e:  # a peer died or timed out: gloo's RuntimeError
+            raise _lost(e, failed) from None
+        value = box[0]
+    kind, payload = value
+    if kind == "error":
+        raise CheckpointError(payload)
+    return payload
+
+
+def _lost(e: BaseException, failed: str) -> CheckpointError:
+    """The error for a collective of the save protocol that failed (``e``: the backend's
+    error: a rank died or timed out)."""
+    _clear_frames(e)
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else repr(e)
+    return CheckpointError(f"{failed}: a rank stopped responding ({type(e).__name__}: {first})")
+
+
+def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return ("ok", fn(*args))
+    except CheckpointError as e:
+        return ("error", str(e))
+    except OSError as e:
+        return ("error", f"{type(e).__name__}: {e}")
+
+
+# ----------------------------------------------------------------------------- async
+
+
+_EXECUTOR: Any = None
+_PENDING: weakref.WeakSet = weakref.WeakSet()
+
+
+def _executor() -> Any:
+    """One thread writes every asynchronous save, in the order they were started: the
+    saves' collectives (on one process group) run in the same order on every rank."""
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardspec-save")
+    return _EXECUTOR
+
+
+def wait_for_saves() -> None:
+    """Wait until this process's asynchronous saves have finished (their errors stay with
+    their futures). ``save`` and ``load`` call it first."""
+    for future in list(_PENDING):
+        try:
+            future.exception()
+        except BaseException:  # cancelled
+            pass
+
+
+# ----------------------------------------------------------------------------- save
 
 
 def save(
@@ -624,48 +1027,122 @@ def save(
     *,
     mesh: Any = None,
     planner: ShardspecSavePlanner | None = None,
-) -> ShardspecSavePlanner:
-    """Save ``state`` to ``path`` atomically: written to ``<path>.partial`` first, marked
-    complete (``.shardspec.json``), then moved into place. A save that fails on any rank
-    leaves ``path`` as it was, and the partial directory unmarked."""
+    process_group: Any = None,
+    asynchronous: bool = False,
+) -> Any:
+    """Save ``state`` to ``path`` so that ``path`` always holds a complete checkpoint: the
+    previous one or the new one, never a mix (see the README's "Checkpoints").
+
+    Steps: (1) the coordinator (rank 0 of the process group) finishes or undoes what an
+    interrupted save of ``path`` left (:func:`_recover`, reported as a
+    :class:`CheckpointRecoveryWarning` on every rank and in the planner's ``recovered``)
+    and creates ``<path>.partial`` with an in-progress marker; (2) ``dcp.save`` writes it
+    (the structure check runs in DCP's plan exchange); (3) the coordinator writes the
+    completion marker ``.shardspec.json``, removes the in-progress marker, renames
+    ``path`` to ``<path>.old``, ``<path>.partial`` to ``path``, and removes
+    ``<path>.old``; (4) every rank waits for the coordinator's outcome. A failure at any
+    step is a :class:`CheckpointError` on every surviving rank.
+
+    ``process_group``: the group DCP and the protocol use (every rank of the job, in rank
+    order); default the default group, or :func:`checkpoint_group` when asynchronous.
+
+    ``asynchronous=True`` plans this rank's part and copies what it writes to CPU memory
+    (pinned from CUDA) before returning, so training may change the parameters at once;
+    the rest runs in a background thread on the process group (never the default group,
+    unless given). Returns a :class:`concurrent.futures.Future` (like ``dcp.async_save``):
+    ``result()`` waits until the checkpoint is complete at ``path`` and returns the planner,
+    or raises the save's :class:`CheckpointError`. Otherwise returns the planner."""
     path = os.fspath(path)
-    tmp = path + ".partial"
-    if _rank0() and os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    _barrier()
     planner = planner or ShardspecSavePlanner(spec, mesh)
+    if not asynchronous:
+        wait_for_saves()
+        with _no_gc():
+            return _save(spec, state, path, planner, process_group)
+    group = process_group if process_group is not None else checkpoint_group()
+    try:
+        planner.stage(state)
+    except CheckpointError as e:
+        _clear_frames(e)
+        raise
+    future = _executor().submit(_save, spec, {}, path, planner, group)
+    _PENDING.add(future)
+    return future
+
+
+def _save(
+    spec: CompiledSpec,
+    state: Mapping[str, Any],
+    path: str,
+    planner: ShardspecSavePlanner,
+    group: Any,
+) -> ShardspecSavePlanner:
+    """:func:`save`'s steps, in the caller's thread or the background one."""
+    tmp = path + ".partial"
+    lead = _coordinator(group)
+    planner.recovered = _exchange(
+        group,
+        _outcome(_prepare, path) if lead else None,
+        f"saving {path} failed while preparing (before any data was written; {path} is unchanged)",
+    )
+    _report(planner.recovered)
+    _point("prepared")
     error: CheckpointError | None = None
     try:
-        with _no_gc():
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), planner=planner)
-    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+        dcp.save(
+            state,
+            storage_writer=dcp.FileSystemWriter(tmp),
+            planner=planner,
+            process_group=group,
+        )
+    except CheckpointException as e:  # DCP's (a BaseException): every rank raises it
         ranks = sorted(getattr(e, "failures", {}) or [])
         where = f" on rank(s) {ranks}" if ranks else ""
         error = _failure(
             e,
-            f"saving {path} failed{where}: {path} is unchanged, and {tmp} is not marked "
-            f"complete:\n{e}",
+            f"saving {path} failed{where}: {path} is unchanged, and the unfinished save "
+            f"in {tmp} is removed:\n{e}",
+        )
+        if lead:  # every rank is past writing: nothing will land in the folder any more
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+    except Exception as e:  # the backend's: a rank died or timed out in DCP's collectives
+        error = _lost(
+            e,
+            f"saving {path} failed while writing ({path} is unchanged, and {tmp} is an "
+            "unfinished save, which the next save removes)",
         )
     if error is not None:  # raised here, out of the except clause: no context chained
         try:
             raise error
         finally:  # the traceback holds this frame: no cycle back through a local
             error = None
-    _barrier()
-    if _rank0():
-        marker = _marker(spec, planner)
-        with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
-            json.dump(marker, f, indent=1, sort_keys=True)
-        old = path + ".old"
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        if os.path.exists(path):
-            os.rename(path, old)
-        os.rename(tmp, path)
-        if os.path.exists(old):
-            shutil.rmtree(old)
-    _barrier()
+    _point("written")
+    _exchange(
+        group,
+        _outcome(_commit, path, _marker(spec, planner)) if lead else None,
+        f"saving {path} failed after writing its data: {path} holds the new checkpoint if "
+        f"rank 0 moved it into place, else the previous one, and the next save or load of "
+        f"{path} completes the move (see the README)",
+    )
     return planner
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _refuse_unfinished(path: str) -> None:
+    """A folder a shardspec save has not marked complete is never loaded."""
+    state = _folder_state(path)
+    if state == "saving":
+        raise CheckpointError(
+            f"{path} is an unfinished save (it has the in-progress marker {SAVING} and no "
+            f"completion marker {MARKER}); nothing was read"
+        )
+    if state != "complete" and path.rstrip("/").endswith(".partial"):
+        raise CheckpointError(
+            f"{path} is not marked complete ({MARKER}): a '.partial' folder is a save that "
+            "did not finish; nothing was read"
+        )
 
 
 def load(
@@ -683,6 +1160,12 @@ def load(
     into staging buffers, and changes the live tensors only after every rank's reads
     succeeded: a failed load leaves the model as it was.
 
+    First, rank 0 finishes or undoes what an interrupted save of ``path`` left (see
+    :func:`save`; reported as a :class:`CheckpointRecoveryWarning` and in the planner's
+    ``recovered``). A folder that a shardspec save has not marked complete (the in-progress
+    marker, or a ``.partial`` name) is refused; a DCP checkpoint without shardspec's marker
+    (written by ``dcp.save``) loads.
+
     With ``locality`` (the default), a checkpoint saved on this very mesh with this very
     structure is read file-locally: each rank opens only the files it wrote, and replicas
     receive their copies from the writer (see :mod:`shardspec.runtime.locality`).
@@ -692,10 +1175,18 @@ def load(
     planner alone. A read that fails then (a file truncated or removed after validation, an
     I/O error) leaves the tensors it had reached loaded and the others as they were."""
     path = os.fspath(path)
+    wait_for_saves()
+    recovered = _exchange(
+        None,
+        _outcome(_recover, path) if _rank0() else None,
+        f"loading {path} failed while checking for an interrupted save",
+    )
+    _report(recovered)
+    _refuse_unfinished(path)
     meta = os.path.join(path, ".metadata")
     if not os.path.isfile(meta):
-        partial_dir = os.path.exists(path + ".partial")
-        more = f" ({path}.partial is an unfinished save)" if partial_dir else ""
+        unfinished = _folder_state(path + ".partial") == "saving"
+        more = f" ({path}.partial is an unfinished save)" if unfinished else ""
         raise CheckpointError(f"{meta} is missing: {path} is not a complete DCP checkpoint{more}")
     marker = _read_marker(path) if locality and atomic else None
     planner: ShardspecLoadPlanner
@@ -728,6 +1219,7 @@ def load(
         finally:  # the traceback holds this frame: no cycle back through a local
             error = None
     planner.commit()
+    planner.recovered = recovered
     return planner
 
 

@@ -293,10 +293,30 @@ class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
         super().__init__(SPEC, mesh, partial=partial, staging=staging)
 
 
-def save(state: dict, path: str, *, mesh: DeviceMesh | None = None) -> SavePlanner:
+def save(
+    state: dict,
+    path: str,
+    *,
+    mesh: DeviceMesh | None = None,
+    asynchronous: bool = False,
+    process_group: Any = None,
+) -> Any:
     """``dcp.save`` with :class:`SavePlanner`, atomically: the checkpoint appears at
-    ``path``, marked complete, only once every rank has written its part."""
-    return _checkpoint.save(SPEC, state, path, mesh=mesh, planner=SavePlanner(mesh))
+    ``path``, marked complete, only once every rank has written its part; returns the
+    planner. ``asynchronous=True`` copies this rank's part to CPU memory, returns a
+    ``concurrent.futures.Future`` (as ``dcp.async_save`` does) and writes in a background
+    thread on a checkpoint process group of its own (or ``process_group``); the future's
+    ``result()`` returns the planner once the checkpoint is complete at ``path``, or raises
+    the save's ``CheckpointError``."""
+    return _checkpoint.save(
+        SPEC,
+        state,
+        path,
+        mesh=mesh,
+        planner=SavePlanner(mesh),
+        asynchronous=asynchronous,
+        process_group=process_group,
+    )
 
 
 def load(

@@ -23,6 +23,7 @@ from shardspec.checks.run import check
 from shardspec.diagnostics import Diagnostic
 from shardspec.parse import parse, parse_file
 from shardspec.resolve import Resolved
+from shardspec.textfile import read_text
 
 __all__ = [
     "check",
@@ -124,7 +125,7 @@ def lint_specs(
         else:
             out.diagnostics.extend(diags)
             try:
-                out.sources[shown] = Path(path).read_text(encoding="utf-8-sig")
+                out.sources[shown] = read_text(path)
             except (OSError, UnicodeDecodeError):
                 pass
             results.append((shown, None))

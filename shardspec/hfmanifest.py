@@ -30,6 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shardspec.textfile import read_text
+
 FORMAT = "shardspec-hf-manifest/1"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -92,7 +94,7 @@ def load_hf_manifest(path: str | Path) -> HFManifest:
     """Read and validate an HF manifest. Raises :class:`HFManifestError`."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        text = read_text(p)
     except (OSError, UnicodeDecodeError) as e:
         raise HFManifestError(
             f"cannot read HF manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}",
@@ -172,7 +174,7 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as e:
         raise HFManifestError(
             f"cannot read {what} {str(path)!r}: {getattr(e, 'strerror', None) or e}", "SS002"

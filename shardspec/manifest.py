@@ -28,6 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shardspec.textfile import read_text
+
 FORMAT = "shardspec-manifest/1"
 _FQN = re.compile(r'"fqn":\s*("(?:[^"\\]|\\.)*")')
 
@@ -91,7 +93,7 @@ def load_manifest(path: str | Path) -> Manifest:
     offending entry where it can be told) when it cannot be read or is malformed."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")  # tolerate a byte order mark
+        text = read_text(p)  # tolerate a byte order mark
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(
             f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"

@@ -18,6 +18,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from shardspec import ir
 from shardspec.checks.registry import diag
 from shardspec.diagnostics import Diagnostic, Span
+from shardspec.textfile import read_text
 
 GRAMMAR_NAME = "shardspec.lark"
 
@@ -649,7 +650,7 @@ def parse_file(
     p = Path(path)
     name = name if name is not None else str(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")  # a byte order mark is not part of the text
+        text = read_text(p)  # a byte order mark is not part of the text
     except UnicodeDecodeError as e:
         return None, [
             diag(

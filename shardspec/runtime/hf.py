@@ -202,6 +202,8 @@ def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], lis
         raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
+        if _inside(path, INDEX) is None:
+            raise HFError(f"{index} points outside the checkpoint directory {path}")
         try:
             with open(index, encoding="utf-8") as f:
                 data = json.load(f)
@@ -226,6 +228,8 @@ def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], lis
     single = os.path.join(path, SINGLE)
     if not os.path.isfile(single):
         raise HFError(f"{path}: neither {INDEX} nor {SINGLE} is there")
+    if _inside(path, SINGLE) is None:  # as index entries are: no link out of the folder
+        raise HFError(f"{single} points outside the checkpoint directory {path}")
     return {key: SINGLE for key in _open(path, SINGLE, handles).keys()}, []
 
 

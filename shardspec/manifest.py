@@ -20,13 +20,14 @@ built for; lint checks them against the mesh (``SS013``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from shardspec.textfile import read_text
 
@@ -52,6 +53,17 @@ class ManifestFile(BaseModel):
     factory: str | None = None
     factory_args: dict[str, int | float | str | bool] = {}
     entries: list[Entry]
+
+    @field_validator("factory_args")
+    @classmethod
+    def _finite(cls, args: dict[str, int | float | str | bool]) -> dict:
+        bad = [k for k, v in args.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise ValueError(
+                f"factory argument {bad[0]!r} is {args[bad[0]]}: arguments must be finite "
+                "numbers, text or true/false"
+            )
+        return args
 
 
 @dataclass(frozen=True)

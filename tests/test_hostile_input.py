@@ -86,3 +86,48 @@ def test_checkpoint_files_linked_out_of_the_folder_are_refused(tmp_path: Path, n
     else:
         (ckpt / name).write_text('{"weight_map": {"w": "model-1.safetensors"}}')
         assert hfmod._weight_map(str(ckpt), {}) == ({"w": "model-1.safetensors"}, [])
+
+
+def _compile(capsys: pytest.CaptureFixture[str], spec: Path, out: Path) -> tuple[int, str]:
+    status = main(["compile", str(spec), "-o", str(out)])
+    text = "".join(capsys.readouterr())
+    assert "Traceback" not in text
+    return status, text
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_factory_arguments_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """They compiled (exit 0) to a module that failed to import (`name 'inf' is not
+    defined`)."""
+    head = '{"format": "shardspec-manifest/1", "factory_args": {"n": '
+    (tmp_path / "m.json").write_text(head + value + '}, "entries": [{"fqn": "w", "shape": [4]}]}')
+    spec = tmp_path / "s.shard"
+    spec.write_text('manifest "m.json"\nmesh over 2 ranks { dp: * }\nparam ** replicate\n')
+    status, out = _compile(capsys, spec, tmp_path / "out")
+    assert status == 2 and "SS003" in out and "must be finite" in out, out
+    assert not (tmp_path / "out" / "s.py").exists()
+
+
+def test_a_spec_path_with_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newline in the spec's path was copied raw into the generated module's comments,
+    putting text on code lines (compile exited 0, the module did not import)."""
+    import importlib.util
+
+    folder = tmp_path / "odd\nname\t\x1b"
+    folder.mkdir()
+    spec = folder / "s.shard"
+    spec.write_text("mesh over 2 ranks { dp: * }\nparam ** replicate\n")
+    status, _ = _compile(capsys, spec, tmp_path / "out")
+    assert status == 0
+    module = tmp_path / "out" / "s.py"
+    text = module.read_text()
+    assert "odd\\nname\\t\\x1b" in text.splitlines()[0]  # escaped in the header comment
+    loaded = importlib.util.spec_from_file_location("s_odd", module)
+    assert loaded is not None and loaded.loader is not None
+    mod = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(mod)
+    assert mod.SPEC_PATH == str(spec)  # the real path, as a value

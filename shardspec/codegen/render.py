@@ -299,9 +299,18 @@ def effective_overrides(
 
 
 def compile_command(spec_path: str, defines: list[tuple[str, int]]) -> str:
-    """The ``shardspec compile`` command line that reproduces a module."""
+    """The ``shardspec compile`` command line that reproduces a module (the path quoted
+    for a shell where it needs to be)."""
+    import shlex
+
     flags = "".join(f"-D {n}={v} " for n, v in defines)
-    return f"shardspec compile {flags}{spec_path}"
+    return f"shardspec compile {flags}{shlex.quote(spec_path)}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (newline, tab, other controls) written
+    as its Python escape, for comments and docstrings."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _styles(spec, res) -> dict[int, dict[str, str | bool]]:
@@ -343,6 +352,10 @@ def render_module(
     that :func:`shardspec.resolve.resolve` got): they become the module's default sizes,
     and the header records them.
     """
+    raw_path = spec_path
+    # Comments and the docstring show the path with its control characters escaped: a
+    # newline in a file name must not put text on a code line.
+    spec_path = printable(spec_path)
     spec = res.spec
     assert spec.mesh is not None
     fsdp = spec.fsdp.text if spec.fsdp else None
@@ -396,6 +409,7 @@ def render_module(
         "version": __version__,
         "api": RUNTIME_API,
         "spec_path": spec_path,
+        "spec_path_value": raw_path,
         "spec_path_doc": spec_path.replace("\\", "\\\\").replace('"""', '\\"\\"\\"'),
         "sha256": spec.sha256,
         "defines": comment(

@@ -164,6 +164,11 @@ class Mesh:
         return Mesh(tuple(names), tuple(self.size(n) for n in names))
 
 
+# The largest mesh lint and compile check (2**20 ranks): their layout checks visit every
+# rank, so a larger world would take minutes and gigabytes (or overflow) instead of an answer.
+MAX_WORLD = 1 << 20
+
+
 def resolve_sizes(
     names: Sequence[str], sizes: Sequence[int | None], world: int | None
 ) -> tuple[int, ...]:

@@ -9,12 +9,21 @@ them into diagnostics. Rules that the structural checks found broken are passed 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from shardspec import ir
-from shardspec.layout import LayoutError, Mesh, ParamLayout, RuleSpec, build_layout, resolve_sizes
+from shardspec.layout import (
+    MAX_WORLD,
+    LayoutError,
+    Mesh,
+    ParamLayout,
+    RuleSpec,
+    build_layout,
+    resolve_sizes,
+)
 from shardspec.manifest import Entry, Manifest
 from shardspec.patterns import Glob, PatternError, compile_glob
 from shardspec.stages import PipelineSpec, StageError, StagePlan, plan
@@ -47,6 +56,7 @@ class Resolved:
     virtual_counts: dict[int, dict[str, int]]
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
+    mesh_error_hint: str = ""  # the LayoutError's own hint, where it has one
     hf_manifest: object | None = None  # the hf block's HFManifest, when it could be read
     # The pipeline block in plain data (None: no block, or one the checks found broken),
     # and where every parameter lives at the mesh's pipeline size (when it places them).
@@ -92,6 +102,14 @@ def mesh_of(
     resolved = resolve_sizes(names, sizes, w)
     if any(s < 1 for s in resolved):
         raise LayoutError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
+    if math.prod(resolved) > MAX_WORLD:
+        raise LayoutError(
+            f"mesh {dict(zip(names, resolved, strict=True))} has {math.prod(resolved)} ranks; "
+            f"lint and compile check meshes of up to {MAX_WORLD} ranks",
+            "SS010",
+            f"lint it at a world of at most {MAX_WORLD} ranks (-D world=N) with the same "
+            "model-parallel sizes",
+        )
     return Mesh(names, resolved)
 
 
@@ -170,11 +188,13 @@ def resolve(
     mesh: Mesh | None = None
     mesh_error = None
     mesh_error_code = "SS010"
+    mesh_error_hint = ""
     try:
         mesh = mesh_of(spec, overrides, world)
     except LayoutError as e:
         mesh_error = str(e)
         mesh_error_code = "SS004" if e.code == "SS004" else "SS010"
+        mesh_error_hint = e.hint
     axis_names = {a.name.text for a in spec.mesh.axes} if spec.mesh else set()
     # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no
     # layout refers to an axis without a size.
@@ -206,6 +226,7 @@ def resolve(
         {},
         frozenset(broken),
         mesh_error_code,
+        mesh_error_hint=mesh_error_hint,
     )
     if manifest is None:
         return res

@@ -131,3 +131,27 @@ def test_a_spec_path_with_control_characters(
     mod = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(mod)
     assert mod.SPEC_PATH == str(spec)  # the real path, as a value
+
+
+@pytest.mark.parametrize(
+    ("mesh", "define"),
+    [
+        ("mesh over 18446744073709551616 ranks", []),
+        ("mesh over 8 ranks", ["-D", "world=1099511627776"]),
+    ],
+)
+def test_worlds_too_large_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mesh: str, define: list[str]
+) -> None:
+    """With a manifest, lint walked every rank: an OverflowError traceback at 2**64, a
+    MemoryError at 2**40."""
+    import shutil
+
+    shutil.copy(Path(__file__).parents[1] / "specs" / "llama.manifest.json", tmp_path / "m.json")
+    spec = tmp_path / "s.shard"
+    spec.write_text(
+        f'manifest "m.json"\n{mesh} {{ dp_shard: *  tp: 2 }}\nfsdp dp_shard\n'
+        "param **.weight [a, b] { shard a over tp }\nparam **.*norm.weight [a] {}\n"
+    )
+    status, out = lint(capsys, *define, str(spec))
+    assert status == 1 and "SS010" in out and "meshes of up to 1048576 ranks" in out, out

@@ -113,7 +113,8 @@ def check(
                 "SS010",
                 res.mesh_error,
                 spec.mesh.span,
-                "give the world size with `mesh over N ranks { ... }` or "
+                res.mesh_error_hint
+                or "give the world size with `mesh over N ranks { ... }` or "
                 "`-D world=N`, and make the axes multiply to it",
             )
         )

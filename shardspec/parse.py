@@ -484,7 +484,7 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         return "write `config NAME = key * key * 2` (config.json keys and whole numbers)"
     if "EQUAL" in expected and re.search(r"\btie\s+\S+\s*$", before):
         upto = "\n".join([*lines[: line - 1], before])
-        if re.search(r"\bpipeline\s+\w+\s*\{[^}]*$", upto):
+        if re.search(r"\bpipeline\s+\w+\s*\{", upto[upto.rfind("}") + 1 :]):
             return "write `tie ALIAS = SOURCE`, two parameter names (`tie output.weight = ...`)"
         return "write `tie ALIAS = SOURCE` (two Hugging Face names)"
     if "EQUAL" in expected:
@@ -535,7 +535,10 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         return 'a string must end with `"` on the same line'
     if "PATTERN" in expected and word.startswith('"'):
         return "patterns are written without quotes: `param layers.*.wq.weight [...]`"
-    if re.match(r"^(param|ignore)\s+\S*\{[^}\s]*\s", stripped):
+    # (a pattern token with a `{` that no `}` follows; not one regex, which backtracks
+    # quadratically over a token of many `{`)
+    head = re.match(r"(param|ignore)\s+(\S+)\s", stripped)
+    if head and "{" in head.group(2).rpartition("}")[2]:
         return "a pattern has no spaces: write alternatives as `{a,b}`"
     if expected == {"COMMA", "RSQB"}:
         return "close the dimension list with `]`"

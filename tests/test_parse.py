@@ -822,3 +822,18 @@ def test_random_text_in_a_pipeline_block_never_raises(text: str) -> None:
 def test_random_pipeline_token_soup_never_raises(words: list[str]) -> None:
     _never_raises("pipeline pp { " + " ".join(words) + " }")
     _never_raises(" ".join(words))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "param {a, b} [x] {}",
+        "ignore x.{a, b}",
+        # many `{`: the regex behind this hint backtracked quadratically (20,000 took 7 s)
+        "param " + "{" * 20000 + "}" * 19999 + "{ [x] {}",
+        "param a{" + "{" * 20000 + " [x] {}",
+    ],
+)
+def test_the_no_spaces_in_patterns_hint(text: str) -> None:
+    d = syntax_error(text)
+    assert "a pattern has no spaces" in d.hint

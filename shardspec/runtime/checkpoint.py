@@ -953,7 +953,67 @@ class CheckpointRecoveryWarning(UserWarning):
 # ----------------------------------------------------------------------------- collectives
 
 
-def _exchange(group: Any, value: Any, failed: str) -> Any:
+class _Roll:
+    """Which ranks of a save are still alive when one of its collectives fails. Every rank
+    posts its state under a key of this save in the job's rendezvous store (not a process
+    group, so a dead peer does not block it): ``in`` at the start, ``failed`` when a
+    collective failed, ``done`` at the end. A survivor whose collective failed waits a few
+    seconds for the others to post theirs; ranks still ``in`` then are the ones that
+    stopped. Unknown (None) where the store cannot be reached (its host may have died)."""
+
+    _count = 0
+
+    def __init__(self, group: Any) -> None:
+        _Roll._count += 1  # saves start in the same order on every rank
+        self.prefix = f"shardspec/save/{_Roll._count}/"
+        self.store: Any = None
+        self.ranks: list[int] = []
+        if not _distributed(group):
+            return
+        try:
+            self.store = dist.distributed_c10d._get_default_store()
+            self.rank = dist.get_rank()
+            self.ranks = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
+        except Exception:  # a torch without these: the failed rank stays unnamed
+            self.store = None
+        self._post("in")
+        if self.store is not None and _Roll._count > 1:  # one key per rank in the store
+            with contextlib.suppress(Exception):
+                self.store.delete_key(f"shardspec/save/{_Roll._count - 1}/{self.rank}")
+
+    def _post(self, state: str) -> None:
+        if self.store is not None:
+            try:
+                self.store.set(self.prefix + str(self.rank), state)
+            except Exception:
+                self.store = None
+
+    def done(self) -> None:
+        self._post("done")
+
+    def stopped(self, wait: float = 3.0) -> list[int] | None:
+        """The ranks that stopped (after posting ``failed`` for this one)."""
+        import time
+
+        self._post("failed")
+        deadline = time.monotonic() + wait
+        while self.store is not None:
+            try:
+                silent = [
+                    r
+                    for r in self.ranks
+                    if not self.store.check([self.prefix + str(r)])
+                    or self.store.get(self.prefix + str(r)) == b"in"
+                ]
+            except Exception:
+                return None
+            if not silent or time.monotonic() > deadline:
+                return silent
+            time.sleep(0.1)
+        return None
+
+
+def _exchange(group: Any, value: Any, failed: str, roll: _Roll | None = None) -> Any:
     """Broadcast the coordinator's ``value`` (an outcome: ``("ok", x)`` or ``("error",
     message)``) to every rank of ``group``; raise the error everywhere. A failed collective
     (a rank that died) becomes a :class:`CheckpointError` starting with ``failed``."""
@@ -963,7 +1023,7 @@ def _exchange(group: Any, value: Any, failed: str) -> Any:
         try:
             dist.broadcast_object_list(box, src=src, group=group)
         except Exception as e:  # a peer died or timed out: gloo's RuntimeError
-            raise _lost(e, failed) from None
+            raise _lost(e, failed, roll) from None
         value = box[0]
     kind, payload = value
     if kind == "error":
@@ -971,13 +1031,25 @@ def _exchange(group: Any, value: Any, failed: str) -> Any:
     return payload
 
 
-def _lost(e: BaseException, failed: str) -> CheckpointError:
-    """The error for a collective of the save protocol that failed (``e``: the backend's
-    error: a rank died or timed out)."""
+def _lost(e: BaseException, failed: str, roll: _Roll | None) -> CheckpointError:
+    """The error for a collective that failed (``e``: the backend's error: a rank died or
+    timed out), naming the ranks that stopped where ``roll`` knows."""
     _clear_frames(e)
     text = str(e).strip()
     first = text.splitlines()[0] if text else repr(e)
-    return CheckpointError(f"{failed}: a rank stopped responding ({type(e).__name__}: {first})")
+    stopped = roll.stopped() if roll is not None else None
+    if stopped:
+        who = f"rank(s) {stopped} stopped responding"
+    elif stopped is None and roll is not None:
+        who = (
+            "a rank stopped responding (which one is unknown: the job's store is "
+            "unreachable, so its host, usually rank 0, may be the one that stopped)"
+        )
+    elif stopped is None:
+        who = "a rank stopped responding"
+    else:
+        who = "a collective failed although every rank is alive (a timeout?)"
+    return CheckpointError(f"{failed}: {who} ({type(e).__name__}: {first})")
 
 
 def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
@@ -1057,14 +1129,14 @@ def save(
     if not asynchronous:
         wait_for_saves()
         with _no_gc():
-            return _save(spec, state, path, planner, process_group)
+            return _save(spec, state, path, planner, process_group, _Roll(process_group))
     group = process_group if process_group is not None else checkpoint_group()
     try:
         planner.stage(state)
     except CheckpointError as e:
         _clear_frames(e)
         raise
-    future = _executor().submit(_save, spec, {}, path, planner, group)
+    future = _executor().submit(_save, spec, {}, path, planner, group, _Roll(group))
     _PENDING.add(future)
     return future
 
@@ -1075,6 +1147,7 @@ def _save(
     path: str,
     planner: ShardspecSavePlanner,
     group: Any,
+    roll: _Roll,
 ) -> ShardspecSavePlanner:
     """:func:`save`'s steps, in the caller's thread or the background one."""
     tmp = path + ".partial"
@@ -1083,6 +1156,7 @@ def _save(
         group,
         _outcome(_prepare, path) if lead else None,
         f"saving {path} failed while preparing (before any data was written; {path} is unchanged)",
+        roll,
     )
     _report(planner.recovered)
     _point("prepared")
@@ -1110,6 +1184,7 @@ def _save(
             e,
             f"saving {path} failed while writing ({path} is unchanged, and {tmp} is an "
             "unfinished save, which the next save removes)",
+            roll,
         )
     if error is not None:  # raised here, out of the except clause: no context chained
         try:
@@ -1123,7 +1198,9 @@ def _save(
         f"saving {path} failed after writing its data: {path} holds the new checkpoint if "
         f"rank 0 moved it into place, else the previous one, and the next save or load of "
         f"{path} completes the move (see the README)",
+        roll,
     )
+    roll.done()
     return planner
 
 

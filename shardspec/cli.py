@@ -244,6 +244,9 @@ def cmd_lint(args) -> int:
     sizes, world = _split_defines(args.defines)
     _, outcome = lint_specs(paths, sizes, world)
     _print_diags(outcome, args.format)
+    if args.format != "json" and not outcome.diagnostics:
+        # One line on success, so a quiet run is told from one that checked nothing.
+        sys.stdout.write(f"shardspec lint: {len(paths)} spec(s) checked, no findings\n")
     return _status(outcome)
 
 

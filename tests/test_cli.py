@@ -180,8 +180,13 @@ def test_no_specs_given_and_none_found(
 
 
 def test_lint_clean_spec(capsys: pytest.CaptureFixture[str], work: Path) -> None:
-    assert run(capsys, "lint", "specs/llama.shard") == (0, "", "")
-    assert run(capsys, "lint") == (0, "", "")  # default: specs/*.shard
+    """A clean run says so in one line (a silent one could have checked nothing)."""
+    ok = "shardspec lint: {} spec(s) checked, no findings\n"
+    assert run(capsys, "lint", "specs/llama.shard") == (0, ok.format(1), "")
+    n = len(list((work / "specs").glob("*.shard")))
+    assert run(capsys, "lint") == (0, ok.format(n), "")  # default: specs/*.shard
+    status, out, _ = run(capsys, "lint", "--format", "json", "specs/llama.shard")
+    assert status == 0 and "no findings" not in out  # JSON output stays JSON
 
 
 def test_lint_reports_errors_in_text(capsys: pytest.CaptureFixture[str], work: Path) -> None:

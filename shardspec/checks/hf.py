@@ -746,6 +746,20 @@ def _check_keys(
                 "map them, or `drop` them",
             )
         )
+    for g in hf.drops:
+        if glob_problem(g.pattern.text) is not None:
+            continue
+        only = HFMap(drops=(g.pattern.text,))
+        if not any(only.dropped(k) for k in tensors):
+            out.append(
+                diag(
+                    "SS078",
+                    f"drop {g.pattern.text!r} matches no key of the HF manifest",
+                    g.pattern.span,
+                    "check the pattern against the HF manifest's keys; delete it if the "
+                    "checkpoint has no such tensors",
+                )
+            )
     return out
 
 

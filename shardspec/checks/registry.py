@@ -484,7 +484,8 @@ CHECKS: tuple[Check, ...] = (
         "SS078",
         "unused-hf-item",
         W,
-        "An hf map line produces no storage unit, or a `keep` matches none.",
+        "An hf map line produces no storage unit, a `keep` matches none, or (with an HF "
+        "manifest) a `drop` matches no Hugging Face key.",
         "Usually a typo in the target name (units are named like checkpoints name them: "
         "`<fqn>`, `<fqn>.<component>`, global expert indices).",
         "model.norm.weight -> final_norm.weight   # the model's is norm.weight",

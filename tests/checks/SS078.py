@@ -1,7 +1,7 @@
 """SS078 unused-hf-item: a map line that produces no storage unit, a keep that matches
-none."""
+none, a drop that matches no key of the HF manifest."""
 
-from tests.checks.hf_model import GOOD, HEAD, HF, MANIFEST
+from tests.checks.hf_model import GOOD, HEAD, HF, MANIFEST, TENSORS
 
 CASES = [
     {
@@ -32,6 +32,28 @@ CASES = [
         "spec": HEAD + GOOD,
         "manifest": MANIFEST,
         "hf_manifest": HF,
+        "expect": [],
+    },
+    {
+        "name": "a drop of a key the checkpoint lacks",
+        "spec": HEAD + GOOD.replace("}\n", "    drop model.rotary.*\n}\n"),
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [
+            (
+                "SS078",
+                11,
+                "drop 'model.rotary.*' matches no key of the HF manifest",
+                "model.rotary.*",
+                "check the pattern against the HF manifest's keys",
+            )
+        ],
+    },
+    {
+        "name": "a drop of a key the checkpoint has",
+        "spec": HEAD + GOOD.replace("}\n", "    drop model.rotary.*\n}\n"),
+        "manifest": MANIFEST,
+        "hf_manifest": {**HF, "tensors": {**TENSORS, "model.rotary.inv_freq": [4]}},
         "expect": [],
     },
 ]

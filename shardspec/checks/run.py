@@ -135,7 +135,10 @@ def check(
                 'add `manifest "model.json"` (made by `shardspec manifest`)',
             )
         )
-    return res, apply_suppressions(spec, diags)
+    # Checks that need a manifest (or, for the hf block, an HF manifest) did not run
+    # without one: a suppression of their codes is not known to be unused.
+    partial = manifest is None or (spec.hf is not None and hf_manifest is None)
+    return res, apply_suppressions(spec, diags, partial=partial)
 
 
 def _only_world_missing(spec: ir.Spec, world: int | None) -> bool:
@@ -146,9 +149,13 @@ def _only_world_missing(spec: ir.Spec, world: int | None) -> bool:
     return len(rest) == 1 and spec.mesh.world is None and world is None
 
 
-def apply_suppressions(spec: ir.Spec, diags: list[Diagnostic]) -> list[Diagnostic]:
+def apply_suppressions(
+    spec: ir.Spec, diags: list[Diagnostic], *, partial: bool = False
+) -> list[Diagnostic]:
     """Drop findings silenced by a suppression comment on their line, or on the first line
-    of the rule they point into; report suppressions that silence nothing."""
+    of the rule they point into; report suppressions that silence nothing. With
+    ``partial`` (a manifest or HF manifest missing), a suppression whose codes all need a
+    manifest is not reported: its checks did not run."""
     rule_lines = {r.span.line: (r.span.line, r.span.end_line or r.span.line) for r in spec.rules}
     used: set[int] = set()
     kept = []
@@ -185,7 +192,9 @@ def apply_suppressions(spec: ir.Spec, diags: list[Diagnostic]) -> list[Diagnosti
                     "see docs/checks.md for the codes",
                 )
             )
-        elif i not in used:
+        elif i not in used and not (
+            partial and all(BY_CODE[c].needs_manifest for c in s.codes)
+        ):
             kept.append(
                 diag(
                     "SS060",

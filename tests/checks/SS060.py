@@ -88,4 +88,19 @@ param w [out, in] {}  # shardspec: ignore[]
         "mesh over 8 ranks { dp_shard: * }\nfsdp dp_shard\n",
         "expect": [("SS002", 1, "cannot read manifest")],
     },
+    {
+        "name": "a manifest check's code while the manifest is unreadable: not known unused",
+        "spec": 'manifest "missing.json"\nmesh over 8 ranks { dp_shard: * }\nfsdp dp_shard\n'
+        "param w [out, in] {}  # shardspec: ignore[SS023]\n",
+        "expect": [("SS002", 1, "cannot read manifest")],
+    },
+    {
+        "name": "a structural code while the manifest is unreadable: still reported",
+        "spec": 'manifest "missing.json"\nmesh over 8 ranks { dp_shard: * }\nfsdp dp_shard\n'
+        "param w [out, in] {}  # shardspec: ignore[SS011]\n",
+        "expect": [
+            ("SS002", 1, "cannot read manifest"),
+            ("SS060", 4, "suppression of SS011 silences nothing"),
+        ],
+    },
 ]

@@ -192,9 +192,7 @@ def apply_suppressions(
                     "see docs/checks.md for the codes",
                 )
             )
-        elif i not in used and not (
-            partial and all(BY_CODE[c].needs_manifest for c in s.codes)
-        ):
+        elif i not in used and not (partial and all(BY_CODE[c].needs_manifest for c in s.codes)):
             kept.append(
                 diag(
                     "SS060",

@@ -380,6 +380,34 @@ def failed_save(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> No
     if os.path.exists(f"{root}/odd"):
         fail.append(f"{tag} a refused save created {root}/odd")
     _count(tag)
+    # A folder named <path>.partial that no shardspec save started (no in-progress marker)
+    # is never deleted: the save is refused. An unmarked '.partial' folder is never loaded,
+    # even one holding every file of a checkpoint but the completion marker.
+    mine, unmarked = f"{root}/mine", f"{root}/plain.partial"
+    if rank == 0:
+        os.makedirs(mine + ".partial")
+        with open(f"{mine}.partial/notes.txt", "w") as f:
+            f.write("the user's own")
+        shutil.copytree(path, unmarked)
+        os.remove(os.path.join(unmarked, ck.MARKER))
+    dist.barrier()
+    err = _expect_error(
+        lambda: ck.save(mod.SPEC, {"model": model.state_dict()}, mine, mesh=mesh),
+        f"{mine}.partial exists and is not a save in progress",
+        "nothing was saved",
+    )
+    if err:
+        fail.append(f"{tag} someone else's .partial folder: {err}")
+    if not os.path.isfile(f"{mine}.partial/notes.txt") or os.path.exists(mine):
+        fail.append(f"{tag} a save touched someone else's {mine}.partial")
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, {"model": target.state_dict()}, unmarked, mesh=mesh),
+        "is not marked complete",
+        "nothing was read",
+    )
+    if err:
+        fail.append(f"{tag} an unmarked .partial folder: {err}")
+    _count(tag)
 
 
 # ----------------------------------------------------------------------------- empty shards

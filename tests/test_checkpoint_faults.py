@@ -15,7 +15,7 @@ EXPECTED = {
     "[validation]": 4,
     "[ignore]": 1,
     "[bad-files]": 4,
-    "[failed-save]": 1,
+    "[failed-save]": 2,
     "[empty]": 1,
     "[locality]": 2,
     "[ckpt-placement]": 1,

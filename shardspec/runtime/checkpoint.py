@@ -27,6 +27,7 @@ import gc
 import json
 import os
 import shutil
+import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
@@ -235,18 +236,60 @@ def _dcp_caches_pending_plans() -> bool:
     return isinstance(cache, dict) and promotes
 
 
-def _cpu_copy(data: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+# Staging buffers of the last asynchronous save that completed, reused by the next one: a
+# fresh buffer costs its page faults (on CPU several times the copy itself) or, pinned, a
+# slow cudaHostAlloc. Keyed by (shape, dtype, pinned). See free_staging_memory().
+_POOL: dict[tuple, list[torch.Tensor]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool_key(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.dtype, t.is_pinned())
+
+
+def _take(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    with _POOL_LOCK:
+        free = _POOL.get((tuple(shape), dtype, pinned))
+        if free:
+            return free.pop()
+    return torch.empty(shape, dtype=dtype, pin_memory=pinned)
+
+
+def _give(buffers: list[torch.Tensor]) -> None:
+    """Keep ``buffers`` (a finished save's) for the next save, in place of any kept before:
+    at most one save's staging memory is held."""
+    with _POOL_LOCK:
+        _POOL.clear()
+        for buf in buffers:
+            _POOL.setdefault(_pool_key(buf), []).append(buf)
+
+
+def free_staging_memory() -> None:
+    """Release the CPU (pinned) staging buffers that asynchronous saves keep for the next
+    one (the size of one save's part on this rank)."""
+    with _POOL_LOCK:
+        _POOL.clear()
+
+
+def _cpu_copy(data: torch.Tensor, live: torch.Tensor, pooled: list | None = None) -> torch.Tensor:
     """A CPU copy of ``data`` that later changes to ``live`` cannot reach: pinned memory,
-    filled asynchronously, for a CUDA tensor (the caller synchronizes once); a clone for a
+    filled asynchronously, for a CUDA tensor (the caller synchronizes once); a copy for a
     CPU view of ``live``; ``data`` itself where it is already a fresh tensor (a unit cut in
-    several runs is concatenated into new memory)."""
-    if data.device.type != "cpu":
-        buf = torch.empty(data.shape, dtype=data.dtype, pin_memory=torch.cuda.is_available())
-        buf.copy_(data, non_blocking=True)
-        return buf
-    if data.untyped_storage().data_ptr() == live.untyped_storage().data_ptr():
-        return data.clone(memory_format=torch.contiguous_format)
-    return data
+    several runs is concatenated into new memory). With ``pooled``, the copy goes to a
+    reused staging buffer, appended there."""
+    fresh = data.device.type == "cpu" and (
+        data.untyped_storage().data_ptr() != live.untyped_storage().data_ptr()
+    )
+    if fresh:
+        return data
+    pinned = data.device.type != "cpu" and torch.cuda.is_available()
+    if pooled is None:
+        buf = torch.empty(data.shape, dtype=data.dtype, pin_memory=pinned)
+    else:
+        buf = _take(data.shape, data.dtype, pinned)
+        pooled.append(buf)
+    buf.copy_(data, non_blocking=pinned)
+    return buf
 
 
 def _stage_value(value: Any) -> Any:
@@ -304,6 +347,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.role = role
         self._mesh_arg = mesh
         self._staged: dict[str, torch.Tensor] | None = None
+        self._pooled: list[torch.Tensor] = []
         self._set_up_done = False
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
@@ -348,12 +392,20 @@ class ShardspecSavePlanner(DefaultSavePlanner):
             ):
                 continue
             _, tensor = self.local[unit.key]
-            staged[unit.key] = _cpu_copy(unit_data(unit, tensor), tensor)
+            staged[unit.key] = _cpu_copy(unit_data(unit, tensor), tensor, self._pooled)
         self.state_dict = {k: _stage_value(v) for k, v in self.state_dict.items()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the pinned copies are complete
         self._staged = staged
         self._set_up_done = True
+
+    def release_staging(self) -> None:
+        """Drop the staged copies (the save is over), keeping their buffers for the next
+        asynchronous save."""
+        self._staged = None
+        self.state_dict = {}
+        pooled, self._pooled = self._pooled, []
+        _give(pooled)
 
     def create_local_plan(self) -> SavePlan:
         items: list[WriteItem] = []
@@ -1136,9 +1188,19 @@ def save(
     except CheckpointError as e:
         _clear_frames(e)
         raise
-    future = _executor().submit(_save, spec, {}, path, planner, group, _Roll(group))
+    future = _executor().submit(_save_staged, spec, path, planner, group, _Roll(group))
     _PENDING.add(future)
     return future
+
+
+def _save_staged(
+    spec: CompiledSpec, path: str, planner: ShardspecSavePlanner, group: Any, roll: Any
+) -> ShardspecSavePlanner:
+    """An asynchronous save, in the background thread (the planner staged its part)."""
+    try:
+        return _save(spec, {}, path, planner, group, roll)
+    finally:
+        planner.release_staging()
 
 
 def _save(

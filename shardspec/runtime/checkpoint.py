@@ -805,6 +805,8 @@ def checkpoint_group() -> Any:
     created on first use (a collective: every rank calls it at the same point, as every
     rank calls ``save``) and kept as long as the default process group. Its collectives
     never mix with the training loop's on the default group."""
+    if not dist.is_initialized():
+        return None  # one process: nothing to coordinate
     world = dist.group.WORLD
     group = _CHECKPOINT_GROUPS.get(world)
     if group is None:
@@ -881,6 +883,28 @@ def _write_json(path: str, value: Any) -> None:
     os.replace(tmp, path)
 
 
+# Written into the checkpoint at ``path`` just before a save renames it to ``<path>.old``:
+# recovery restores or removes only a ``<path>.old`` that a save set aside (or that is a
+# shardspec checkpoint), never a user's own folder of that name.
+REPLACED = ".shardspec-replaced"
+
+
+def _set_aside(path: str, old: str) -> None:
+    """Mark the checkpoint at ``path`` as set aside by a save, and rename it to ``old``."""
+    with open(os.path.join(path, REPLACED), "w", encoding="utf-8") as f:
+        f.write("set aside by a shardspec save; removed when the save completes\n")
+    os.rename(path, old)
+
+
+def _ours_old(old: str) -> bool:
+    """Whether ``old`` is a checkpoint that a save set aside (see :data:`REPLACED`)."""
+    try:
+        names = set(os.listdir(old))
+    except OSError:
+        return False
+    return REPLACED in names or (MARKER in names and ".metadata" in names)
+
+
 def _recover(path: str) -> list[str]:
     """Finish or undo what a save of ``path`` that stopped part-way left (the coordinator,
     before a save or load of ``path``; see :func:`save` for the steps). Returns what it
@@ -888,15 +912,18 @@ def _recover(path: str) -> list[str]:
 
     * ``<path>.partial`` complete (marked) but not moved into place: moved into place,
       the checkpoint that was at ``path`` removed (the save stopped after marking);
-    * ``path`` missing and ``<path>.old`` a checkpoint: restored (the save stopped between
-      its two renames, before the new one was complete);
-    * ``<path>.old`` beside a checkpoint at ``path``: removed (the save stopped after
-      moving the new checkpoint into place).
-    """
+    * ``path`` missing and ``<path>.old`` a checkpoint a save set aside: restored (the
+      save stopped between its two renames, before the new one was complete);
+    * such a ``<path>.old`` beside a checkpoint at ``path``: removed (the save stopped
+      after moving the new checkpoint into place).
+
+    A ``<path>.old`` that no save set aside is left alone (and a save that would need its
+    name is refused, by :func:`_prepare`)."""
     tmp, old = path + ".partial", path + ".old"
     done: list[str] = []
-    here, new, prev = _folder_state(path), _folder_state(tmp), _folder_state(old)
+    here, new = _folder_state(path), _folder_state(tmp)
     checkpoint = ("complete", "foreign")
+    parent = os.path.dirname(os.path.abspath(path))
     if new == "complete":
         if here not in ("missing", "empty", *checkpoint):
             raise CheckpointError(
@@ -904,29 +931,37 @@ def _recover(path: str) -> list[str]:
                 f"{path} exists and is not a checkpoint; move {path} away and retry"
             )
         if here != "missing":
-            if prev != "missing":
-                _remove(old, prev)
-            os.rename(path, old)
+            if os.path.lexists(old):
+                if not _ours_old(old):
+                    raise CheckpointError(
+                        f"{tmp} holds a complete checkpoint that a save did not move into "
+                        f"place, but {old}, which is not a save's, is in the way; move it away "
+                        "and retry"
+                    )
+                shutil.rmtree(old)
+            _set_aside(path, old)
         os.rename(tmp, path)
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        _fsync_dir(parent)
         done.append(
             f"{tmp} held a complete checkpoint that its save had marked but not moved into "
             f"place: moved it to {path}"
             + ("" if here == "missing" else " (the checkpoint that was there is removed)")
         )
-        here = "complete"
-        prev = _folder_state(old)
-        if prev in (*checkpoint, "saving"):
+        if os.path.lexists(old) and _ours_old(old):
             shutil.rmtree(old)
-            prev = "missing"
-    if here == "missing" and prev in checkpoint:
+        return done
+    if not _ours_old(old):
+        return done
+    if here == "missing" and _folder_state(old) in checkpoint:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(old, REPLACED))
         os.rename(old, path)
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        _fsync_dir(parent)
         done.append(
             f"{path} was missing and {old} held the previous checkpoint (a save stopped "
             f"between its renames): restored it to {path}"
         )
-    elif here in checkpoint and prev in (*checkpoint, "saving"):
+    elif here in checkpoint:
         shutil.rmtree(old)
         done.append(
             f"removed {old}, the previous checkpoint, which a save that moved the new one to "
@@ -935,24 +970,22 @@ def _recover(path: str) -> list[str]:
     return done
 
 
-def _remove(path: str, state: str) -> None:
-    if state in ("complete", "foreign", "saving", "empty"):
-        shutil.rmtree(path)
-    elif state != "missing":
-        raise CheckpointError(f"{path} exists and is not a checkpoint; move it away and retry")
-
-
 def _prepare(path: str) -> list[str]:
     """The coordinator, before any rank writes: recover what an interrupted save left,
     then create ``<path>.partial`` with the in-progress marker. Refuses (nothing changed) a
-    ``path`` or ``<path>.partial`` that is someone else's folder."""
-    tmp = path + ".partial"
+    ``path``, ``<path>.partial`` or ``<path>.old`` that is someone else's folder."""
+    tmp, old = path + ".partial", path + ".old"
     done = _recover(path)
     here = _folder_state(path)
     if here == "other" or here == "saving":
         raise CheckpointError(
             f"{path} exists and is not a checkpoint (no DCP .metadata); nothing was saved: "
             "save elsewhere or remove it"
+        )
+    if os.path.lexists(old) and here != "missing":
+        raise CheckpointError(
+            f"{old} exists and no save set it aside; nothing was saved: move it away (a save "
+            f"of {path} moves the checkpoint there while it replaces it)"
         )
     state = _folder_state(tmp)
     if state == "saving":
@@ -981,15 +1014,14 @@ def _commit(path: str, marker: dict[str, Any]) -> None:
     os.remove(os.path.join(tmp, SAVING))
     _fsync_dir(tmp)
     _point("marked")
-    if os.path.lexists(path):
-        if os.path.lexists(old):  # _prepare's recovery leaves none; never two
-            _remove(old, _folder_state(old))
-        os.rename(path, old)
+    replacing = os.path.lexists(path)
+    if replacing:
+        _set_aside(path, old)  # _prepare made sure no other <path>.old is in the way
         _point("renamed-old")
     os.rename(tmp, path)
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
     _point("renamed-new")
-    if os.path.lexists(old):
+    if replacing:
         shutil.rmtree(old)
 
 

@@ -16,6 +16,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -37,6 +38,7 @@ CASES: dict[str, tuple[str, int, str]] = {
     "before-writes": ("prepared", 1, "A"),  # the folder prepared, no data written
     "during-writes": ("writing", 2, "A"),  # a rank dies after writing part of its data
     "before-marker": ("written", 0, "A"),  # every byte and .metadata written, not marked
+    "other-after-writes": ("written", 2, "B"),  # rank 0 completes the save without rank 2
     "after-marker": ("marked", 0, "B?"),  # marked complete, not moved into place
     "between-renames": ("renamed-old", 0, "B?"),  # path moved to path.old, not replaced
 }
@@ -78,7 +80,8 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
     path = os.path.join(root, case, "ckpt")
     mesh = layout.build_mesh(tp=1)
     layout.save({"model": _model(layout, mesh, 1).state_dict()}, path, mesh=mesh)
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=15))
+    # A short timeout: a survivor blocked on another survivor that gave up fails soon.
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=10))
     planner = _DiesWriting(layout.SPEC, mesh)
     planner.victim = rank == victim and point == "writing"
     if rank == victim:
@@ -101,6 +104,15 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
         out["error"] = None
     finally:
         ck._fault_point = None
+    # Every survivor stays until all have their answer: rank 0 hosts the job's store, which
+    # a survivor still blocked in a collective reads once it fails (under torchrun, the
+    # store lives in the agent and outlives the ranks).
+    done = os.path.join(root, case, f"answered.{rank}")
+    open(done, "w").close()
+    deadline = time.monotonic() + 60
+    others = [os.path.join(root, case, f"answered.{r}") for r in range(world) if r != victim]
+    while time.monotonic() < deadline and not all(os.path.exists(o) for o in others):
+        time.sleep(0.1)
     return out
 
 

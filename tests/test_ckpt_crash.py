@@ -21,6 +21,7 @@ LEFT = {
     "before-writes": ("complete", "saving", "missing"),
     "during-writes": ("complete", "saving", "missing"),
     "before-marker": ("complete", "saving", "missing"),
+    "other-after-writes": ("complete", "missing", "missing"),
     "after-marker": ("complete", "complete", "missing"),
     "between-renames": ("missing", "complete", "complete"),
 }
@@ -28,6 +29,7 @@ VERIFIED = {
     "before-writes": 9,
     "during-writes": 9,
     "before-marker": 9,
+    "other-after-writes": 9,
     "after-marker": 10,
     "between-renames": 10,
     "restore-old": 3,

@@ -1038,20 +1038,26 @@ class CheckpointRecoveryWarning(UserWarning):
 
 
 class _Roll:
-    """Which ranks of a save are still alive when one of its collectives fails. Every rank
-    posts its state under a key of this save in the job's rendezvous store (not a process
-    group, so a dead peer does not block it): ``in`` at the start, ``failed`` when a
-    collective failed, ``done`` at the end. A survivor whose collective failed waits a few
-    seconds for the others to post theirs; ranks still ``in`` then are the ones that
-    stopped. Unknown (None) where the store cannot be reached (its host may have died)."""
+    """Which ranks of a save are still alive when one of its collectives fails. Each rank
+    posts under keys of this save in the job's rendezvous store (not a process group, so a
+    dead peer does not block it): its state (``in``, ``failed`` once a collective failed,
+    ``done``) and, from a background thread while the save runs, a heartbeat counter
+    every second. A survivor whose collective failed reads every rank's counter twice,
+    2.5 s apart: a rank whose counter stood still and that is neither ``done`` nor
+    ``failed`` has stopped. A rank blocked in a collective (waiting for a dead peer, or for
+    a survivor that gave up) still beats, so it is not blamed. Unknown (None) where the
+    store cannot be reached (its host may be the rank that died)."""
 
     _count = 0
+    interval = 1.0
 
     def __init__(self, group: Any) -> None:
         _Roll._count += 1  # saves start in the same order on every rank
-        self.prefix = f"shardspec/save/{_Roll._count}/"
+        self.count = _Roll._count
+        self.prefix = f"shardspec/save/{self.count}/"
         self.store: Any = None
         self.ranks: list[int] = []
+        self._stop = threading.Event()
         if not _distributed(group):
             return
         try:
@@ -1060,10 +1066,29 @@ class _Roll:
             self.ranks = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
         except Exception:  # a torch without these: the failed rank stays unnamed
             self.store = None
+
+    def start(self) -> None:
+        """At the start of the save (in the thread that runs it)."""
+        if self.store is None:
+            return
+        if self.count > 1:  # the previous save's keys: two per rank in the store at most
+            for key in ("", "/beat"):
+                with contextlib.suppress(Exception):
+                    self.store.delete_key(f"shardspec/save/{self.count - 1}/{self.rank}{key}")
         self._post("in")
-        if self.store is not None and _Roll._count > 1:  # one key per rank in the store
-            with contextlib.suppress(Exception):
-                self.store.delete_key(f"shardspec/save/{_Roll._count - 1}/{self.rank}")
+        threading.Thread(target=self._beat, name="shardspec-save-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        store, key = self.store, f"{self.prefix}{self.rank}/beat"
+        while store is not None and not self._stop.is_set():
+            try:
+                store.add(key, 1)
+            except Exception:
+                return
+            self._stop.wait(self.interval)
+
+    def close(self) -> None:
+        self._stop.set()
 
     def _post(self, state: str) -> None:
         if self.store is not None:
@@ -1075,26 +1100,26 @@ class _Roll:
     def done(self) -> None:
         self._post("done")
 
-    def stopped(self, wait: float = 3.0) -> list[int] | None:
+    def stopped(self) -> list[int] | None:
         """The ranks that stopped (after posting ``failed`` for this one)."""
         import time
 
         self._post("failed")
-        deadline = time.monotonic() + wait
-        while self.store is not None:
-            try:
-                silent = [
-                    r
-                    for r in self.ranks
-                    if not self.store.check([self.prefix + str(r)])
-                    or self.store.get(self.prefix + str(r)) == b"in"
-                ]
-            except Exception:
-                return None
-            if not silent or time.monotonic() > deadline:
-                return silent
-            time.sleep(0.1)
-        return None
+        if self.store is None:
+            return None
+        try:
+            before = {r: self.store.add(f"{self.prefix}{r}/beat", 0) for r in self.ranks}
+            time.sleep(2.5 * self.interval)
+            silent = []
+            for r in self.ranks:
+                key = self.prefix + str(r)
+                state = self.store.get(key) if self.store.check([key]) else b""
+                beats = self.store.add(f"{self.prefix}{r}/beat", 0)
+                if state not in (b"done", b"failed") and beats == before[r]:
+                    silent.append(r)
+            return silent
+        except Exception:
+            return None
 
 
 def _exchange(group: Any, value: Any, failed: str, roll: _Roll | None = None) -> Any:
@@ -1196,8 +1221,9 @@ def save(
     (the structure check runs in DCP's plan exchange); (3) the coordinator writes the
     completion marker ``.shardspec.json``, removes the in-progress marker, renames
     ``path`` to ``<path>.old``, ``<path>.partial`` to ``path``, and removes
-    ``<path>.old``; (4) every rank waits for the coordinator's outcome. A failure at any
-    step is a :class:`CheckpointError` on every surviving rank.
+    ``<path>.old``; (4) every rank receives the coordinator's outcome, then a barrier on the
+    process group (a rank that died after writing its data fails it on every survivor). A
+    failure at any step is a :class:`CheckpointError` on every surviving rank.
 
     ``process_group``: the group DCP and the protocol use (every rank of the job, in rank
     order); default the default group, or :func:`checkpoint_group` when asynchronous.
@@ -1244,6 +1270,21 @@ def _save(
     roll: _Roll,
 ) -> ShardspecSavePlanner:
     """:func:`save`'s steps, in the caller's thread or the background one."""
+    roll.start()
+    try:
+        return _save_steps(spec, state, path, planner, group, roll)
+    finally:
+        roll.close()
+
+
+def _save_steps(
+    spec: CompiledSpec,
+    state: Mapping[str, Any],
+    path: str,
+    planner: ShardspecSavePlanner,
+    group: Any,
+    roll: _Roll,
+) -> ShardspecSavePlanner:
     tmp = path + ".partial"
     lead = _coordinator(group)
     planner.recovered = _exchange(
@@ -1294,6 +1335,16 @@ def _save(
         f"{path} completes the move (see the README)",
         roll,
     )
+    if _distributed(group):  # every rank is still there at the end, or every survivor says
+        try:
+            dist.barrier(group=group)
+        except Exception as e:
+            raise _lost(
+                e,
+                f"saving {path} completed (the new checkpoint is complete at {path}), but "
+                "the save's final barrier failed",
+                roll,
+            ) from None
     roll.done()
     return planner
 

@@ -1,0 +1,425 @@
+"""Checksums per stored chunk (``shardspec.runtime.integrity``): written by
+``ChecksumWriter``, verified by ``ChecksumReader`` in shardspec's ``load``.
+
+One process, world 1, the tiny llama spec (fused q/k/v and gate/up units, so stored keys
+differ from the model's), plus entries that DCP stores pickled. The multi-rank case (2
+gloo ranks, ``generated/llama.py``'s planners) is in ``integrity_scenarios.py``."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardspec.runtime import checkpoint as ck
+from shardspec.runtime import integrity as ig
+from shardspec.runtime.integrity import ChecksumReader, ChecksumWriter, checksum
+from shardspec.testing import run_ranks
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import bench_checkpoint as bc  # noqa: E402
+from tests import integrity_scenarios  # noqa: E402
+
+SPEC = bc.bench_spec({})
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _mesh() -> bc.FakeMesh:
+    return bc._Sim(SPEC, 1, 1, None).mesh(0)
+
+
+def _state(seed: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    model = {
+        k: torch.randn(p.shape, generator=gen, dtype=getattr(torch, p.dtype))
+        for k, p in SPEC.params.items()
+    }
+    extra = {
+        "step": torch.tensor(float(seed)),
+        "groups": [{"lr": 0.1 * seed, "betas": (0.9, 0.95)}],  # stored pickled
+        "name": f"run-{seed}",
+    }
+    return {"model": model, "extra": extra}
+
+
+def _flat(state: dict) -> dict[str, Any]:
+    return ck._flat(state)[0]
+
+
+def _tensors(state: dict) -> dict[str, torch.Tensor]:
+    """The state's tensors, copied. (Only tensors are staged by ``load``: its planner sets
+    pickled entries as it reads them, so a failed load may have set some of those.)"""
+    return {k: v.clone() for k, v in _flat(state).items() if isinstance(v, torch.Tensor)}
+
+
+def _diff(a: dict, b: dict) -> list[str]:
+    out = []
+    for k, v in a.items():
+        w = b[k]
+        same = torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w
+        if not same:
+            out.append(k)
+    return out
+
+
+def _save(path: str, state: dict, writer: Any = None) -> None:
+    writer = writer if writer is not None else ChecksumWriter(path)
+    dcp.save(state, storage_writer=writer, planner=ck.ShardspecSavePlanner(SPEC, _mesh()))
+
+
+def _load(path: str, state: dict, reader: Any) -> ck.ShardspecLoadPlanner:
+    return ck.load(SPEC, state, path, mesh=_mesh(), storage_reader=reader)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    path = str(tmp_path_factory.mktemp("ck") / "c")
+    state = _state(1)
+    _save(path, state)
+    return path, state
+
+
+def _items(path: str) -> list[tuple[Any, Any]]:
+    with open(os.path.join(path, ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    return sorted(md.storage_data.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset))
+
+
+@pytest.fixture
+def scratch(saved: tuple[str, dict], tmp_path: Path) -> tuple[str, dict]:
+    """A copy of the saved checkpoint that a test may damage."""
+    path = str(tmp_path / "c")
+    shutil.copytree(saved[0], path)
+    return path, saved[1]
+
+
+# ----------------------------------------------------------------------------- checksum
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(min_size=0, max_size=3000),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=6),
+)
+def test_running_checksum_equals_one_shot_for_any_write_pieces(data: bytes, cuts: list) -> None:
+    """The writer hashes bytes as they are written, in pieces of any size: the result is
+    the checksum of the whole, as the reader computes it."""
+    run = ig._Running()
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    for a, b in itertools.pairwise(bounds):
+        run.update(memoryview(data)[a:b])
+    assert run.length == len(data)
+    assert run.digest() == checksum(bytearray(data))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=4000),
+    where=st.integers(min_value=0),
+    bit=st.integers(min_value=0, max_value=7),
+)
+def test_any_single_bit_flip_changes_the_checksum(data: bytes, where: int, bit: int) -> None:
+    flipped = bytearray(data)
+    flipped[where % len(data)] ^= 1 << bit
+    assert checksum(flipped) != checksum(bytearray(data))
+
+
+def test_checksum_spells_its_algorithm() -> None:
+    data = bytearray(os.urandom(1500))
+    assert checksum(data).startswith("rowsum64:")
+    for alg in ig.ALGORITHMS:
+        assert checksum(data, algorithm=alg).split(":", 1)[0] == alg
+    with pytest.raises(ck.CheckpointError, match="unknown checksum algorithm"):
+        checksum(data, algorithm="md4x")
+
+
+# ----------------------------------------------------------------------------- round trip
+
+
+def test_every_item_has_the_checksum_of_its_stored_bytes(saved: tuple[str, dict]) -> None:
+    path, _ = saved
+    items = _items(path)
+    assert len(items) > 20
+    files: dict[str, bytearray] = {}
+    for _, info in items:
+        data = files.setdefault(
+            info.relative_path, bytearray(Path(path, info.relative_path).read_bytes())
+        )
+        assert info.checksum == checksum(data, info.length, info.offset)
+    # Pickled entries are checksummed too.
+    assert any(index.offset is None for index, _ in items)
+
+
+def test_writer_computes_as_it_writes_or_reads_back_the_same(tmp_path: Path) -> None:
+    state = _state(2)
+    fused, back = (
+        ChecksumWriter(str(tmp_path / "a")),
+        ChecksumWriter(str(tmp_path / "b"), fused=False),
+    )
+    _save(str(tmp_path / "a"), state, fused)
+    _save(str(tmp_path / "b"), state, back)
+    assert fused.read_back == 0 and back.read_back > 20
+    a = {i.fqn: s.checksum for i, s in _items(str(tmp_path / "a"))}
+    b = {i.fqn: s.checksum for i, s in _items(str(tmp_path / "b"))}
+    assert a == b
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_load_verifies_every_item_and_keeps_staging(saved: tuple[str, dict], fused: bool) -> None:
+    path, state = saved
+    target = _state(2)
+    reader = ChecksumReader(path, fused=fused)
+    assert ck.reader_fills_sinks(reader)  # DCP's read_data: load() keeps chunks as read
+    planner = _load(path, target, reader)
+    assert planner.capture
+    assert _diff(_flat(state), _flat(target)) == []
+    assert reader.verified == len(_items(path))
+
+
+def test_plain_dcp_load_reads_a_checkpoint_with_checksums(
+    saved: tuple[str, dict], tmp_path: Path
+) -> None:
+    path, state = saved
+    # shardspec's planner with DCP's own reader
+    target = _state(3)
+    dcp.load(
+        target,
+        storage_reader=dcp.FileSystemReader(path),
+        planner=ck.ShardspecLoadPlanner(SPEC, _mesh()),
+    )
+    assert _diff(_flat(state), _flat(target)) == []
+    # DCP's default planners and reader, on a plain nested state dict
+    plain = {"w": torch.randn(5, 7), "opt": {"lr": 0.5, "m": torch.arange(6)}}
+    dcp.save(plain, storage_writer=ChecksumWriter(str(tmp_path / "p")))
+    back = {"w": torch.zeros(5, 7), "opt": {"lr": 0.0, "m": torch.zeros(6, dtype=torch.int64)}}
+    dcp.load(back, checkpoint_id=str(tmp_path / "p"))
+    assert torch.equal(back["w"], plain["w"]) and torch.equal(back["opt"]["m"], plain["opt"]["m"])
+    assert back["opt"]["lr"] == 0.5
+
+
+def test_checkpoint_without_checksums(tmp_path: Path) -> None:
+    path = str(tmp_path / "c")
+    state = _state(4)
+    _save(path, state, dcp.FileSystemWriter(path))
+    target = _state(5)
+    reader = ChecksumReader(path)
+    _load(path, target, reader)
+    assert reader.verified == 0
+    assert _diff(_flat(state), _flat(target)) == []
+    with pytest.raises(ck.CheckpointError, match="has no checksums"):
+        _load(path, _state(5), ChecksumReader(path, require=True))
+
+
+# ----------------------------------------------------------------------------- damage
+
+
+def _flip(path: str, name: str, pos: int, bit: int = 0) -> None:
+    with open(os.path.join(path, name), "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([byte ^ (1 << bit)]))
+
+
+def _positions(path: str) -> list[tuple[Any, Any, int]]:
+    """(index, storage info, byte) for the first, a quarter, the middle and the last byte
+    of every stored item: zip headers, pickle, data and the zip directory."""
+    out = []
+    for index, info in _items(path):
+        for frac in (0.0, 0.25, 0.5, 1.0):
+            out.append((index, info, info.offset + min(info.length - 1, int(info.length * frac))))
+    return out
+
+
+def _expect_named_error(path: str, target: dict, reader: Any, index: Any, info: Any) -> str:
+    before = _tensors(target)
+    with pytest.raises(ck.CheckpointError) as e:
+        _load(path, target, reader)
+    msg = str(e.value)
+    assert info.relative_path in msg, msg
+    assert repr(index.fqn) in msg, msg
+    if index.offset is not None:
+        assert f"chunk at offsets {list(index.offset)}" in msg, msg
+    assert _diff(before, _tensors(target)) == [], "a failed load changed a tensor"
+    return msg
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_single_byte_flips_anywhere_are_detected_and_change_nothing(
+    scratch: tuple[str, dict], fused: bool
+) -> None:
+    path, _ = scratch
+    positions = _positions(path)
+    assert len(positions) > 80
+    rng = random.Random(0)
+    for index, info, pos in positions:
+        bit = rng.randrange(8)
+        _flip(path, info.relative_path, pos, bit)
+        msg = _expect_named_error(path, _state(6), ChecksumReader(path, fused=fused), index, info)
+        assert "checksum mismatch" in msg
+        _flip(path, info.relative_path, pos, bit)  # restored
+    _load(path, _state(6), ChecksumReader(path))  # and the copy is whole again
+
+
+def test_without_checksums_flips_load_silently(scratch: tuple[str, dict]) -> None:
+    """What the issue saw: DCP's reader loads most flipped copies without a word."""
+    path, state = scratch
+    silent = 0
+    tensors = [(i, s) for i, s in _items(path) if i.offset is not None]
+    for _, info in tensors[:12]:
+        pos = info.offset + info.length // 2  # in the tensor's data
+        _flip(path, info.relative_path, pos, 3)
+        target = _state(7)
+        try:
+            _load(path, target, dcp.FileSystemReader(path))
+            silent += _diff(_flat(state), _flat(target)) != []
+        except ck.CheckpointError:
+            pass
+        _flip(path, info.relative_path, pos, 3)
+    assert silent >= 10
+
+
+def test_verify_false_skips_the_checks(scratch: tuple[str, dict]) -> None:
+    path, state = scratch
+    info = next(s for i, s in _items(path) if i.offset is not None)
+    _flip(path, info.relative_path, info.offset + info.length // 2, 5)
+    target = _state(8)
+    reader = ChecksumReader(path, verify=False)
+    _load(path, target, reader)  # no error: nothing verified
+    assert reader.verified == 0
+    assert _diff(_flat(state), _flat(target)) != []
+
+
+def test_truncated_data_file_names_file_key_and_chunk(scratch: tuple[str, dict]) -> None:
+    path, _ = scratch
+    items = _items(path)
+    index, info = items[len(items) // 2]
+    with open(os.path.join(path, info.relative_path), "r+b") as f:
+        f.truncate(info.offset + info.length // 2)
+    for fused in (True, False):
+        msg = _expect_named_error(path, _state(9), ChecksumReader(path, fused=fused), index, info)
+        assert "truncated" in msg
+
+
+def test_metadata_with_some_checksums_missing_is_refused(scratch: tuple[str, dict]) -> None:
+    path, _ = scratch
+    meta = os.path.join(path, ".metadata")
+    with open(meta, "rb") as f:
+        md = pickle.load(f)
+    del next(iter(md.storage_data.values())).checksum
+    with open(meta, "wb") as f:
+        pickle.dump(md, f)
+    with pytest.raises(ck.CheckpointError, match="have no checksum"):
+        _load(path, _state(10), ChecksumReader(path))
+
+
+def test_unknown_checksum_kind_and_format_are_refused(scratch: tuple[str, dict]) -> None:
+    path, _ = scratch
+    meta = os.path.join(path, ".metadata")
+    with open(meta, "rb") as f:
+        md = pickle.load(f)
+    next(iter(md.storage_data.values())).checksum = "md4:00"
+    with open(meta, "wb") as f:
+        pickle.dump(md, f)
+    with pytest.raises(ck.CheckpointError, match="unknown kind"):
+        _load(path, _state(10), ChecksumReader(path))
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    with pytest.raises(ck.CheckpointError, match="torch_save records only"):
+        ChecksumWriter(path, serialization_format=SerializationFormat.SAFETENSORS)
+    with pytest.raises(ck.CheckpointError, match="unknown checksum algorithm"):
+        ChecksumWriter(path, algorithm="md4")
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256"])
+def test_other_algorithms_verify_too(tmp_path: Path, algorithm: str) -> None:
+    path = str(tmp_path / "c")
+    state = _state(11)
+    _save(path, state, ChecksumWriter(path, algorithm=algorithm))
+    index, info = _items(path)[3]
+    assert info.checksum.startswith(algorithm + ":")
+    target = _state(12)
+    _load(path, target, ChecksumReader(path))
+    assert _diff(_flat(state), _flat(target)) == []
+    _flip(path, info.relative_path, info.offset + info.length // 2)
+    _expect_named_error(path, _state(12), ChecksumReader(path), index, info)
+
+
+# ----------------------------------------------------------------------------- fuzz
+
+
+def _damage(data: bytes, kind: str, pos: int, arg: int) -> bytes:
+    out = bytearray(data)
+    pos %= len(out)
+    if kind == "flip":
+        out[pos] ^= 1 << (arg % 8)
+    elif kind == "set":
+        out[pos] = arg % 256
+    elif kind == "zero":
+        out[pos : pos + 1 + arg % 4096] = bytes(len(out[pos : pos + 1 + arg % 4096]))
+    elif kind == "truncate":
+        del out[pos:]
+    else:  # insert: everything after moves
+        out[pos:pos] = bytes([arg % 256]) * (1 + arg % 7)
+    return bytes(out)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    kind=st.sampled_from(["flip", "set", "zero", "truncate", "insert"]),
+    pos=st.integers(min_value=0),
+    arg=st.integers(min_value=0, max_value=1 << 16),
+    fused=st.booleans(),
+)
+def test_fuzz_damaged_data_files_give_checkpoint_errors_only(
+    scratch: tuple[str, dict], kind: str, pos: int, arg: int, fused: bool
+) -> None:
+    path, state = scratch
+    name = _items(path)[0][1].relative_path
+    file = os.path.join(path, name)
+    original = Path(file).read_bytes()
+    damaged = _damage(original, kind, pos, arg)
+    Path(file).write_bytes(damaged)
+    try:
+        target = _state(13)
+        before = _tensors(target)
+        try:
+            _load(path, target, ChecksumReader(path, fused=fused))
+        except ck.CheckpointError:
+            assert damaged != original
+            assert _diff(before, _tensors(target)) == []
+        else:
+            assert damaged == original  # only an unchanged file loads
+            assert _diff(_flat(state), _flat(target)) == []
+    finally:
+        Path(file).write_bytes(original)
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+@pytest.mark.dist
+def test_checksums_on_two_ranks(tmp_path: Path) -> None:
+    results = run_ranks(integrity_scenarios.run_all, 2, str(tmp_path), timeout=120)
+    failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
+    assert not failures, "\n".join(failures[:20])
+    for rank, (_, counts) in enumerate(results):
+        assert counts == integrity_scenarios.EXPECTED, f"rank {rank} checked {counts}"

@@ -174,3 +174,31 @@ def test_box_commit_equals_whole_commit(runs: tuple) -> None:
                 data = chunk[o0 : o0 + n0, o1 : o1 + n1]
                 ck.unit_commit_box(unit, boxed, (o0, o1), (n0, n1), data)
         assert torch.equal(boxed, whole), (cut0, cut1)
+
+
+class _FailsAfterReading(dcp.FileSystemReader):
+    """Reads every item (tensors and pickled objects alike), then fails."""
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        super().read_data(plan, planner).wait()
+        raise OSError("the storage failed after the last read (injected)")
+
+
+def test_a_failed_load_leaves_non_tensor_entries_too(tmp_path: Path) -> None:
+    """Non-tensor entries (a learning rate in a param group) were set in the state dict as
+    they were read, so a load that failed afterwards changed them."""
+    path = str(tmp_path / "c")
+    state = _state(1)
+    state["extra"]["groups"] = [{"lr": 0.1, "betas": (0.9, 0.95)}]  # stored pickled
+    ck.save(SPEC, state, path, mesh=_mesh())
+    target = _state(6)
+    target["extra"]["groups"] = [{"lr": 0.6, "betas": (0.5, 0.5)}]
+    before = {k: v.clone() for k, v in ck._flat(target)[0].items() if torch.is_tensor(v)}
+    with pytest.raises(ck.CheckpointError, match="the model was not changed"):
+        ck.load(SPEC, target, path, mesh=_mesh(), storage_reader=_FailsAfterReading(path))
+    assert target["extra"]["groups"] == [{"lr": 0.6, "betas": (0.5, 0.5)}]
+    after = ck._flat(target)[0]
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    # and a load that succeeds sets them
+    ck.load(SPEC, target, path, mesh=_mesh())
+    assert target["extra"]["groups"] == [{"lr": 0.1, "betas": (0.9, 0.95)}]

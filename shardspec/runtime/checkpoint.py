@@ -545,6 +545,9 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         self._rest_buffers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         # Captured chunks: (stored key, dest_offsets, lengths) -> data, in read order.
         self._pieces: dict[tuple[str, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        # Non-tensor entries as read (staging): set in the state dict at commit, so a failed
+        # load leaves them as they were too (a learning rate, a step counter).
+        self._objects: list[tuple[str, Any]] = []
         self.skipped: list[str] = []
 
     def set_up_planner(self, state_dict, metadata: Metadata | None = None, is_coordinator=False):
@@ -664,11 +667,18 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
                 unit_commit_box(unit, live, read_item.dest_offsets, read_item.lengths, tensor)
 
     def load_bytes(self, read_item: ReadItem, value) -> None:
-        from torch.distributed.checkpoint._nested_dict import set_element
 
         stored = read_item.dest_index.fqn
-        own = self.stored_to_own.get(stored, stored)
         obj = torch.load(value, weights_only=False)
+        if self.staging:
+            self._objects.append((stored, obj))
+        else:
+            self._set_object(stored, obj)
+
+    def _set_object(self, stored: str, obj: Any) -> None:
+        from torch.distributed.checkpoint._nested_dict import set_element
+
+        own = self.stored_to_own.get(stored, stored)
         path = self.flat_mappings.get(own)
         if path is None:
             self.state_dict[stored] = obj
@@ -683,6 +693,9 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         for (key, offsets, lengths), data in self._pieces.items():
             unit, live = self.local[key]
             unit_commit_box(unit, live, offsets, lengths, data)
+        for stored, obj in self._objects:
+            self._set_object(stored, obj)
+        self._objects.clear()
         for buf, target in self._rest_buffers.values():
             target.copy_(buf)
         self._buffers.clear()

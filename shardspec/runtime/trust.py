@@ -69,7 +69,7 @@ class _Layout:
         for value in vars(torch).values():
             if isinstance(value, torch.layout) and str(value) == name:
                 return value
-        raise CheckpointError(f"unknown torch layout {name!r}")
+        raise CheckpointError(f"unknown torch layout {_show(name)}")
 
 
 _LAYOUT = _Layout()
@@ -165,7 +165,7 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         args = stack.pop()
         func = stack[-1]
         if id(func) not in self._callable:
-            raise _refuse(f"calls {func!r}, which is not a class it may build")
+            raise _refuse(f"calls {_show(func)}, which is not a class it may build")
         if not isinstance(args, tuple):
             raise _refuse("calls a class with arguments that are not a tuple")
         stack[-1] = func(*args)
@@ -183,7 +183,7 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     def _new(self, cls: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(cls, type) or id(cls) not in self._callable:
-            raise _refuse(f"creates an object of {cls!r}")
+            raise _refuse(f"creates an object of {_show(cls)}")
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise _refuse("creates an object with arguments that are not a tuple")
         return cls.__new__(cls, *args, **kwargs)
@@ -198,7 +198,7 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             inst.__setstate__(state)  # TensorProperties: its own, a 5-tuple
             return
         if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise _refuse(f"sets the state of {type(inst).__name__!r} from {type(state)}")
+            raise _refuse(f"sets the state of {type(inst).__name__!r} from {_show(state)}")
         inst.__dict__.update(state)
 
     def load_append(self) -> None:
@@ -288,7 +288,10 @@ def loads_metadata(data: bytes, where: str = "the metadata") -> Any:
         raise CheckpointError(
             f"{where} is not a DCP metadata pickle ({type(e).__name__}: {_short(e)})"
         ) from None
-    problem = _structure_problem(metadata)
+    try:
+        problem = _structure_problem(metadata)
+    except Exception as e:  # an object the opcodes left half-built
+        problem = f"{type(e).__name__}: {_short(e)}"
     if problem is not None:
         raise CheckpointError(f"{where} is not DCP checkpoint metadata: {problem}")
     return metadata
@@ -307,6 +310,18 @@ def load_metadata(path: str | os.PathLike) -> Any:
     return loads_metadata(data, path)
 
 
+def _show(value: Any) -> str:
+    """A value of untrusted metadata, for a message: no repr of objects a damaged pickle
+    may have built half-way (a dataclass's repr reads fields that may be missing)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 80 else value[:80] + "...")
+    if isinstance(value, torch.Size):
+        return str(list(value)) if len(value) <= 8 else f"a torch.Size of {len(value)} dims"
+    return f"a {type(value).__name__}"
+
+
 def _short(e: BaseException, limit: int = 200) -> str:
     text = str(e)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -318,9 +333,9 @@ def _is_size(value: Any) -> bool:
 
 def _file_name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
-        return f"a data file named {name!r}"
+        return f"a data file named {_show(name)}"
     if name in (".", "..") or "/" in name or "\\" in name or "\0" in name or ":" in name:
-        return f"a data file {name!r} outside the checkpoint folder (only plain names are)"
+        return f"a data file {_show(name)} outside the checkpoint folder (only plain names are)"
     return None
 
 
@@ -335,7 +350,7 @@ def _structure_problem(md: Any) -> str | None:
         return "no state_dict_metadata table"
     for key, entry in sd.items():
         if not isinstance(key, str):
-            return f"a key {key!r} that is not a string"
+            return f"a key {_show(key)} that is not a string"
         if isinstance(entry, metadata.BytesStorageMetadata):
             continue
         if not isinstance(entry, metadata.TensorStorageMetadata):
@@ -345,7 +360,7 @@ def _structure_problem(md: Any) -> str | None:
             return f"{key}: no dtype"
         size = getattr(entry, "size", None)
         if not _is_size(size):
-            return f"{key}: size {size!r}"
+            return f"{key}: size {_show(size)}"
         chunks = getattr(entry, "chunks", None)
         if not isinstance(chunks, list):
             return f"{key}: no chunk list"
@@ -354,9 +369,9 @@ def _structure_problem(md: Any) -> str | None:
             if not isinstance(chunk, metadata.ChunkStorageMetadata) or not (
                 _is_size(offsets) and _is_size(sizes) and len(offsets) == len(sizes) == len(size)
             ):
-                return f"{key}: a chunk {chunk!r}"
+                return f"{key}: a malformed chunk ({_show(chunk)})"
             if any(o + s > d for o, s, d in zip(offsets, sizes, size, strict=True)):
-                return f"{key}: a chunk {chunk!r} outside its global shape {list(size)}"
+                return f"{key}: a chunk at {_show(offsets)} of {_show(sizes)} outside {list(size)}"
     storage = getattr(md, "storage_data", None)
     if not isinstance(storage, dict):
         return "no storage_data table"
@@ -364,7 +379,7 @@ def _structure_problem(md: Any) -> str | None:
         if not isinstance(index, metadata.MetadataIndex) or not isinstance(
             getattr(index, "fqn", None), str
         ):
-            return f"a storage key {index!r}"
+            return f"a storage key {_show(index)}"
         if not isinstance(info, filesystem._StorageInfo):
             return f"{index.fqn}: storage {type(info).__name__}"
         problem = _file_name_problem(getattr(info, "relative_path", None))
@@ -372,21 +387,21 @@ def _structure_problem(md: Any) -> str | None:
             return f"{index.fqn}: {problem}"
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
         if not (isinstance(offset, int) and isinstance(length, int)) or offset < 0 or length < 0:
-            return f"{index.fqn}: bytes at {offset!r}, {length!r} long"
+            return f"{index.fqn}: bytes at {_show(offset)}, {_show(length)} long"
         descriptors = getattr(info, "transform_descriptors", None)
         if descriptors is not None and not (
             isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
         ):
-            return f"{index.fqn}: transform descriptors {descriptors!r}"
+            return f"{index.fqn}: transform descriptors {_show(descriptors)}"
         checksum = vars(info).get("checksum")
         if checksum is not None and not isinstance(checksum, str):
-            return f"{index.fqn}: a checksum {checksum!r}"
+            return f"{index.fqn}: a checksum {_show(checksum)}"
     meta = getattr(md, "storage_meta", None)
     if meta is not None and not isinstance(meta, metadata.StorageMeta):
         return f"storage_meta is a {type(meta).__name__}"
     version = getattr(md, "version", None)
     if version is not None and not isinstance(version, str):
-        return f"version {version!r}"
+        return f"version {_show(version)}"
     return None
 
 

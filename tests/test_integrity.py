@@ -7,6 +7,7 @@ gloo ranks, ``generated/llama.py``'s planners) is in ``integrity_scenarios.py``.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import pickle
@@ -60,10 +61,12 @@ def _flat(state: dict) -> dict[str, Any]:
     return ck._flat(state)[0]
 
 
-def _tensors(state: dict) -> dict[str, torch.Tensor]:
-    """The state's tensors, copied. (Only tensors are staged by ``load``: its planner sets
-    pickled entries as it reads them, so a failed load may have set some of those.)"""
-    return {k: v.clone() for k, v in _flat(state).items() if isinstance(v, torch.Tensor)}
+def _snapshot(state: dict) -> dict[str, Any]:
+    """A copy of every entry of the state, tensors and pickled ones (``load`` stages both)."""
+    return {
+        k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+        for k, v in _flat(state).items()
+    }
 
 
 def _diff(a: dict, b: dict) -> list[str]:
@@ -246,7 +249,7 @@ def _positions(path: str) -> list[tuple[Any, Any, int]]:
 
 
 def _expect_named_error(path: str, target: dict, reader: Any, index: Any, info: Any) -> str:
-    before = _tensors(target)
+    before = _snapshot(target)
     with pytest.raises(ck.CheckpointError) as e:
         _load(path, target, reader)
     msg = str(e.value)
@@ -254,7 +257,7 @@ def _expect_named_error(path: str, target: dict, reader: Any, index: Any, info: 
     assert repr(index.fqn) in msg, msg
     if index.offset is not None:
         assert f"chunk at offsets {list(index.offset)}" in msg, msg
-    assert _diff(before, _tensors(target)) == [], "a failed load changed a tensor"
+    assert _diff(before, _snapshot(target)) == [], "a failed load changed the state"
     return msg
 
 
@@ -400,12 +403,12 @@ def test_fuzz_damaged_data_files_give_checkpoint_errors_only(
     Path(file).write_bytes(damaged)
     try:
         target = _state(13)
-        before = _tensors(target)
+        before = _snapshot(target)
         try:
             _load(path, target, ChecksumReader(path, fused=fused))
         except ck.CheckpointError:
             assert damaged != original
-            assert _diff(before, _tensors(target)) == []
+            assert _diff(before, _snapshot(target)) == []
         else:
             assert damaged == original  # only an unchanged file loads
             assert _diff(_flat(state), _flat(target)) == []
@@ -423,3 +426,25 @@ def test_checksums_on_two_ranks(tmp_path: Path) -> None:
     assert not failures, "\n".join(failures[:20])
     for rank, (_, counts) in enumerate(results):
         assert counts == integrity_scenarios.EXPECTED, f"rank {rank} checked {counts}"
+
+
+@pytest.mark.dist
+def test_benchmark_runs_at_tiny_size() -> None:
+    """``python -m bench.bench_integrity`` cannot rot: one round on 2 ranks, its report."""
+    from bench import bench_integrity as bi
+
+    res = bi.run_io(
+        {},
+        rounds=1,
+        world=2,
+        sizes={"tp": 2},
+        saves=("plain", "rowsum64"),
+        loads=("plain", "rowsum64", "rowsum64-upfront"),
+    )
+    assert res["checks"] and all(v == [] for v in res["checks"].values())
+    assert all(n > 0 for k, v in res["verified"].items() if "plain" not in k for n in v)
+    text = "\n".join(bi.io_report(res) + bi.verdicts(res))
+    assert "| rowsum64 |" in text and "all equal" in text and "load():warm" in text
+    assert res["metadata"]["trust"] > 0
+    rows = bi.run_hash(mib=16, repeat=1)
+    assert {r["algorithm"] for r in rows} == set(ig.ALGORITHMS)

@@ -250,7 +250,7 @@ def _positions(path: str) -> list[tuple[Any, Any, int]]:
 
 def _expect_named_error(path: str, target: dict, reader: Any, index: Any, info: Any) -> str:
     before = _snapshot(target)
-    with pytest.raises(ck.CheckpointError) as e:
+    with pytest.raises(ig.ChecksumError) as e:  # a CheckpointError
         _load(path, target, reader)
     msg = str(e.value)
     assert info.relative_path in msg, msg

@@ -68,6 +68,13 @@ from torch.futures import Future
 from shardspec.runtime.units import CheckpointError
 
 ALGORITHM = "rowsum64"
+
+
+class ChecksumError(CheckpointError):
+    """A stored item that does not match its checksum, or a data file shorter than the
+    metadata says (raised by :class:`ChecksumReader`, naming the file, key and chunk)."""
+
+
 _HASHLIB = ("md5", "sha1", "sha256", "blake2b")
 # rowsum64 and, for comparison (bench/bench_integrity.py), zlib's and hashlib's.
 ALGORITHMS = (ALGORITHM, "crc32", "adler32", *_HASHLIB)
@@ -502,7 +509,7 @@ class _VerifyingStream:
     def __getattr__(self, attr: str) -> Any:  # a file object to anyone else
         return getattr(self.raw, attr)
 
-    def judge(self) -> CheckpointError | None:
+    def judge(self) -> ChecksumError | None:
         """The first item whose bytes do not match its checksum, as an error."""
         pending, self.pending = self.pending, []
         for item in pending:
@@ -586,7 +593,7 @@ class ChecksumReader(FileSystemReader):
         if not self.verify:
             return
         if with_sum and with_sum != len(infos):
-            raise CheckpointError(
+            raise ChecksumError(
                 f"{self.path}: {len(infos) - with_sum} of {len(infos)} stored items have no "
                 "checksum in the metadata (a checkpoint with checksums has one for each): "
                 "the metadata is damaged"
@@ -603,15 +610,15 @@ class ChecksumReader(FileSystemReader):
                 return index
         return None
 
-    def _mismatch(self, name: str, sinfo: Any, got: str) -> CheckpointError:
+    def _mismatch(self, name: str, sinfo: Any, got: str) -> ChecksumError:
         end = sinfo.offset + sinfo.length
         where = _where(self._index_of(sinfo))
         if got == "(short)":
-            return CheckpointError(
+            return ChecksumError(
                 f"{name} is truncated: {where} is stored at bytes {sinfo.offset}..{end}, "
                 "past the end of the file"
             )
-        return CheckpointError(
+        return ChecksumError(
             f"checksum mismatch in {name}: {where} (bytes {sinfo.offset}..{end}) reads as "
             f"{got}, written as {sinfo.checksum}: the file is corrupt"
         )
@@ -624,14 +631,14 @@ class ChecksumReader(FileSystemReader):
         name = os.path.join(os.fspath(self.path), str(sinfo.relative_path))
         algorithm = str(expected).split(":", 1)[0]
         if algorithm not in ALGORITHMS:
-            raise CheckpointError(
+            raise ChecksumError(
                 f"{name}: {_where(self._index_of(sinfo))} has a checksum of unknown kind "
                 f"{expected!r} (known: {', '.join(ALGORITHMS)})"
             )
         offset, length = int(sinfo.offset), int(sinfo.length)
         size = file.size if isinstance(file, _VerifyingStream) else os.fstat(raw.fileno()).st_size
         if offset < 0 or length < 0 or offset + length > size:
-            raise CheckpointError(
+            raise ChecksumError(
                 f"{name} is truncated: {size} bytes, but {_where(self._index_of(sinfo))} is "
                 f"stored at bytes {offset}..{offset + length}"
             )

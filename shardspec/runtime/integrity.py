@@ -25,8 +25,8 @@ CRC-32 over the row sums, then over the bytes after the last whole row; and the 
 words modulo 2**64. A change confined to one 8-byte word (every single-byte flip) changes
 that sum, so it is always detected; a change in the last partial row is a change to CRC-32's
 input; other changes pass only if they keep both the sum and the CRC. Truncation is caught
-by length. zlib's CRC-32 over every byte (about 3.7 GB/s here) costs more than half of a
-warm load's own CPU time.
+by length. zlib's CRC-32 over every byte (about 3.7 GB/s here: 0.27 s of CPU per GB) costs
+a third of a warm ``load()``'s own CPU time. Failures are :class:`ChecksumError`.
 
 **No extra pass over the bytes.** Loading already copies every byte once, from the page
 cache into the tensor ``torch.load`` builds. The reader hashes each block of that copy

@@ -247,12 +247,12 @@ def save(
     process_group: Any = None,
 ) -> Any:
     """``dcp.save`` with :class:`SavePlanner`, atomically: the checkpoint appears at
-    ``path``, marked complete, only once every rank has written its part; returns the
-    planner. ``asynchronous=True`` copies this rank's part to CPU memory, returns a
-    ``concurrent.futures.Future`` (as ``dcp.async_save`` does) and writes in a background
-    thread on a checkpoint process group of its own (or ``process_group``); the future's
-    ``result()`` returns the planner once the checkpoint is complete at ``path``, or raises
-    the save's ``CheckpointError``."""
+    ``path``, marked complete, only once every rank has written its part, with a checksum
+    of every stored chunk in its metadata; returns the planner. ``asynchronous=True``
+    copies this rank's part to CPU memory, returns a ``concurrent.futures.Future`` (as
+    ``dcp.async_save`` does) and writes in a background thread on a checkpoint process
+    group of its own (or ``process_group``); the future's ``result()`` returns the planner
+    once the checkpoint is complete at ``path``, or raises the save's ``CheckpointError``."""
     return _checkpoint.save(
         SPEC,
         state,
@@ -271,8 +271,22 @@ def load(
     mesh: DeviceMesh | None = None,
     partial: bool = False,
     atomic: bool = True,
+    verify: bool = True,
+    trusted: bool = True,
 ) -> LoadPlanner:
     """``dcp.load`` with :class:`LoadPlanner` into ``state`` in place; the live tensors
     change only after every rank has read all its bytes (``atomic=False``: straight into
-    the live tensors, faster, but a failed read may leave them partly loaded)."""
-    return _checkpoint.load(SPEC, state, path, mesh=mesh, partial=partial, atomic=atomic)
+    the live tensors, faster, but a failed read may leave them partly loaded). Every
+    stored chunk is checked against the checksum ``save`` wrote (``verify=False`` skips
+    the checks); ``trusted=False`` reads a checkpoint you did not write without running
+    code from its pickles (README, "Trust")."""
+    return _checkpoint.load(
+        SPEC,
+        state,
+        path,
+        mesh=mesh,
+        partial=partial,
+        atomic=atomic,
+        verify=verify,
+        trusted=trusted,
+    )

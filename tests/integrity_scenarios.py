@@ -1,6 +1,7 @@
 """Checksums and the trust boundary on gloo ranks (for ``tests/test_integrity.py``):
-``generated/llama.py``'s planners with ``ChecksumWriter`` / ``ChecksumReader`` and
-``SafeChecksumReader`` in shardspec's ``load``, on a dp_shard x tp mesh.
+``generated/llama.py``'s ``save`` and ``load`` (checksums written and verified by
+default, ``verify=False``, ``trusted=False``) and its planners with DCP's own reader, on a
+dp_shard x tp mesh.
 
 Each check appends a failure instead of raising (so no rank is left waiting in a
 collective) and counts what it checked."""
@@ -20,11 +21,11 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import llama
 from shardspec.runtime import checkpoint as ck
-from shardspec.runtime.integrity import ChecksumReader, ChecksumWriter
+from shardspec.runtime.integrity import ChecksumReader
 from shardspec.runtime.trust import SafeChecksumReader
 from shardspec.testing import Checks
 
-EXPECTED = {"round-trip": 3, "plain-dcp": 1, "corrupt": 4, "skip": 1, "safe": 2}
+EXPECTED = {"round-trip": 4, "plain-dcp": 1, "corrupt": 5, "skip": 1, "safe": 4}
 
 
 def _model(mod: Any, mesh: Any, seed: int) -> torch.nn.Module:
@@ -71,17 +72,19 @@ def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]
     try:
         source = _model(mod, mesh, 1)
         saved = _locals(source)
-        dcp.save(
-            _state(source, 7.0), storage_writer=ChecksumWriter(path), planner=mod.SavePlanner(mesh)
-        )
-        dist.barrier()
+        mod.save(_state(source, 7.0), path, mesh=mesh)  # the default: with checksums
+        with open(os.path.join(path, ".metadata"), "rb") as f:
+            infos = list(pickle.load(f).storage_data.values())
+        unsummed = [i for i in infos if not str(getattr(i, "checksum", "")).startswith("rowsum64:")]
+        checks.check("round-trip", infos and not unsummed, f"{len(unsummed)} items unsummed")
 
-        # Loads bitwise, every item verified, staging kept.
+        # Loads bitwise (verified by default), staging kept; the same with the reader named.
         target = _model(mod, mesh, 2)
         state = _state(target, 0.0)
-        reader = ChecksumReader(path)
-        planner = ck.load(mod.SPEC, state, path, mesh=mesh, storage_reader=reader)
+        planner = mod.load(state, path, mesh=mesh)
         checks.check("round-trip", not _differ(saved, _locals(target)), "values differ")
+        reader = ChecksumReader(path)
+        planner = ck.load(mod.SPEC, _state(target, 0.0), path, mesh=mesh, storage_reader=reader)
         checks.check("round-trip", reader.verified > 0 and planner.capture, "nothing verified")
         checks.check(
             "round-trip",
@@ -119,13 +122,10 @@ def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]
         dist.broadcast_object_list(names, src=0)
         target = _model(mod, mesh, 4)
         before = _locals(target)
-        msg = _error(
-            lambda: ck.load(
-                mod.SPEC, _state(target, 0.0), bad, mesh=mesh, storage_reader=ChecksumReader(bad)
-            )
-        )
+        msg = _error(lambda: mod.load(_state(target, 0.0), bad, mesh=mesh))
         checks.check("corrupt", msg is not None, "a flipped byte loaded without an error")
         msg = msg or ""
+        checks.check("corrupt", "the model was not changed" in msg, msg)
         checks.check("corrupt", "checksum mismatch" in msg and "__1_0.distcp" in msg, msg)
         checks.check(
             "corrupt", repr(names[0]) in msg and f"chunk at offsets {names[1]}" in msg, msg
@@ -133,18 +133,16 @@ def run_all(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]
         checks.check("corrupt", not _differ(before, _locals(target)), "the model changed")
 
         # verify=False: no error (the flipped value is loaded where it lies).
-        msg = _error(
-            lambda: ck.load(
-                mod.SPEC,
-                _state(target, 0.0),
-                bad,
-                mesh=mesh,
-                storage_reader=ChecksumReader(bad, verify=False),
-            )
-        )
+        msg = _error(lambda: mod.load(_state(target, 0.0), bad, mesh=mesh, verify=False))
         checks.check("skip", msg is None, f"verify=False still failed: {msg}")
 
-        # The trust boundary and the checksums together.
+        # The trust boundary and the checksums together, by keyword and by reader.
+        target = _model(mod, mesh, 5)
+        mod.load(_state(target, 0.0), path, mesh=mesh, trusted=False)
+        checks.check("safe", not _differ(saved, _locals(target)), "trusted=False differs")
+        target = _model(mod, mesh, 6)
+        msg = _error(lambda: mod.load(_state(target, 0.0), bad, mesh=mesh, trusted=False))
+        checks.check("safe", "checksum mismatch" in (msg or ""), f"trusted=False: {msg}")
         target = _model(mod, mesh, 5)
         reader = SafeChecksumReader(path)
         planner = ck.load(mod.SPEC, _state(target, 0.0), path, mesh=mesh, storage_reader=reader)

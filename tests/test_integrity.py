@@ -448,3 +448,55 @@ def test_benchmark_runs_at_tiny_size() -> None:
     assert res["metadata"]["trust"] > 0
     rows = bi.run_hash(mib=16, repeat=1)
     assert {r["algorithm"] for r in rows} == set(ig.ALGORITHMS)
+
+
+def test_save_writes_and_load_verifies_by_default(tmp_path: Path) -> None:
+    """``save``/``load`` themselves (not a reader passed in): checksums written, verified,
+    skipped with ``verify=False``, and the failure says what became of the model."""
+    path = str(tmp_path / "c")
+    state = _state(11)
+    ck.save(SPEC, state, path, mesh=_mesh())
+    items = _items(path)
+    assert items and all(str(s.checksum).startswith("rowsum64:") for _, s in items)
+    target = _state(12)
+    ck.load(SPEC, target, path, mesh=_mesh())
+    assert _diff(_flat(state), _flat(target)) == []
+
+    index, info = max(((i, s) for i, s in items if i.offset is not None), key=lambda t: t[1].length)
+    _flip(path, info.relative_path, info.offset + info.length // 2, 2)
+    target = _state(13)
+    before = _snapshot(target)
+    with pytest.raises(ig.ChecksumError, match="the model was not changed") as e:
+        ck.load(SPEC, target, path, mesh=_mesh())
+    assert info.relative_path in str(e.value) and repr(index.fqn) in str(e.value)
+    assert _diff(before, _snapshot(target)) == []
+    with pytest.raises(ig.ChecksumError, match="the model may be partly loaded"):
+        ck.load(SPEC, _state(13), path, mesh=_mesh(), atomic=False)
+    with pytest.raises(ig.ChecksumError, match="checksum mismatch"):
+        ck.load(SPEC, _state(13), path, mesh=_mesh(), trusted=False)
+    target = _state(13)
+    ck.load(SPEC, target, path, mesh=_mesh(), verify=False)  # the flipped value, unchecked
+    assert len(_diff(_flat(state), _flat(target))) == 1  # the flipped tensor, loaded as is
+
+
+def test_load_trusted_false_refuses_code_in_the_metadata(tmp_path: Path) -> None:
+    path = str(tmp_path / "c")
+    ck.save(SPEC, _state(14), path, mesh=_mesh())
+    ran = tmp_path / "ran"
+    payload = pickle.dumps(Exploit(str(ran)))
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        f.write(payload)
+    target = _state(15)
+    before = _snapshot(target)
+    with pytest.raises(ck.CheckpointError, match=r"os\.system|posix\.system|not a class"):
+        ck.load(SPEC, target, path, mesh=_mesh(), trusted=False)
+    assert not ran.exists()
+    assert _diff(before, _snapshot(target)) == []
+
+
+class Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))

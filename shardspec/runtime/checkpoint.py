@@ -66,6 +66,7 @@ from shardspec.runtime.canonical import (
     Unit,
 )
 from shardspec.runtime.global_plan import validate_global_plan
+from shardspec.runtime.integrity import ChecksumError, ChecksumReader, ChecksumWriter
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (  # noqa: F401  (re-exported: the checkpoint API)
     CheckpointError,
@@ -1238,6 +1239,10 @@ def save(
     process group (a rank that died after writing its data fails it on every survivor). A
     failure at any step is a :class:`CheckpointError` on every surviving rank.
 
+    Every stored item's checksum is kept in the checkpoint's ``.metadata``
+    (:class:`~shardspec.runtime.integrity.ChecksumWriter`); :func:`load` verifies them, and
+    plain ``dcp.load`` reads the checkpoint as any other.
+
     ``process_group``: the group DCP and the protocol use (every rank of the job, in rank
     order); default the default group, or :func:`checkpoint_group` when asynchronous.
 
@@ -1312,7 +1317,7 @@ def _save_steps(
     try:
         dcp.save(
             state,
-            storage_writer=dcp.FileSystemWriter(tmp),
+            storage_writer=ChecksumWriter(tmp),
             planner=planner,
             process_group=group,
         )
@@ -1390,6 +1395,8 @@ def load(
     locality: bool = True,
     storage_reader: Any = None,
     atomic: bool = True,
+    verify: bool = True,
+    trusted: bool = True,
 ) -> ShardspecLoadPlanner:
     """Load ``path`` into ``state`` in place. Validates everything before reading, reads
     into staging buffers, and changes the live tensors only after every rank's reads
@@ -1408,7 +1415,18 @@ def load(
     ``atomic=False`` trades the guarantee for speed: after the same validation, DCP reads
     straight into the live tensors (no staging memory, no file locality), as fast as the
     planner alone. A read that fails then (a file truncated or removed after validation, an
-    I/O error) leaves the tensors it had reached loaded and the others as they were."""
+    I/O error) leaves the tensors it had reached loaded and the others as they were.
+
+    Every stored item is checked against the checksum ``save`` wrote for it
+    (:mod:`shardspec.runtime.integrity`); a mismatch or a truncated file is a
+    :class:`~shardspec.runtime.integrity.ChecksumError` naming the file, the key and the
+    chunk, and the model is not changed. ``verify=False`` skips the checks. A checkpoint
+    without checksums (written by ``dcp.save``) loads unverified.
+
+    ``trusted=False`` loads a checkpoint you did not write within a trust boundary
+    (:mod:`shardspec.runtime.trust`): ``.metadata`` through an allowlisting unpickler, and
+    pickled entries checked by torch's ``weights_only`` unpickler before they are parsed.
+    ``storage_reader`` replaces the reader (``verify`` and ``trusted`` then do nothing)."""
     path = os.fspath(path)
     wait_for_saves()
     recovered = _exchange(
@@ -1433,7 +1451,7 @@ def load(
         planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial)
     else:
         planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
-    reader = storage_reader if storage_reader is not None else dcp.FileSystemReader(path)
+    reader = storage_reader if storage_reader is not None else _reader(path, verify, trusted)
     planner.capture = reader_fills_sinks(reader)
     error: CheckpointError | None = None
     try:
@@ -1448,6 +1466,8 @@ def load(
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException: name it all
         state_of = "the model was not changed" if atomic else "the model may be partly loaded"
         error = _failure(e, f"reading {path} failed; {state_of}:\n{e}")
+        if isinstance(error, ChecksumError):  # the reader's, which cannot tell atomic from not
+            error = ChecksumError(f"{error}; {state_of}")
     if error is not None:  # raised here, out of the except clause: no context chained
         try:
             raise error
@@ -1456,6 +1476,17 @@ def load(
     planner.commit()
     planner.recovered = recovered
     return planner
+
+
+def _reader(path: str, verify: bool, trusted: bool) -> Any:
+    """``load``'s storage reader: DCP's ``FileSystemReader`` that verifies the checksums
+    ``save`` stored (:class:`~shardspec.runtime.integrity.ChecksumReader`), within the
+    trust boundary of :mod:`shardspec.runtime.trust` unless ``trusted``."""
+    if trusted:
+        return ChecksumReader(path, verify=verify)
+    from shardspec.runtime.trust import SafeChecksumReader
+
+    return SafeChecksumReader(path, verify=verify)
 
 
 def _marker(spec: CompiledSpec, planner: ShardspecSavePlanner) -> dict[str, Any]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -336,8 +338,6 @@ def compare_export(case: Case, item: Item, out: str, hf_dir: str) -> None:
     """Rank 0: the exported tensors against what transformers wrote, bitwise."""
     try:
         got, want = hf_state(out), hf_state(hf_dir)
-        if case.hf == "llama_tied" and case.model == "llama":
-            want["lm_head.weight"] = want["model.embed_tokens.weight"]  # untied model writes it
         if set(got) != set(want):
             item.fail.append(
                 f"{item.label}: exported keys differ: extra {sorted(set(got) - set(want))}, "
@@ -421,6 +421,63 @@ def export_faults(root: str, item: Item) -> None:
         safetensors.torch.save_file = real
 
 
+def export_ties(root: str, item: Item) -> None:
+    """The untied example Llama loaded from the tied checkpoint (its output.weight is the
+    embedding's copy), exported: the alias ``lm_head.weight`` is written only when the
+    config says untied or, without a config, when the weights differ; a tied config with
+    differing weights is refused."""
+    case = Case("generated.llama", (("tp", 2),), "llama", "llama_tied")
+    mod = importlib.import_module(case.module)
+    mesh = mod.build_mesh(tp=2)
+    model = build(case, mesh)
+    hf_dir = os.path.join(root, case.hf)
+    mod.load_hf(model, hf_dir, mesh)
+    base = os.path.join(root, "export-ties")
+    original = set(hf_state(hf_dir))
+    assert "lm_head.weight" not in original
+
+    def export(name: str, want_lm_head: bool, **options: Any) -> None:
+        out = os.path.join(base, name)
+        report = mod.export_hf(model, out, mesh, **options)
+        weight = model.output.weight
+        full = weight.full_tensor() if isinstance(weight, DTensor) else weight.detach()
+        dist.barrier()
+        if dist.get_rank() == 0:
+            keys = set(hf_state(out))
+            want = original | ({"lm_head.weight"} if want_lm_head else set())
+            if keys != want:
+                item.fail.append(f"ties, {name}: keys {sorted(keys ^ want)} differ")
+            index = json.loads(Path(out, "model.safetensors.index.json").read_text())
+            if set(index["weight_map"]) != want:
+                item.fail.append(f"ties, {name}: the index lists {sorted(index['weight_map'])}")
+            if want_lm_head and not same_bits(hf_state(out).get("lm_head.weight", full), full):
+                item.fail.append(f"ties, {name}: lm_head.weight is not the model's output")
+        skipped = report.aliases_not_written
+        if skipped != ([] if want_lm_head else ["lm_head.weight"]):
+            item.fail.append(f"ties, {name}: aliases_not_written {skipped}")
+        item.checked += 1
+
+    export("tied config, equal", False, config=hf_dir)
+    export("no config, equal", False)
+    export("untied config, equal", True, config={"tie_word_embeddings": False})
+    with torch.no_grad():
+        local_of(model.output.weight).add_(1.0)
+    export("no config, differing", True)
+    out = os.path.join(base, "refused")
+    try:
+        mod.export_hf(model, out, mesh, config=hf_dir)
+        item.fail.append("ties: a tied config with differing weights exported")
+    except HFError as e:
+        needles = ("lm_head.weight", "model.embed_tokens.weight", "tie_word_embeddings false")
+        if not all(n in str(e) for n in needles):
+            item.fail.append(f"ties: the refusal does not name {needles}:\n{e}")
+    dist.barrier()
+    left = [p for p in (out, out + ".partial") if os.path.exists(p)]
+    if left:
+        item.fail.append(f"ties: the refused export left {left}")
+    item.checked += 1
+
+
 def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> dict[str, Item]:
     """Run every case, then the bad inputs, on this rank. ``root/gen`` holds the specs the
     test compiled (the tied Llama's)."""
@@ -460,6 +517,12 @@ def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> d
         export_faults(root, item)
     except Exception:
         item.fail.append(f"export faults raised:\n{traceback.format_exc()}")
+    out[item.label] = item
+    item = Item("export ties")
+    try:
+        export_ties(root, item)
+    except Exception:
+        item.fail.append(f"export ties raised:\n{traceback.format_exc()}")
     out[item.label] = item
     item = Item("bad input")
     try:

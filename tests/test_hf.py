@@ -248,6 +248,12 @@ def test_the_collective_counters_see_communication(results: dict) -> None:
     assert all(r["counters"].checked == 2 for r in results["ranks"])
 
 
+def test_export_writes_a_tie_alias_only_when_untied(results: dict) -> None:
+    fails = [f for r in results["ranks"] for f in r["export ties"].fail]
+    assert not fails, "\n".join(fails)
+    assert all(r["export ties"].checked == 5 for r in results["ranks"])
+
+
 def test_failed_exports_raise_on_every_rank_and_leave_nothing(results: dict) -> None:
     fails = [f for r in results["ranks"] for f in r["export faults"].fail]
     assert not fails, "\n".join(fails)

@@ -90,6 +90,9 @@ class HFExportReport:
     bytes_written: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    # tie aliases (``tie A = B``) not written: the config ties them, or, without a config
+    # that says, the model's tensors are equal (the same on every rank)
+    aliases_not_written: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------- units
@@ -605,6 +608,74 @@ def _assign(units: Sequence[_GlobalUnit], world: int) -> dict[str, int]:
     return out
 
 
+def _colocate_ties(
+    hfmap: HFMap, sources: Mapping[str, Any], dest: dict[str, int]
+) -> dict[str, int]:
+    """``dest`` with each tie alias's unit written by its source's writer, which then
+    holds both tensors and can tell whether they are equal (:func:`_tie_decisions`)."""
+    unit_of = {key: name for name, src in sources.items() for key in src.keys}
+    for alias, source in hfmap.ties:
+        if alias in unit_of and source in unit_of:
+            dest[unit_of[alias]] = dest[unit_of[source]]
+    return dest
+
+
+def _config_ties(config: Any) -> bool | None:
+    """The config's ``tie_word_embeddings``: True, False, or None when there is no config
+    or it does not say."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        value = config.get("tie_word_embeddings")
+    elif isinstance(config, (str, os.PathLike)):
+        src = os.fspath(config)
+        src = os.path.join(src, "config.json") if os.path.isdir(src) else src
+        with open(src, encoding="utf-8") as f:  # readable: _check_config opened it
+            data = json.load(f)
+        value = data.get("tie_word_embeddings") if isinstance(data, dict) else None
+    else:
+        value = getattr(config, "tie_word_embeddings", None)
+    return value if isinstance(value, bool) else None
+
+
+def _tie_decisions(
+    hfmap: HFMap, tensors: Mapping[str, torch.Tensor], tied: bool | None
+) -> dict[str | None, str]:
+    """Which tie aliases this rank does not write, each with why; under the key None, an
+    error. An alias (``tie lm_head.weight = model.embed_tokens.weight``) is written only
+    when the config says the weights are untied (``tie_word_embeddings: false``), or, with
+    no config saying either, when the model's two tensors differ. A config that ties them
+    while the model's tensors differ is an error: writing only the source would lose the
+    alias's values, and writing both would contradict the config."""
+    out: dict[str | None, str] = {}
+    if tied is False:
+        return out
+    for alias, source in hfmap.ties:
+        if alias not in tensors or source not in tensors:
+            continue  # not exported, or on another rank (never: _colocate_ties)
+        a, b = tensors[alias], tensors[source]
+        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        if same:
+            out[alias] = f"equal to {source}"
+        elif tied:
+            out[None] = (
+                f"HFError: the config ties {alias} to {source} (tie_word_embeddings: true), "
+                f"but the model's tensors for them differ: the export would lose {alias}'s "
+                "values. Pass a config with tie_word_embeddings false to write both, or tie "
+                "the model's weights"
+            )
+    return out
+
+
+def _gather_keys(keys: set[str]) -> list[str]:
+    """The union of every rank's ``keys``, sorted."""
+    every = [keys]
+    if dist.is_initialized():
+        every = [set()] * dist.get_world_size()
+        dist.all_gather_object(every, keys)
+    return sorted(set().union(*every))
+
+
 def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
     per_dim, hf_dim_of = model_indices(transforms, tuple(full.shape))
     t = full
@@ -745,6 +816,12 @@ def export_hf(
     replica that the checkpoint writer balancing picks. The files are written into
     ``<path>.partial`` and renamed to ``path`` when every rank has written its file, so a
     failed export leaves no half-written checkpoint at ``path``.
+
+    A tie alias of the ``hf`` block (``tie lm_head.weight = model.embed_tokens.weight``) is
+    written only when ``config`` says the weights are untied (``tie_word_embeddings:
+    false``), or, with no config that says either, when the model's two tensors differ. A
+    config that ties them while the model's tensors differ is an error (the export would
+    lose the alias's values). The report's ``aliases_not_written`` lists the aliases left out.
     """
     path = os.fspath(path).rstrip("/") or "/"
     error: HFError | None = None
@@ -802,7 +879,7 @@ def _export_hf(
         plan_of = _stage_plans(spec, lm, names, dtypes)
     chunks = _global_chunks(names, lm, layouts, plan_of)
     todo = [units[n] for n in sorted(sources)]
-    dest = _assign(todo, world)
+    dest = _colocate_ties(hfmap, sources, _assign(todo, world))
 
     partial = path + ".partial"
     return _export(
@@ -906,6 +983,12 @@ def _export(
                 tensors[key] = _to_hf(part, transforms)
                 if dtype is not None:
                     tensors[key] = tensors[key].to(dtype)
+    ties = _tie_decisions(hfmap, tensors, _config_ties(config))
+    tie_error = ties.pop(None, None)
+    for key in _gather_keys(set(ties)):  # aliases not written, from every writer
+        tensors.pop(key, None)
+        weight_map.pop(key, None)
+        report.aliases_not_written.append(key)
     file_of = {
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
     }
@@ -913,11 +996,19 @@ def _export(
         report.file = file_of[rank]
         report.tensors = len(tensors)
         report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
-    mine = _attempt(lambda: _write_file(tensors, partial, file_of.get(rank))) if tensors else None
+    mine = tie_error or (
+        _attempt(lambda: _write_file(tensors, partial, file_of.get(rank))) if tensors else None
+    )
     _agree(mine, path, partial)
     error = None
     if rank == 0:
-        total = sum(math.prod(u.shape) * (dtype or u.dtype).itemsize for u in todo)
+        skipped = set(report.aliases_not_written)
+        total = sum(
+            math.prod(u.shape) // len(sources[u.name].keys) * (dtype or u.dtype).itemsize
+            for u in todo
+            for key in sources[u.name].keys
+            if key not in skipped
+        )
         index = {
             "metadata": {"total_size": total},
             "weight_map": {k: file_of[r] for k, r in sorted(weight_map.items())},

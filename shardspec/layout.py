@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -164,8 +164,10 @@ class Mesh:
         return Mesh(tuple(names), tuple(self.size(n) for n in names))
 
 
-# The largest mesh lint and compile check (2**20 ranks): their layout checks visit every
-# rank, so a larger world would take minutes and gigabytes (or overflow) instead of an answer.
+# The largest mesh lint and compile accept (2**20 ranks, beyond any cluster). Their layout
+# checks cost the same at any world size (they sample the mesh: sample_boxes), but
+# `explain` prints a row per rank, and the runtime's `verify` compares placements rank by
+# rank (same_layout): a stated limit, with SS010 above it, rather than a run that never ends.
 MAX_WORLD = 1 << 20
 
 
@@ -622,14 +624,40 @@ def representable(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...] | None:
     sub = dtensor_mesh(layout, mesh)
     shape = module_shape(layout, mesh)
     sub_pos = [mesh.names.index(n) for n in sub.names]
-    for coord in mesh.coords():
-        if not layout.on_stage(mesh, coord):
-            continue
+
+    def differs(coord: tuple[int, ...]) -> bool:
         want = _dtensor_view(layout, mesh, coord)
         got = torch_placement_indices(shape, sub, placements, [coord[p] for p in sub_pos])
-        if want != got:
-            return coord
-    return None
+        return want != got
+
+    return first_difference(layout, mesh, differs)
+
+
+def first_difference(
+    layout: ParamLayout, mesh: Mesh, differs: Callable[[tuple[int, ...]], bool], *more: ParamLayout
+) -> tuple[int, ...] | None:
+    """The first coordinate (in rank order) on ``layout``'s stages where ``differs``, a
+    comparison of two index sets that ``layout`` and ``more`` determine, is true; ``None``
+    if nowhere. Visits each box of :func:`sample_boxes` at its corner and one step from it
+    along each axis, which decides the whole box: the index sets are affine over it, so
+    where they agree at the corner and at those steps they agree everywhere, and otherwise
+    the first rank where they differ is the corner or the step along the innermost axis
+    where they differ."""
+    best: tuple[int, ...] | None = None
+    best_rank = mesh.world
+    for box in sample_boxes((layout, *more), mesh):
+        if mesh.rank_of(box.corner) >= best_rank:
+            continue
+        if not layout.on_stage(mesh, box.corner):
+            continue
+        found = (
+            box.corner
+            if differs(box.corner)
+            else next((step for step in box.steps() if differs(step)), None)
+        )
+        if found is not None and mesh.rank_of(found) < best_rank:
+            best, best_rank = found, mesh.rank_of(found)
+    return best
 
 
 # --------------------------------------------------------------------------- per-rank table
@@ -658,6 +686,17 @@ class RankShard:
     @property
     def empty(self) -> bool:
         return any(not r for r in self.indices)
+
+
+@lru_cache(maxsize=4096)
+def sampled_table(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[RankShard, Box], ...]:
+    """The shard of the rank at each corner of :func:`sample_boxes`, with its box: every
+    rank of a box has the corner's local sizes, empty dimensions and pieces per stored
+    unit. What :func:`rank_table` says, at a cost that does not grow with the world."""
+    return tuple(
+        (RankShard(mesh.rank_of(b.corner), b.corner, local_indices(layout, mesh, b.corner)), b)
+        for b in sample_boxes((layout,), mesh)
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -707,3 +746,203 @@ def storage_units(layout: ParamLayout) -> list[tuple[str | None, int | None]]:
         if d.fusion is not None:
             return [(name, i) for name, _ in d.fusion.components]
     return [(None, None)]
+
+
+# --------------------------------------------------------------------------- sampling
+#
+# A check that visited every rank would cost as much as the world is large (65,536 ranks:
+# seconds per parameter group). It need not: along each mesh axis, consecutive
+# coordinates whose blocks are full ``torch.chunk`` blocks lying inside one run of the
+# sequence they cut (no range joint, component or group boundary inside, not the tail)
+# hold translations of each other's indices, and so do every finer axis's blocks within
+# them. Such a run of coordinates is one *box* side; every other coordinate (a block that
+# a boundary cuts, its neighbours, the tail, the first empty block) is a box of its own.
+# A box of the mesh is a product of such sides. Over one box, every per-rank quantity the
+# checks use is constant (local sizes, emptiness, pieces per stored unit) and every index
+# set is an affine function of the coordinate, so two index sets agree on the whole box
+# when they agree at its corner and one step from it along each axis.
+
+
+def _chunk_specials(total: int, cuts: Iterable[int], n: int) -> set[int]:
+    """Coordinates of an ``n``-way ``torch.chunk`` of a sequence of ``total`` positions
+    whose block is not a full block strictly between two consecutive ``cuts``: the blocks
+    holding or touching a cut or the end, their neighbours, and the first and last."""
+    if n <= 1:
+        return {0}
+    out = {0, 1, n - 1}
+    step = -(-total // n) if total else 0
+    if step:
+        for p in (*cuts, total):
+            q = p // step
+            out.update((q - 1, q, q + 1))
+    return {i for i in out if 0 <= i < n}
+
+
+def _cuts(r: Ranges, bounds: Iterable[int] = ()) -> list[int]:
+    """Positions in the sequence ``r`` enumerates where a range ends or a global index of
+    ``bounds`` falls strictly inside a range."""
+    out, pos = [], 0
+    bounds = sorted(set(bounds))
+    for a, b in r:
+        out.extend(pos + g - a for g in bounds if a < g < b)
+        pos += b - a
+        out.append(pos)
+    return out
+
+
+def _fusion_bounds(dim: Dim) -> tuple[int, ...]:
+    f = dim.fusion
+    if f is None:
+        return ()
+    return tuple(
+        sorted({x for name, _ in f.components for r in f.component_ranges(name) for x in r})
+    )
+
+
+def _reps(special: set[int], n: int) -> list[int]:
+    """A coordinate for each box side along an axis: each special coordinate, and the
+    first of each run of ordinary ones (the one after a special)."""
+    return sorted(special | {x + 1 for x in special if x + 1 < n})
+
+
+def _grid(
+    axes: Sequence[str], sizes: dict[str, int], samples: dict[str, set[int]]
+) -> Iterable[dict[str, int]]:
+    """Every combination of box-side coordinates of ``axes``."""
+    return (
+        dict(zip(axes, combo, strict=True))
+        for combo in itertools.product(*(_reps(samples[a], sizes[a]) for a in axes))
+    )
+
+
+def _physical_specials(dim: Dim, sizes: dict[str, int], samples: dict[str, set[int]]) -> None:
+    """Add to ``samples`` the special coordinates of ``dim_indices(dim)`` along each of its
+    axes, inner axes at every sampled coordinate of the outer ones."""
+    if not dim.axes:
+        return
+    first, n0 = dim.axes[0], sizes[dim.axes[0]]
+    f = dim.fusion
+    if f is None:
+        samples[first] |= _chunk_specials(dim.size, (), n0)
+    elif f.groups > 1:
+        samples[first] |= _chunk_specials(f.groups, (), n0)
+    else:
+        for _, size in f.components:
+            samples[first] |= _chunk_specials(size, (), n0)
+    bounds = _fusion_bounds(dim)
+    for k in range(1, len(dim.axes)):
+        outer = Dim(dim.name, dim.size, dim.axes[:k], f)
+        found: set[int] = set()
+        for c in _grid(dim.axes[:k], sizes, samples):
+            r = dim_indices(outer, sizes, c)
+            found |= _chunk_specials(ranges_len(r), _cuts(r, bounds), sizes[dim.axes[k]])
+        samples[dim.axes[k]] |= found
+
+
+def _torch_specials(layout: ParamLayout, mesh: Mesh, samples: dict[str, set[int]]) -> None:
+    """Add the special coordinates of DTensor's reading of the layout's placements
+    (:func:`torch_placement_indices`), axis by axis in mesh order."""
+    sub = dtensor_mesh(layout, mesh)
+    placements = dtensor_placements(layout, mesh)
+    shape = module_shape(layout, mesh)
+    for t, size in enumerate(shape):
+        steps = [(sub.names[i], p) for i, p in enumerate(placements) if p[0] != "R" and p[1] == t]
+        for k, (axis, p) in enumerate(steps):
+            n = sub.size(axis)
+            outer = [a for a, _ in steps[:k]]
+            found: set[int] = set()
+            for c in _grid(outer, dict(zip(sub.names, sub.sizes, strict=True)), samples):
+                r: Ranges = ((0, size),) if size else ()
+                for a, q in steps[:k]:
+                    r = (
+                        _block(r, sub.size(a), c[a])
+                        if q[0] == "S"
+                        else _strided(r, q[2], sub.size(a), c[a])
+                    )
+                total = ranges_len(r)
+                if p[0] == "S":
+                    found |= _chunk_specials(total, _cuts(r), n)
+                    continue
+                for j in range(p[2]):
+                    lo, hi = chunk_bounds(total, p[2], j)
+                    inside = [x - lo for x in _cuts(r) if lo < x < hi]
+                    found |= _chunk_specials(hi - lo, inside, n)
+            samples[axis] |= found
+
+
+@dataclass(frozen=True)
+class Box:
+    """Mesh coordinates ``lo[a] <= c[a] < hi[a]`` on every axis; ``corner`` is ``lo``."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    @property
+    def corner(self) -> tuple[int, ...]:
+        return self.lo
+
+    @property
+    def size(self) -> int:
+        return math.prod(h - lo for lo, h in zip(self.lo, self.hi, strict=True))
+
+    def steps(self) -> list[tuple[int, ...]]:
+        """The corner moved one step along each axis the box is longer than 1 on, innermost
+        axis first."""
+        out = []
+        for a in reversed(range(len(self.lo))):
+            if self.hi[a] - self.lo[a] > 1:
+                out.append(tuple(c + (i == a) for i, c in enumerate(self.lo)))
+        return out
+
+    def ranks(self, mesh: Mesh) -> Iterator[int]:
+        """The box's ranks, in increasing order (lazily: a box may hold a million)."""
+
+        def walk(axis: int, base: int) -> Iterator[int]:
+            if axis == len(self.lo):
+                yield base
+                return
+            for c in range(self.lo[axis], self.hi[axis]):
+                yield from walk(axis + 1, base * mesh.sizes[axis] + c)
+
+        return walk(0, 0)
+
+
+@lru_cache(maxsize=4096)
+def sample_boxes(layouts: tuple[ParamLayout, ...], mesh: Mesh) -> tuple[Box, ...]:
+    """Boxes that cover the mesh, in rank order of their corners, such that over each box
+    every layout of ``layouts`` (physically and as DTensor placements read it) gives every
+    rank the same local sizes, the same empty dimensions and the same number of pieces per
+    stored unit as at the corner, with indices that are affine in the coordinate (see the
+    comment above). Their number depends on the layouts' shapes and boundaries, not on the
+    world size. Layouts on a pipeline stage are sampled within their stage."""
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    samples: dict[str, set[int]] = {a: {0} for a in mesh.names}
+    for layout in layouts:  # every stage coordinate is a box side of its own
+        if layout.stage_axis is not None and layout.stage_axis in sizes:
+            samples[layout.stage_axis] |= set(range(sizes[layout.stage_axis]))
+    plain = [_within_stage(layout) for layout in layouts]
+    while True:  # inner axes depend on outer samples, in two orders: to a fixed point
+        before = sum(len(s) for s in samples.values())
+        for layout in plain:
+            for dim in layout.dims:
+                _physical_specials(dim, sizes, samples)
+            _torch_specials(layout, mesh, samples)
+        if sum(len(s) for s in samples.values()) == before:
+            break
+    sides = []
+    for a, n in zip(mesh.names, mesh.sizes, strict=True):
+        starts = _reps(samples[a], n)
+        sides.append(
+            [(s, starts[i + 1] if i + 1 < len(starts) else n) for i, s in enumerate(starts)]
+        )
+    return tuple(
+        Box(tuple(lo for lo, _ in combo), tuple(hi for _, hi in combo))
+        for combo in itertools.product(*sides)
+    )
+
+
+def _within_stage(layout: ParamLayout) -> ParamLayout:
+    """``layout`` read within its stage (no stage axis): its shards on a stage's ranks."""
+    if layout.stage_axis is None:
+        return layout
+    return ParamLayout(layout.dims, layout.local, layout.ckpt)

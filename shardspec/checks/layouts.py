@@ -7,6 +7,8 @@ parameter and how many more share it, so a 60-layer model does not print 60 copi
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 from collections import defaultdict
 
 from shardspec import ir
@@ -17,8 +19,8 @@ from shardspec.layout import (
     Mesh,
     ParamLayout,
     component_indices,
-    rank_table,
     representable,
+    sampled_table,
     storage_units,
 )
 from shardspec.resolve import Resolved
@@ -46,9 +48,10 @@ def _who(fqns: list[str]) -> str:
     return fqns[0] + (f" (and {len(fqns) - 1} more)" if len(fqns) > 1 else "")
 
 
-def _ranks(ranks: list[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in ranks[:limit])
-    return shown + (f" ... ({len(ranks)} ranks)" if len(ranks) > limit else "")
+def _ranks(first: list[int], count: int) -> str:
+    """``first``, the lowest ranks of ``count`` (at most 8 of them), as a message says them."""
+    shown = ", ".join(str(r) for r in first[:8])
+    return shown + (f" ... ({count} ranks)" if count > 8 else "")
 
 
 def check_layout_errors(res: Resolved) -> list[Diagnostic]:
@@ -153,7 +156,10 @@ def _axes_text(dim: Dim, mesh: Mesh, rule: ir.Rule) -> str:
 
 def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) -> list[Diagnostic]:
     out = []
-    table = rank_table(layout, mesh)
+    # One shard per box of ranks that hold alike (layout.sample_boxes): the cost depends on
+    # the layout's shape, not on the world size.
+    sampled = sampled_table(layout, mesh)
+    table = [t for t, _ in sampled]
     # Uneven: a dimension whose local sizes differ between ranks.
     for d, dim in enumerate(layout.dims):
         if not dim.axes or dim.fusion is not None:
@@ -171,16 +177,18 @@ def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) 
                 )
             )
     # Empty: name the ranks, and the first dimension that leaves them empty.
-    empty = [t.rank for t in table if t.empty]
-    if empty:
-        first = table[empty[0]]
+    boxes = [b for t, b in sampled if t.empty]
+    if boxes:
+        first = next(t for t, _ in sampled if t.empty)
         d = next(i for i, r in enumerate(first.indices) if not r)
         dim = layout.dims[d]
+        count = sum(b.size for b in boxes)
+        shown = list(itertools.islice(heapq.merge(*(b.ranks(mesh) for b in boxes)), 8))
         out.append(
             diag(
                 "SS024",
-                f"{_who(fqns)}: {'rank' if len(empty) == 1 else 'ranks'} {_ranks(empty)} "
-                f"{'holds' if len(empty) == 1 else 'hold'} an empty local shard: "
+                f"{_who(fqns)}: {'rank' if count == 1 else 'ranks'} {_ranks(shown, count)} "
+                f"{'holds' if count == 1 else 'hold'} an empty local shard: "
                 f"dimension {dim.name!r} of size {dim.size} over "
                 f"{_axes_text(dim, mesh, rule)}",
                 _dim_span(rule, dim.name),

@@ -13,7 +13,7 @@ from shardspec.checks.coverage import _entry_span, _more
 from shardspec.checks.registry import diag
 from shardspec.checks.structure import _PATTERN_SYNTAX, _did_you_mean
 from shardspec.diagnostics import Diagnostic
-from shardspec.layout import Mesh, ParamLayout, local_indices
+from shardspec.layout import Mesh, ParamLayout, first_difference, local_indices
 from shardspec.patterns import PatternError
 from shardspec.resolve import Resolved
 from shardspec.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
@@ -321,11 +321,12 @@ def _differs(alias: ParamLayout, source: ParamLayout, mesh: Mesh):
     s = dataclasses.replace(source, stage_axis=None, stages=())
     if a.local != s.local:
         return (), f"local over {sorted(s.local)}", f"local over {sorted(a.local)}"
-    for coord in mesh.coords():
-        want, have = local_indices(s, mesh, coord), local_indices(a, mesh, coord)
-        if want != have:
-            return tuple(coord), _fmt(want), _fmt(have)
-    return None
+    coord = first_difference(
+        s, mesh, lambda c: local_indices(s, mesh, c) != local_indices(a, mesh, c), a
+    )
+    if coord is None:
+        return None
+    return coord, _fmt(local_indices(s, mesh, coord)), _fmt(local_indices(a, mesh, coord))
 
 
 def _fmt(ranges) -> str:

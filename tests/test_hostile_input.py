@@ -155,3 +155,28 @@ def test_worlds_too_large_to_check(
     )
     status, out = lint(capsys, *define, str(spec))
     assert status == 1 and "SS010" in out and "meshes of up to 1048576 ranks" in out, out
+
+
+@pytest.mark.parametrize(
+    "names", [("fsdp", "tp"), ("tp", "dp_shard"), ("dp_shard",), None], ids=str
+)
+def test_a_mesh_named_otherwise_than_the_spec_is_refused(names) -> None:
+    """The spec's axis names are the run-time mesh's ``mesh_dim_names``, in order: a mesh
+    named as another trainer names it (torchtitan's newer ``fsdp``), in another order, or
+    without names is a SpecError naming both, in every entry point (they all go through
+    ``mesh_and_rank`` / ``layout_mesh``)."""
+    import generated.llama as layout
+    from shardspec.runtime.spec import SpecError
+    from shardspec.runtime.units import mesh_and_rank
+
+    class FakeDeviceMesh:
+        mesh_dim_names = names
+        shape = (2, 2)[: len(names or ("a", "b"))]
+
+    with pytest.raises(SpecError) as e:
+        mesh_and_rank(layout.SPEC, FakeDeviceMesh())
+    if names is None:
+        assert "no mesh_dim_names" in str(e.value)
+    else:
+        assert str(names) in str(e.value) and "('dp_shard', 'tp')" in str(e.value)
+        assert "build_mesh()" in str(e.value)

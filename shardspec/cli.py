@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("spec", metavar="SPEC")
     e.add_argument("fqn", metavar="FQN")
+    e.add_argument(
+        "--ranks",
+        metavar="A-B",
+        default=None,
+        help="the ranks whose rows to show (default: the first 64 on the parameter's stage, "
+        "then a summary of the rest)",
+    )
     _add_defines(e)
 
     m = sub.add_parser(
@@ -309,9 +316,27 @@ def cmd_explain(args) -> int:
     if bad is not None:
         return bad
     sizes, world = _split_defines(args.defines)
-    text, status = explain(args.spec, args.fqn, sizes, world)
+    ranks = None
+    if args.ranks is not None:
+        ranks = _rank_range(args.ranks)
+        if ranks is None:
+            sys.stderr.write(
+                f"<command line>:1:1: error SS004 [bad-argument]: --ranks {args.ranks!r} is "
+                "not a rank or a range of ranks\n  hint: write --ranks 128 or --ranks 0-255\n"
+            )
+            return 2
+    text, status = explain(args.spec, args.fqn, sizes, world, ranks)
     (sys.stdout if status == 0 else sys.stderr).write(text)
     return status
+
+
+def _rank_range(text: str) -> range | None:
+    """``128`` or ``0-255`` as a range of ranks; None for anything else."""
+    lo, sep, hi = text.strip().partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()) or len(text) > 40:
+        return None
+    a, b = int(lo), int(hi) if sep else int(lo)
+    return range(a, b + 1) if a <= b else None
 
 
 def cmd_manifest(args) -> int:

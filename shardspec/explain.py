@@ -3,15 +3,24 @@ rank's local shape and global offset."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterable
+
 from shardspec import ir
 from shardspec.api import display_path, lint_specs
 from shardspec.diagnostics import attach_sources, render_all_text
 from shardspec.layout import (
+    Mesh,
     ParamLayout,
+    RankShard,
     component_indices,
+    dim_indices,
     dtensor_mesh,
     dtensor_placements,
-    rank_table,
+    local_indices,
+    sample_boxes,
+    sampled_table,
     storage_units,
 )
 from shardspec.patterns import describe_key
@@ -77,7 +86,11 @@ def _why(res, winner: int, runner_up: int) -> str:
     return "equal precedence"  # pragma: no cover - ties are reported above
 
 
-def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tuple[str, int]:
+def explain(
+    path: str, fqn: str, sizes: dict[str, int], world: int | None, ranks: range | None = None
+) -> tuple[str, int]:
+    """The text of ``shardspec explain`` and its exit status. ``ranks``: the table's rows
+    (default: the first ROWS ranks on the parameter's stage, then a summary)."""
     results, outcome = lint_specs([path], sizes, world)
     shown, res = results[0]
     if res is None or outcome.input_error:
@@ -189,8 +202,9 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
                 why += f"; the stage model names it {sp.local_name(fqn)}"
         else:
             why = f"{claims(p, fqn)[0]} stage"
-        off_stage = [t.rank for t in rank_table(layout, mesh) if not layout.on_stage(mesh, t.coord)]
-        others = f"; ranks {_rank_list(off_stage)} (other stages) hold none of it"
+        off_stage = _off_stage(layout, mesh)
+        listed = _rank_list(off_stage, _off_stage_count(layout, mesh))
+        others = f"; ranks {listed} (other stages) hold none of it"
         copies = [
             f"stage {st} holds a copy as {a}"
             for a, src in p.ties
@@ -219,9 +233,10 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
             f"{layout.dims[i].name} = its rank's first + {j}" for i, j in virtual.items()
         )
         lines.insert(-2, f"  this module on each rank: {names} (the rows below)")
-    for t in rank_table(layout, mesh):
-        if t.rank in off_stage:
-            continue
+    shown_ranks = _shown(layout, mesh, ranks)
+    for rank in shown_ranks:
+        coord = mesh.coord_of(rank)
+        t = RankShard(rank, coord, local_indices(layout, mesh, coord))
         indices = list(t.indices)
         for i, j in virtual.items():
             if indices[i]:
@@ -244,6 +259,7 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
                 f"  {'':>4}  {'':<{3 * len(mesh.names) + 2}}    {comp}: "
                 f"{_ranges(component_indices(fusion, t.indices[d], comp))}"
             )
+    lines += _more_ranks(layout, mesh, shown_ranks, ranks)
     if spec.hf is not None:
         found = res.globs[m.winner].regex.match(fqn) if m.winner in res.globs else None
         spans = [found.span(d.name) for d in layout.dims if d.virtual] if found else []
@@ -251,12 +267,12 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
         mine = None
         if virtual and len(spans) == len(virtual):
             mine = set()
-            for t in rank_table(layout, mesh):
+            for t in _virtual_shards(layout, mesh, virtual):
                 name, last = [], 0
                 for (a, b), (i, j) in zip(spans, sorted(virtual.items()), strict=True):
-                    if not t.indices[i]:
+                    if not t[i]:
                         break
-                    name += [fqn[last:a], str(t.indices[i][0][0] + j)]
+                    name += [fqn[last:a], str(t[i][0][0] + j)]
                     last = b
                 else:
                     mine.add("".join([*name, fqn[last:]]))
@@ -268,11 +284,67 @@ def explain(path: str, fqn: str, sizes: dict[str, int], world: int | None) -> tu
     return "\n".join(lines) + "\n", 0
 
 
-def _rank_list(ranks: list[int]) -> str:
-    """``0-3`` for a run of ranks, else a comma list."""
+# The rows of the per-rank table explain prints unless `--ranks` says otherwise: a mesh of
+# a million ranks would otherwise print a million rows (and take a minute to).
+ROWS = 64
+
+
+def _rank_list(ranks: list[int], count: int | None = None) -> str:
+    """``0-3`` for a run of ranks, else a comma list; ``count`` ranks in all, of which
+    ``ranks`` are the first."""
+    count = len(ranks) if count is None else count
     if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
+        if count == len(ranks):
+            return f"{ranks[0]}-{ranks[-1]}"
+    text = ", ".join(map(str, ranks))
+    return text + (f" ... ({count} ranks)" if count > len(ranks) else "")
+
+
+def _off_stage(layout: ParamLayout, mesh: Mesh, limit: int = 8) -> list[int]:
+    """The first ``limit`` ranks of other pipeline stages than the parameter's."""
+    boxes = [b for b in sample_boxes((layout,), mesh) if not layout.on_stage(mesh, b.corner)]
+    return list(itertools.islice(heapq.merge(*(b.ranks(mesh) for b in boxes)), limit))
+
+
+def _off_stage_count(layout: ParamLayout, mesh: Mesh) -> int:
+    n = mesh.size(layout.stage_axis)  # type: ignore[arg-type]
+    return mesh.world // n * (n - len(set(layout.stages)))
+
+
+def _shown(layout: ParamLayout, mesh: Mesh, ranks: range | None) -> list[int]:
+    """The ranks of the table: those asked for, else the first ROWS on the stage."""
+    wanted = ranks if ranks is not None else range(mesh.world)
+    on = (r for r in wanted if r < mesh.world and layout.on_stage(mesh, mesh.coord_of(r)))
+    return list(on) if ranks is not None else list(itertools.islice(on, ROWS))
+
+
+def _more_ranks(
+    layout: ParamLayout, mesh: Mesh, shown: list[int], ranks: range | None
+) -> list[str]:
+    """What the table leaves out: how many ranks, and every local shape with its count."""
+    boxes = [(t, b) for t, b in sampled_table(layout, mesh) if layout.on_stage(mesh, t.coord)]
+    total = sum(b.size for _, b in boxes)
+    if total <= len(shown):
+        return []
+    shapes: dict[tuple[int, ...], int] = {}
+    for t, b in boxes:
+        shapes[t.shape] = shapes.get(t.shape, 0) + b.size
+    counts = "; ".join(f"{list(s)} on {n}" for s, n in sorted(shapes.items(), reverse=True))
+    asked = "" if ranks is not None else f" (--ranks A-B shows others, {ROWS} at a time or more)"
+    return [
+        f"  ... {total - len(shown)} more ranks{asked}",
+        f"  local shapes over all {total} ranks: {counts}",
+    ]
+
+
+def _virtual_shards(layout: ParamLayout, mesh: Mesh, virtual: dict[int, int]) -> Iterable[tuple]:
+    """Each rank's indices of the name-indexed dims (the others left out): one per
+    combination of the coordinates of those dims' axes, not one per rank."""
+    axes = sorted({a for i in virtual for a in layout.dims[i].axes}, key=mesh.names.index)
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    for combo in itertools.product(*(range(sizes[a]) for a in axes)):
+        coord = dict(zip(axes, combo, strict=True))
+        yield {i: dim_indices(layout.dims[i], sizes, coord) for i in virtual}
 
 
 def _hf_lines(

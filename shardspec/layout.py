@@ -165,9 +165,9 @@ class Mesh:
 
 
 # The largest mesh lint and compile accept (2**20 ranks, beyond any cluster). Their layout
-# checks cost the same at any world size (they sample the mesh: sample_boxes), but
-# `explain` prints a row per rank, and the runtime's `verify` compares placements rank by
-# rank (same_layout): a stated limit, with SS010 above it, rather than a run that never ends.
+# checks cost the same at any world size (they sample the mesh: sample_boxes); the
+# runtime's `verify` still compares placements rank by rank (same_layout). A stated limit,
+# with SS010 above it.
 MAX_WORLD = 1 << 20
 
 

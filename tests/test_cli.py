@@ -416,6 +416,31 @@ def test_explain_with_defines(in_repo: Path, capsys: pytest.CaptureFixture[str])
     assert len([r for r in out.splitlines() if re.match(r"^\s+\d+\s+\(", r)]) == 8
 
 
+def test_explain_on_a_large_mesh_shows_a_bounded_table(
+    in_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At a million ranks: the first 64 rows, then how many more and every local shape
+    with its count (from the sampled mesh, not a walk); --ranks picks other rows."""
+    argv = ["explain", "-D", "world=1048576", "specs/llama.shard", "output.weight"]
+    status, out, _ = run(capsys, *argv)
+    rows = [r for r in out.splitlines() if re.match(r"^\s+\d+\s+\(", r)]
+    assert status == 0 and len(rows) == 64
+    assert "... 1048512 more ranks (--ranks A-B shows others" in out
+    assert "local shapes over all 1048576 ranks: [1, 64] on 256; [0, 64] on 1048320" in out
+    status, out, _ = run(capsys, *argv, "--ranks", "1048574-1048580")
+    rows = [r.split() for r in out.splitlines() if re.match(r"^\s+\d+\s+\(", r)]
+    assert status == 0 and [r[:2] for r in rows] == [
+        ["1048574", "(524287,0)"],
+        ["1048575", "(524287,1)"],
+    ]
+    assert rows[0][2:4] == ["[0,", "64]"]
+    for bad in ("x", "5-2", "-3", "1-"):
+        status, out, err = run(
+            capsys, "explain", "specs/llama.shard", "norm.weight", "--ranks", bad
+        )
+        assert status == 2 and "SS004" in err and "--ranks" in err, (bad, err)
+
+
 def test_explain_unknown_fqn(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run(
         capsys, "explain", "specs/llama.shard", "layers.0.feed_forward.w13.weigth"

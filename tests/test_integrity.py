@@ -500,3 +500,27 @@ class Exploit:
 
     def __reduce__(self) -> tuple:
         return (os.system, (f"touch {self.marker}",))
+
+
+def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch) -> None:
+    """Every reduction the checksums make is smaller than ATen's GRAIN_SIZE (32,768
+    elements), so it runs on the calling thread: split over torch's intra-op threads, which
+    training shares and which stall on a busy core, 4 MiB reductions hashed at 0.25 GB/s
+    instead of 12 (bench/RESULTS.md, "Checkpoint integrity")."""
+    sizes: list[int] = []
+    real_sum = torch.sum
+
+    def counted(t, *args, **kwargs):
+        sizes.append(t.numel())
+        return real_sum(t, *args, **kwargs)
+
+    monkeypatch.setattr(ig.torch, "sum", counted)
+    big = {"w": torch.randn(3 << 20), "v": torch.randn(1000, 1000)}  # 12 MB and 4 MB items
+    path = str(tmp_path / "c")
+    dcp.save(big, storage_writer=ChecksumWriter(path), no_dist=True)
+    back = {k: torch.zeros_like(v) for k, v in big.items()}
+    reader = ChecksumReader(path)
+    dcp.load(back, storage_reader=reader, no_dist=True)
+    assert reader.verified == 2 and all(torch.equal(big[k], back[k]) for k in big)
+    assert sizes and max(sizes) < 32768, max(sizes)
+    assert sum(sizes) >= 0.95 * 2 * (16 << 20) // 8  # the words of both items, written and read

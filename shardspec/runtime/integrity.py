@@ -115,10 +115,27 @@ def _row_sums(buf: Any, offset: int, rows: int, out: torch.Tensor) -> None:
     done = 0
     while done < rows:
         n = min(rows - done, _BLOCK // _ROW_BYTES)
-        words = _words(buf, offset + done * _ROW_BYTES, n)
-        torch.sum(words.view(n, _ROW), dim=1, out=out[done : done + n])
+        words = _words(buf, offset + done * _ROW_BYTES, n).view(n, _ROW)
+        for r in range(0, n, _SERIAL_ROWS):
+            torch.sum(
+                words[r : r + _SERIAL_ROWS], dim=1, out=out[done + r : done + r + _SERIAL_ROWS]
+            )
         del words
         done += n
+
+
+def _total(sums: torch.Tensor) -> int:
+    """The sum of int64 ``sums`` (mod 2**64 as Python int), on the calling thread."""
+    step = _SERIAL_ROWS * _ROW
+    return sum(int(sums[i : i + step].sum()) for i in range(0, sums.numel(), step))
+
+
+# Rows summed per torch.sum call: 16,384 words, under ATen's GRAIN_SIZE (32,768 elements), so
+# each call runs on the calling thread. A larger call is split over torch's intra-op threads,
+# which a checkpoint thread shares with training (an asynchronous save) and which stall
+# whenever a core is busy elsewhere: on 2 busy cores, 4 MiB calls on 2 threads hashed at
+# 0.25 GB/s against 12 GB/s on one (bench/RESULTS.md, "Checkpoint integrity").
+_SERIAL_ROWS = 32
 
 
 def _digest(crc: int, total: int) -> str:
@@ -151,7 +168,7 @@ def checksum(
     out = torch.frombuffer(store, dtype=torch.int64) if rows else torch.empty(0, dtype=torch.int64)
     if rows:
         _row_sums(view, start, rows, out)
-    total = int(out.sum()) if rows else 0
+    total = _total(out)
     crc = zlib.crc32(_row_bytes(out, store)) if rows else 0
     crc = zlib.crc32(view[start + rows * _ROW_BYTES : start + length], crc)
     return _digest(crc, total)
@@ -402,8 +419,7 @@ class _Pending:
         r1 = min((item_pos + n) // _ROW_BYTES, self.rows)
         if r1 > r0:  # buf: torch's own destination, writable (see _FusedSlice.readinto)
             at = buf_offset + r0 * _ROW_BYTES - item_pos
-            words = torch.frombuffer(buf, dtype=torch.int64, count=(r1 - r0) * _ROW, offset=at)
-            torch.sum(words.view(r1 - r0, _ROW), dim=1, out=self.out[r0:r1])
+            _row_sums(buf, at, r1 - r0, self.out[r0:r1])
             self.covered.append((r0, r1))
 
     def verdict(self, f: Any) -> str:
@@ -431,8 +447,7 @@ class _Pending:
             if len(tail) < self.length - tail_at:
                 return "(short)"
         crc = zlib.crc32(_row_bytes(self.out, self.store)) if self.rows else 0
-        total = int(self.out.sum()) if self.rows else 0
-        return _digest(zlib.crc32(tail, crc), total)
+        return _digest(zlib.crc32(tail, crc), _total(self.out))
 
 
 class _FusedSlice(io.RawIOBase):

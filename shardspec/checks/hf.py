@@ -705,6 +705,22 @@ def _not_produced_hint(unit: _Unit, hfm: HFManifest | None) -> str:
     )
 
 
+def _fused_lines(acc: _Acc, hfm: HFManifest) -> dict[str, str]:
+    """Per group of HF keys (``model.layers.N.qkv``), the line that would map a fused
+    tensor whose components no line produces."""
+    out = {}
+    for first, _, _ in acc.not_produced.values():
+        if first.fused is None:
+            continue
+        base = first.name.rpartition(".")[0]
+        found = _fused_key(first, base, hfm)
+        if found is not None:
+            key, _, transposed = found
+            line = f"{_template_of(key)} -> {_template_of(base)}"
+            out[_group_key(key)] = line + (" transpose" if transposed else "")
+    return out
+
+
 def _fused_key(unit: _Unit, base: str, hfm: HFManifest) -> tuple[str, tuple[int, ...], bool] | None:
     """The HF key that most likely holds the whole fused parameter of ``unit``: its shape
     (or, 2-D, the transpose) and the same numbers in the name; the closest name wins."""
@@ -796,14 +812,19 @@ def _check_keys(
             continue
         unexpected[_group_key(key)].append(key)
     groups = sorted(unexpected.values(), key=lambda ks: ks[0])
+    whole = _fused_lines(acc, hfm) if groups else {}
     for keys in groups[:MAX_GROUPS]:
         more = f" (and {len(keys) - 1} more like it)" if len(keys) > 1 else ""
+        line = whole.get(_group_key(keys[0]))
         out.append(
             diag(
                 "SS073",
                 f"unexpected HF key {keys[0]!r}{more}: no map line consumes it",
                 _key_span(hfm, keys[0]),
-                "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
+                f"it holds a fused parameter's components that no line produces: map it "
+                f"whole, `{line}`"
+                if line
+                else "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
             )
         )
     rest_groups = groups[MAX_GROUPS:]

@@ -22,6 +22,7 @@ import torch
 from shardspec.testing import run_ranks
 from tests import hf_split_scenarios
 from tests.hf_split_scenarios import SplitCase
+from tests.test_hf import _randomize
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,13 +35,6 @@ def shardspec(*args: str) -> None:
     from shardspec import cli
 
     assert cli.main(list(args)) == 0, f"shardspec {' '.join(args)} failed"
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + (1.0 if p.ndim == 1 else 0.0))
 
 
 def write_checkpoints(root: Path) -> None:

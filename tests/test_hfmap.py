@@ -304,3 +304,16 @@ def test_export_takes_the_parts_of_one_split_tensor_and_nothing_less() -> None:
     ]
     plain = HFMap((MapRule("a.qkv", "x"),)).sources("x", (16, 6))[0]
     assert _written_twice({"w.q": sources["w.q"], "x": plain}) != []
+
+
+def test_load_and_export_refuse_a_part_that_is_no_component() -> None:
+    """Lint reports it (SS081); the runtime, which may run without lint, refuses it."""
+    from shardspec.runtime.hf import _GlobalUnit, _resolve_sources
+
+    m = HFMap((MapRule("a.qkv", "w", line=7, parts=(Part("q"), Part("x"))),))
+    units = {f"w.{c}": _GlobalUnit(f"w.{c}", (n, 6), torch.float32, QKV) for c, n in QKV[1]}
+    sources, problems = _resolve_sources(m, units, strict=False)
+    assert set(sources) == {"w.q"}
+    assert problems == [
+        "w.q: line 7 splits its Hugging Face tensor into 'x', which is no component of w (q, k, v)"
+    ]

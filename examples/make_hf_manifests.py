@@ -43,9 +43,15 @@ def _save(kind: str, folder: Path) -> None:
     import torch
     import transformers
 
+    from examples.models import hf
+
     torch.manual_seed(0)
     if kind == "llama":
         model = transformers.LlamaForCausalLM(llama_config())
+    elif kind == "phi3":
+        model = hf.phi3_tiny()
+    elif kind == "gpt2":
+        model = hf.gpt2_tiny()
     else:
         model = transformers.Qwen3MoeForCausalLM(qwen3_moe_config())
     model.save_pretrained(folder)
@@ -61,6 +67,8 @@ MANIFESTS = {
     "llama_local.hf.json": "llama",
     "deepseek_moe.hf.json": "qwen3_moe",
     "deepseek_moe_local.hf.json": "qwen3_moe",
+    "phi3.hf.json": "phi3",  # transformers' own models, used as they are
+    "gpt2.hf.json": "gpt2",
 }
 
 

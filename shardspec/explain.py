@@ -357,11 +357,12 @@ def _hf_lines(
 ) -> list[str]:
     """Where each storage unit of ``fqn`` comes from in a Hugging Face checkpoint. A module
     indexed by name is the global indices in ``mine`` (one per rank)."""
-    from shardspec.hfmap import unit_names
+    from shardspec.hfmap import fused_of, unit_names
     from shardspec.hfresolve import build_hfmap
 
     hfmap = build_hfmap(block)
     units = unit_names(fqn, layout.dims, spans)
+    fused = fused_of(layout.dims)
     if mine is not None:
         units = [u for u in units if u[0] in mine or u[0].rsplit(".", 1)[0] in mine]
     lines = ["", "  Hugging Face (the hf block):"]
@@ -369,14 +370,17 @@ def _hf_lines(
         if hfmap.kept(name):
             lines.append(f"    {name}: kept (not in the checkpoint)")
             continue
-        found = hfmap.sources(name, shape)
+        found = hfmap.sources(name, shape, fused)
         if not found:
             lines.append(f"    {name}: produced by no map line (SS071)")
             continue
         for src in found:
             rule = hfmap.rules[src.rule]
             keys = src.keys[0] if len(src.keys) == 1 else f"{src.keys[0]} ... {src.keys[-1]}"
-            tail = "".join(f", {t}" for t in rule.transforms)
+            tail = "".join(f", {t}" for t in src.transforms)
+            if src.split is not None:
+                sp = src.split
+                keys += f"[{sp.start}:{sp.start + sp.size} of dim {sp.dim}]"
             count = f" ({len(src.keys)} tensors, stacked)" if src.stacked else ""
             lines.append(
                 f"    {name} {list(shape)} <- {keys} {list(src.shape)}{count}"

@@ -10,6 +10,10 @@ dimension, the global expert index for a name-indexed module). A rule reads::
 
 ``{name}`` captures one dot-free segment; both sides use the same captures (so the mapping
 inverts). ``[e]`` stacks: the HF tensor is index ``e`` of the unit's first dimension.
+A target that names a parameter with a fused dimension (no component suffix) *splits*:
+the HF tensor is that parameter's components one after another along the fused
+dimension, in declared order, or in the order of an ``as`` list (``as k, q, v``, each
+part with transforms of its own: ``as q rope 16, k rope 16, v``); export joins them.
 Transforms apply in the order written, from the HF tensor to the model's:
 
 * ``transpose``: swap the two dimensions of a 2-D tensor;
@@ -30,10 +34,15 @@ from functools import cached_property
 from operator import itemgetter
 
 __all__ = [
+    "Fused",
     "HFMap",
     "MapRule",
+    "Part",
     "Source",
+    "Split",
     "Transform",
+    "fused_of",
+    "hf_dim",
     "hf_shape",
     "model_indices",
     "rope_row",
@@ -154,14 +163,30 @@ class Transform:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One entry of a split line's ``as`` list: fused component ``name``, with transforms
+    of its own, applied after the line's (``q rope 16``)."""
+
+    name: str
+    transforms: tuple[Transform, ...] = ()
+
+    def __str__(self) -> str:
+        return "".join([self.name, *(f" {t}" for t in self.transforms)])
+
+
+@dataclass(frozen=True)
 class MapRule:
-    """``hf -> target[stack] transforms...``; ``line`` points back into the spec."""
+    """``hf -> target[stack] transforms... [as part, ...]``; ``line`` points back into the
+    spec. ``parts`` is None without an ``as`` list; the target then names a unit, or a
+    parameter with a fused dimension whose components all come from the HF tensor, in
+    declared order."""
 
     hf: str
     target: str
     stack: str | None = None
     transforms: tuple[Transform, ...] = ()
     line: int = 0
+    parts: tuple[Part, ...] | None = None
 
     @cached_property
     def target_regex(self) -> re.Pattern[str]:
@@ -175,17 +200,60 @@ class MapRule:
     def __str__(self) -> str:
         stack = f"[{self.stack}]" if self.stack else ""
         tail = "".join(f" {t}" for t in self.transforms)
-        return f"{self.hf} -> {self.target}{stack}{tail}"
+        parts = "" if self.parts is None else " as " + ", ".join(map(str, self.parts))
+        return f"{self.hf} -> {self.target}{stack}{tail}{parts}"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a split line's unit lies in its HF tensor: along HF dimension ``dim`` (of each
+    stacked slice), ``size`` indices from ``start``; ``total`` is that dimension's size
+    (every part)."""
+
+    dim: int
+    start: int
+    size: int
+    total: int
+
+
+# A fused dimension, as the split lines need it: its position in the unit's shape and the
+# components in declared order with their global sizes (all groups).
+Fused = tuple[int, tuple[tuple[str, int], ...]]
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where one storage unit comes from: one HF tensor, or one per index of a stack."""
+    """Where one storage unit comes from: one HF tensor, or one per index of a stack; with
+    ``split``, a part of it."""
 
     rule: int  # index into HFMap.rules
     keys: tuple[str, ...]  # one key, or one per index of the stacked first dimension
-    shape: tuple[int, ...]  # each HF tensor's shape
+    shape: tuple[int, ...]  # each HF tensor's shape (the whole tensor for a split)
     stacked: bool
+    transforms: tuple[Transform, ...] = ()  # from the HF part to the unit (or its slice)
+    split: Split | None = None
+
+
+def fused_of(dims: Sequence) -> Fused | None:
+    """The fused dimension of a parameter's layout dims (``layout.dims``), positioned in
+    its storage units' shape (virtual dims are not in it), or None."""
+    at = 0
+    for d in dims:
+        if d.virtual:
+            continue
+        if d.fusion is not None:
+            comps = tuple((name, size * d.fusion.groups) for name, size in d.fusion.components)
+            return at, comps
+        at += 1
+    return None
+
+
+def hf_dim(ndim: int, transforms: Sequence[Transform], dim: int) -> int:
+    """The HF dimension that the model's dimension ``dim`` comes from (transposes move it)."""
+    for t in transforms:
+        if t.kind == "transpose" and ndim == 2:
+            dim = 1 - dim
+    return dim
 
 
 def hf_shape(model_shape: Sequence[int], transforms: Sequence[Transform]) -> tuple[int, ...]:
@@ -235,14 +303,18 @@ Index = range | tuple[int, ...]
 
 
 def source_indices(
-    transforms: Sequence[Transform], offsets: Sequence[int], sizes: Sequence[int]
+    transforms: Sequence[Transform],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    split: Split | None = None,
 ) -> tuple[tuple[Index, ...], tuple[int, ...]]:
     """Which HF indices a box of the model's tensor needs.
 
     Returns ``(per_hf_dim, model_dim_of)``: for each HF dimension, the HF indices listed in
     the order of the model box's positions along model dimension ``model_dim_of[k]``. The
     box is then ``hf[ix_(*per_hf_dim)]`` with its dimensions permuted so that HF dimension
-    ``k`` lands on ``model_dim_of[k]``.
+    ``k`` lands on ``model_dim_of[k]``. With ``split``, the unit is the part of the HF
+    tensor from ``split.start`` along ``split.dim``.
     """
     cur: list[tuple[int, Index]] = [
         (d, range(o, o + s)) for d, (o, s) in enumerate(zip(offsets, sizes, strict=True))
@@ -253,7 +325,16 @@ def source_indices(
         elif t.kind == "rope":
             d, idx = cur[0]
             cur[0] = (d, tuple(rope_row(m, t.head_dim) for m in idx))
+    if split is not None and split.start:
+        d, idx = cur[split.dim]
+        cur[split.dim] = (d, _shifted(idx, split.start))
     return tuple(i for _, i in cur), tuple(d for d, _ in cur)
+
+
+def _shifted(idx: Index, by: int) -> Index:
+    if isinstance(idx, range):
+        return range(idx.start + by, idx.stop + by)
+    return tuple(i + by for i in idx)
 
 
 def model_indices(
@@ -331,30 +412,74 @@ class HFMap:
                 return source
         return None
 
-    def sources(self, name: str, shape: Sequence[int]) -> list[Source]:
-        """Every rule producing storage unit ``name`` (lint wants exactly one)."""
+    def sources(self, name: str, shape: Sequence[int], fused: Fused | None = None) -> list[Source]:
+        """Every rule producing storage unit ``name`` (lint wants exactly one). ``fused``:
+        the parameter's fused dimension when ``name`` is one of its components (``<fqn>.q``),
+        so that a line whose target is ``<fqn>`` itself splits its HF tensor."""
         out = []
         rules = self.rules
         for i in self._target_index.candidates(name):
             rule = rules[i]
+            if rule.parts is not None:
+                continue  # an `as` list needs a fused parameter (lint: SS081)
             m = rule.target_regex.match(name)
             if m is None:
                 continue
             caps = m.groupdict()
+            chain = rule.transforms
             if rule.stack:
                 if not shape:
                     continue
                 keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
-                out.append(Source(i, keys, hf_shape(shape[1:], rule.transforms), True))
+                out.append(Source(i, keys, hf_shape(shape[1:], chain), True, chain))
             else:
-                out.append(
-                    Source(i, (_fill(rule.hf, caps),), hf_shape(shape, rule.transforms), False)
-                )
+                out.append(Source(i, (_fill(rule.hf, caps),), hf_shape(shape, chain), False, chain))
+        if fused is not None and "." in name:
+            out += self._split_sources(name, shape, fused)
+            out.sort(key=lambda src: src.rule)
+        return out
+
+    def _split_sources(self, name: str, shape: Sequence[int], fused: Fused) -> list[Source]:
+        base, _, comp = name.rpartition(".")
+        at, comps = fused
+        out = []
+        for i in self._target_index.candidates(base):
+            rule = self.rules[i]
+            m = rule.target_regex.match(base)
+            if m is None:
+                continue
+            parts = rule.parts or tuple(Part(c) for c, _ in comps)
+            order = [p.name for p in parts]
+            if comp not in order:
+                continue
+            # A part that is no component counts 0 (lint reports it, SS081; the runtime
+            # refuses it).
+            sizes = dict(comps)
+            sizes = {p: sizes.get(p, 0) for p in order}
+            part = parts[order.index(comp)]
+            chain = rule.transforms + part.transforms
+            caps = m.groupdict()
+            sub = tuple(shape[1:]) if rule.stack else tuple(shape)
+            d = at - 1 if rule.stack else at
+            if d < 0 or (rule.stack and not shape):
+                continue  # the stack index cannot be the fused dimension (lint: SS081)
+            k = hf_dim(len(sub), chain, d)
+            hshape = list(hf_shape(sub, chain))
+            start = sum(sizes[p] for p in order[: order.index(comp)])
+            size = hshape[k]
+            hshape[k] = sum(sizes[p] for p in order)
+            split = Split(k, start, size, hshape[k])
+            if rule.stack:
+                keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
+            else:
+                keys = (_fill(rule.hf, caps),)
+            out.append(Source(i, keys, tuple(hshape), bool(rule.stack), chain, split))
         return out
 
     def consumers(self, hf_key: str) -> list[tuple[int, str, int | None]]:
         """Every rule whose HF template matches ``hf_key``: ``(rule, unit name, stack
-        index)``."""
+        index)``; for a split line the name is the fused parameter's (its components are
+        the units)."""
         out = []
         rules = self.rules
         for i in self._hf_index.candidates(hf_key):
@@ -393,9 +518,13 @@ class HFMap:
             if target_caps - hf_caps:
                 names = ", ".join(f"{{{c}}}" for c in sorted(target_caps - hf_caps))
                 yield i, f"{names} appears only on the model side: load could not name the key"
-            for t in rule.transforms:
+            parts = rule.parts or ()
+            for t in (*rule.transforms, *(t for p in parts for t in p.transforms)):
                 if t.kind == "rope" and (t.head_dim < 2 or t.head_dim % 2):
                     yield i, f"rope needs an even head size, got {t.head_dim}"
+            names = [p.name for p in parts]
+            for n in sorted({n for n in names if names.count(n) > 1}):
+                yield i, f"component {n!r} is named twice in the `as` list"
 
 
 def unit_names(

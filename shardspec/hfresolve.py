@@ -11,7 +11,7 @@ import os
 import re
 
 from shardspec import ir
-from shardspec.hfmap import HFMap, MapRule, Transform
+from shardspec.hfmap import HFMap, MapRule, Part, Transform
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -23,8 +23,11 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
             hf=m.hf.text,
             target=m.target.text,
             stack=m.stack.text if m.stack else None,
-            transforms=tuple(Transform(t.kind, t.head_dim) for t in m.transforms),
+            transforms=_transforms(m.transforms),
             line=m.span.line,
+            parts=None
+            if m.parts is None
+            else tuple(Part(p.name.text, _transforms(p.transforms)) for p in m.parts),
         )
         for m in block.maps
     )
@@ -34,6 +37,10 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
         ties=tuple((t.alias.text, t.source.text) for t in block.ties),
         keeps=tuple(k.pattern.text for k in block.keeps),
     )
+
+
+def _transforms(items: list[ir.HFTransform]) -> tuple[Transform, ...]:
+    return tuple(Transform(t.kind, t.head_dim) for t in items)
 
 
 def template_problem(text: str) -> str | None:

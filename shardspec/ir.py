@@ -96,13 +96,35 @@ class HFTransform(Node):
     head_dim: int = 0
 
 
+class HFConfigFactor(Node):
+    """One factor of a ``config`` product: a config.json key or a whole number."""
+
+    text: str
+
+    @property
+    def number(self) -> int | None:
+        return int(self.text) if self.text.isdigit() else None
+
+
+class HFPart(Node):
+    """One part of a split line's ``as`` list: a fused component, an optional stated size
+    (a whole number or a product of config.json keys) and the part's own transforms."""
+
+    name: Name
+    size: list[HFConfigFactor] | None = None
+    size_span: Span | None = None
+    transforms: list[HFTransform] = []
+
+
 class HFMapItem(Node):
-    """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform...`` in an ``hf`` block."""
+    """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform... [as PART, ...]`` in an ``hf``
+    block."""
 
     hf: Pattern
     target: Pattern
     stack: Name | None = None
     transforms: list[HFTransform] = []
+    parts: list[HFPart] | None = None
 
 
 class HFGlob(Node):
@@ -117,16 +139,6 @@ class HFTie(Node):
 
     alias: Pattern
     source: Pattern
-
-
-class HFConfigFactor(Node):
-    """One factor of a ``config`` product: a config.json key or a whole number."""
-
-    text: str
-
-    @property
-    def number(self) -> int | None:
-        return int(self.text) if self.text.isdigit() else None
 
 
 class HFConfig(Node):

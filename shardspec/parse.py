@@ -48,6 +48,7 @@ def _parser() -> Lark:
 _TOKEN_NAMES = {
     "NAME": "a name",
     "INT": "a whole number",
+    "PART_SIZE": "a whole number",
     "STRING": 'a quoted string ("...")',
     "PATTERN": "a parameter pattern",
     "REST": "'*'",
@@ -229,13 +230,47 @@ class _ToIR(Transformer):
         hf, _arrow, target = children[0], children[1], children[2]
         stack = next((c for c in children[3:] if isinstance(c, ir.Name)), None)
         transforms = [c for c in children[3:] if isinstance(c, ir.HFTransform)]
+        parts = next((c[1] for c in children[3:] if isinstance(c, tuple)), None)
         return ir.HFMapItem(
             span=_span(self.path, meta),
             hf=self._pattern(hf),
             target=self._pattern(target),
             stack=stack,
             transforms=transforms,
+            parts=parts,
         )
+
+    def hf_parts(self, children):
+        return ("parts", list(children))
+
+    @v_args(meta=True)
+    def hf_size(self, meta, children):
+        return ("size", self._factors(children[0]), _span(self.path, meta))
+
+    @v_args(meta=True)
+    def hf_part(self, meta, children):
+        size = next((c for c in children[1:] if isinstance(c, tuple)), None)
+        return ir.HFPart(
+            span=_span(self.path, meta),
+            name=self._name(children[0]),
+            size=size[1] if size else None,
+            size_span=size[2] if size else None,
+            transforms=[c for c in children[1:] if isinstance(c, ir.HFTransform)],
+        )
+
+    def _factors(self, expr: Token) -> list[ir.HFConfigFactor]:
+        """The factors of a ``config`` product (or a size), each with its own span."""
+        factors = []
+        line, col = expr.line or 1, expr.column or 1
+        for m in re.finditer(r"[A-Za-z0-9_]+", str(expr)):
+            start = col + m.start()
+            factors.append(
+                ir.HFConfigFactor(
+                    span=Span(self.path, line, start, line, start + len(m.group())),
+                    text=m.group(),
+                )
+            )
+        return factors
 
     @v_args(meta=True)
     def hf_drop(self, meta, children):
@@ -255,16 +290,7 @@ class _ToIR(Transformer):
     @v_args(meta=True)
     def hf_config(self, meta, children):
         name, expr = children
-        factors = []
-        line, col = expr.line or 1, expr.column or 1
-        for m in re.finditer(r"[A-Za-z0-9_]+", str(expr)):
-            start = col + m.start()
-            factors.append(
-                ir.HFConfigFactor(
-                    span=Span(self.path, line, start, line, start + len(m.group())),
-                    text=m.group(),
-                )
-            )
+        factors = self._factors(expr)
         return ir.HFConfig(span=_span(self.path, meta), name=self._name(name), factors=factors)
 
     @v_args(meta=True)
@@ -476,6 +502,22 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         open_line = _unclosed_brace(text)
         where = f" on line {open_line}" if open_line else ""
         return f"the `{{`{where} is never closed: add `}}`"
+    # (the line before, when the error is the first thing on its line)
+    prior = next((c for c in (_code_part(x) for x in reversed(lines[: line - 1])) if c.strip()), "")
+    upto = before if before.strip() else prior
+    if expected & {"NAME", "PART_SIZE", "RPAR", "CONFIG_EXPR"} and re.search(
+        r"->\s*\S+.*\bas\b", upto
+    ):
+        if "RPAR" in expected or "CONFIG_EXPR" in expected:
+            return (
+                "a size from config.json is a product in parentheses: "
+                "`k (num_key_value_heads * head_dim)`"
+            )
+        return (
+            "after `as`, name the target's fused components in the checkpoint's order, "
+            "separated by commas, each with an optional size and transforms: "
+            "`as q 64 rope 16, k 32 rope 16, v 32`"
+        )
     if "ARROW" in expected:
         return (
             "an hf map line is written `HF_NAME -> MODEL_NAME` (`model.norm.weight -> norm.weight`)"

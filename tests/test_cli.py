@@ -706,3 +706,15 @@ def test_explain_shows_the_hugging_face_sources(in_repo, capsys) -> None:
     assert "... model.layers.0.mlp.experts.7.down_proj.weight [64, 32] (8 tensors, stacked)" in out
     assert main(["explain", "specs/deepseek_moe.shard", "hc_head.fn"]) == 0
     assert "hc_head.fn: kept (not in the checkpoint)" in capsys.readouterr().out
+    # a split line: each component is its rows (GPT-2: its columns) of the fused tensor
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    assert main(["explain", "specs/phi3.shard", qkv]) == 0
+    out = capsys.readouterr().out.split("Hugging Face (the hf block):\n")[1]
+    assert [line.split()[4] for line in out.splitlines()] == [
+        f"{qkv}[0:64",
+        f"{qkv}[64:96",
+        f"{qkv}[96:128",
+    ]
+    assert main(["explain", "specs/gpt2.shard", "transformer.h.1.attn.c_attn.weight"]) == 0
+    out = capsys.readouterr().out
+    assert "c_attn.weight.k [64, 64] <- transformer.h.1.attn.c_attn.weight[64:128 of dim 1]" in out

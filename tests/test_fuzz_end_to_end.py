@@ -81,7 +81,12 @@ def specs(draw) -> str:
     if draw(st.booleans()):
         hf = ['hf "hf.json" {'] if draw(st.booleans()) else ["hf {"]
         for _ in range(draw(st.integers(0, 3))):
-            hf.append(f"    {draw(patterns())} -> {draw(patterns())}")
+            tail = draw(
+                st.sampled_from(
+                    ["", " transpose", " as q, k", " transpose as k 4 rope 2, q (a * 2)"]
+                )
+            )
+            hf.append(f"    {draw(patterns())} -> {draw(patterns())}{tail}")
         if draw(st.booleans()):
             hf.append(f"    drop {draw(patterns())}")
         if draw(st.booleans()):

@@ -37,10 +37,14 @@ from shardspec.checks.registry import diag  # noqa: E402
 from shardspec.diagnostics import Diagnostic  # noqa: E402
 from shardspec.hfmanifest import HFManifest, dump_hf_manifest  # noqa: E402
 from shardspec.hfmap import (  # noqa: E402
+    Fused,
     HFMap,
     MapRule,
     Source,
+    Split,
+    Transform,
     _fill,
+    fused_of,
     hf_shape,
     template_captures,
     transform_problem,
@@ -54,20 +58,51 @@ from shardspec.resolve import Resolved  # noqa: E402
 # ------------------------------------------------------------- the reference (frozen copy)
 
 
-def ref_sources(hfmap: HFMap, name: str, shape: Sequence[int]) -> list[Source]:
+def ref_sources(
+    hfmap: HFMap, name: str, shape: Sequence[int], fused: Fused | None = None
+) -> list[Source]:
     out = []
+    base, _, comp = name.rpartition(".")
     for i, rule in enumerate(hfmap.rules):
         m = rule.target_regex.match(name)
+        chain = rule.transforms
+        if m is not None and rule.parts is None:
+            caps = m.groupdict()
+            if rule.stack:
+                if not shape:
+                    continue
+                keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
+                out.append(Source(i, keys, hf_shape(shape[1:], chain), True, chain))
+            else:
+                out.append(Source(i, (_fill(rule.hf, caps),), hf_shape(shape, chain), False, chain))
+            continue
+        m = rule.target_regex.match(base) if fused is not None and base else None
         if m is None:
             continue
+        # A split: the HF tensor is the parts one after another (unknown parts count 0).
+        at, comps = fused  # type: ignore[misc]
+        sizes = dict(comps)
+        order = [p.name for p in rule.parts] if rule.parts is not None else [c for c, _ in comps]
+        if comp not in order or (rule.stack and (at == 0 or not shape)):
+            continue
+        k = order.index(comp)
+        part = rule.parts[k] if rule.parts is not None else None
+        chain = rule.transforms + (part.transforms if part else ())
+        sub = list(shape[1:] if rule.stack else shape)
+        d = at - 1 if rule.stack else at
+        if chain.count(Transform("transpose")) % 2 and len(sub) == 2:
+            d, sub = 1 - d, sub[::-1]
+        total = sum(sizes.get(p, 0) for p in order)
+        start = sum(sizes.get(p, 0) for p in order[:k])
+        size, sub[d] = sub[d], total
         caps = m.groupdict()
         if rule.stack:
-            if not shape:
-                continue
             keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
-            out.append(Source(i, keys, hf_shape(shape[1:], rule.transforms), True))
         else:
-            out.append(Source(i, (_fill(rule.hf, caps),), hf_shape(shape, rule.transforms), False))
+            keys = (_fill(rule.hf, caps),)
+        out.append(
+            Source(i, keys, tuple(sub), bool(rule.stack), chain, Split(d, start, size, total))
+        )
     return out
 
 
@@ -89,6 +124,7 @@ class _Unit:
     shape: tuple[int, ...]
     fqn: str
     rule: int
+    fused: Fused | None = None
 
 
 @dataclass
@@ -126,8 +162,9 @@ def ref_units(res: Resolved) -> dict[str, _Unit]:
             if (m.winner, key) in done:
                 continue
             done.add((m.winner, key))
+        fused = fused_of(m.layout.dims)
         for name, shape in unit_names(fqn, m.layout.dims, spans):
-            units.setdefault(name, _Unit(name, shape, fqn, m.winner))
+            units.setdefault(name, _Unit(name, shape, fqn, m.winner, fused))
     return units
 
 
@@ -148,7 +185,8 @@ def ref_check_hf_units(
     for name, unit in sorted(facts.units.items()):
         if hfmap.kept(name):
             continue
-        srcs = [replace(s, rule=good[s.rule]) for s in ref_sources(hfmap, name, unit.shape)]
+        found = ref_sources(hfmap, name, unit.shape, unit.fused)
+        srcs = [replace(s, rule=good[s.rule]) for s in found]
         if not srcs:
             not_produced[H._group_key(name)].append(unit)
             continue
@@ -158,15 +196,15 @@ def ref_check_hf_units(
             continue
         (src,) = srcs
         facts.source[name] = src
-        rule = full.rules[src.rule]
         slice_shape = unit.shape[1:] if src.stacked else unit.shape
-        why = transform_problem(slice_shape, rule.transforms)
+        why = transform_problem(slice_shape, src.transforms)
         if why:
             transform_bad[(src.rule, why)].append(name)
             facts.unsized.add(name)
         for k in src.keys:
             facts.needed.setdefault(k, (src.rule, name))
-    out += ref_report_not_produced(res, not_produced)
+    out += ref_report_not_produced(res, not_produced, hf_manifest)
+    out += H._check_splits(res, full, bad, facts.units, hf_manifest)  # type: ignore[arg-type]
     for rules, names in sorted(twice.items()):
         maps = [hf.maps[i] for i in rules]
         lines = ", ".join(str(m.span.line) for m in maps)
@@ -221,7 +259,9 @@ def ref_check_hf_units(
     return out
 
 
-def ref_report_not_produced(res: Resolved, groups: dict[str, list[_Unit]]) -> list[Diagnostic]:
+def ref_report_not_produced(
+    res: Resolved, groups: dict[str, list[_Unit]], hfm: HFManifest | None
+) -> list[Diagnostic]:
     out = []
     items = sorted(groups.items(), key=lambda kv: kv[1][0].name)
     for _, units in items[: H.MAX_GROUPS]:
@@ -233,8 +273,7 @@ def ref_report_not_produced(res: Resolved, groups: dict[str, list[_Unit]]) -> li
                 f"storage unit {first.name!r} {H._shape(first.shape)} is produced by no hf map "
                 f"line{more}",
                 H._entry_span(res, first.fqn),
-                f"add a map line `HF_NAME -> {H._template_of(first.name)}`, or `keep` it if the "
-                "Hugging Face checkpoint has no such tensor",
+                H._not_produced_hint(first, hfm),  # type: ignore[arg-type]
             )
         )
     rest = items[H.MAX_GROUPS :]
@@ -332,6 +371,11 @@ def ref_check_keys(res: Resolved, hfmap: HFMap, hfm: HFManifest, facts: _Facts) 
 def ref_consumed(hfmap: HFMap, key: str, facts: _Facts) -> bool:
     for _, unit, index in ref_consumers(hfmap, key):
         u = facts.units.get(unit)
+        if u is None:  # the name of a fused parameter that a line splits
+            u = next(
+                (v for n, v in facts.units.items() if v.fused and n.rpartition(".")[0] == unit),
+                None,
+            )
         if u is None:
             continue
         if index is None or (u.shape and 0 <= index < u.shape[0]):
@@ -513,6 +557,12 @@ MAPS = [
     "model.layers.{i}.only.{z} -> layers.{i}.moe.{e}.w1",
     "model.layers.{i}.experts.{e} -> layers.{i}.experts[e]",
     "model.layers.10.up -> layers.10.w13.up",
+    # split lines: one HF tensor to w13's components
+    "model.layers.{i}.gate_up -> layers.{i}.w13",
+    "model.layers.{i}.gate_up -> layers.{i}.w13 transpose as gate rope 4, up",
+    "model.layers.{i}.ug -> layers.{i}.w13 as up 4, gate (intermediate_size)",
+    "model.layers.{i}.gd -> layers.{i}.w13 as gate, down",
+    "model.norm.weight -> norm.weight as a, b",
 ]
 OTHER = [
     "keep layers.1.moe.*.w2",
@@ -570,6 +620,9 @@ def hf_tensors(extras: bool = True) -> dict[str, list[int]]:
     out["model.special.5.w1"] = [4, 8]
     out["model.layers.1.tens.1.w1"] = [4, 8]
     out["model.diag.1.w1"] = [4, 8]
+    for i in LAYERS[:2]:
+        out[f"model.layers.{i}.gate_up"] = [8, 8]
+        out[f"model.layers.{i}.ug"] = [8, 8]
     return out
 
 

@@ -13,9 +13,13 @@ from hypothesis import strategies as st
 
 from examples.models import hf as hfm
 from shardspec.hfmap import (
+    Fused,
     HFMap,
     MapRule,
+    Part,
+    Split,
     Transform,
+    fused_of,
     hf_shape,
     model_indices,
     rope_row,
@@ -195,3 +199,121 @@ def test_export_refuses_two_units_under_one_key() -> None:
         "emb.weight: both a.weight and b.weight would be written under it"
     ]
     assert _written_twice({"a.weight": sources["a.weight"]}) == []
+
+
+# ------------------------------------------------------------------- split lines
+
+
+QKV: Fused = (0, (("q", 8), ("k", 4), ("v", 4)))
+
+
+def test_a_line_to_the_fused_parameter_splits_in_declared_order() -> None:
+    m = HFMap((MapRule("a.{i}.qkv", "m.{i}.w", line=3),))
+    [src] = m.sources("m.0.w.k", (4, 6), QKV)
+    assert src.keys == ("a.0.qkv",) and src.shape == (16, 6)
+    assert src.split == Split(0, 8, 4, 16) and src.transforms == ()
+    assert m.sources("m.0.w.k", (4, 6)) == []  # not a component: no split
+    assert m.consumers("a.0.qkv") == [(0, "m.0.w", None)]
+    # Conv1D: the fused dimension is the HF tensor's last one
+    m = HFMap((MapRule("a.{i}.c_attn", "m.{i}.w", transforms=(T,)),))
+    [src] = m.sources("m.0.w.v", (4, 6), QKV)
+    assert src.shape == (6, 16) and src.split == Split(1, 12, 4, 16)
+
+
+def test_an_as_list_orders_the_parts_with_transforms_of_their_own() -> None:
+    parts = (Part("k"), Part("q", (ROPE8,)), Part("v"))
+    m = HFMap((MapRule("a.qkv", "m.w", transforms=(T,), parts=parts),))
+    [src] = m.sources("m.w.q", (8, 6), QKV)
+    assert src.split == Split(1, 4, 8, 16) and src.transforms == (T, ROPE8)
+    [src] = m.sources("m.w.k", (4, 6), QKV)
+    assert src.split == Split(1, 0, 4, 16) and src.transforms == (T,)
+    # a subset: the HF tensor is k then v only; q comes from elsewhere
+    m = HFMap((MapRule("a.kv", "m.w", parts=(Part("k"), Part("v"))),))
+    assert m.sources("m.w.q", (8, 6), QKV) == []
+    [src] = m.sources("m.w.v", (4, 6), QKV)
+    assert src.split == Split(0, 4, 4, 8) and src.shape == (8, 6)
+    # an as list on a plain parameter produces nothing (lint: SS081)
+    assert HFMap((MapRule("a.w", "m.w", parts=(Part("x"),)),)).sources("m.w", (2, 2)) == []
+    assert list(HFMap((MapRule("a", "b", parts=(Part("q"), Part("q"))),)).problems()) == [
+        (0, "component 'q' is named twice in the `as` list")
+    ]
+
+
+def test_stacked_experts_split_each_slice() -> None:
+    m = HFMap((MapRule("x.{i}.e.{e}.gate_up", "m.{i}.w13", "e"),))
+    fused: Fused = (1, (("gate", 2), ("up", 2)))
+    [src] = m.sources("m.0.w13.up", (3, 2, 5), fused)
+    assert src.stacked and src.keys == tuple(f"x.0.e.{e}.gate_up" for e in range(3))
+    assert src.shape == (4, 5) and src.split == Split(0, 2, 2, 4)
+    # the stack index cannot run over the fused dimension
+    assert m.sources("m.0.w13.up", (2, 5), (0, (("gate", 1), ("up", 1)))) == []
+
+
+def test_fused_of_positions_the_dimension_without_virtual_dims() -> None:
+    dims = (
+        Dim("expert", 4, ("ep",), virtual=True),
+        Dim("hidden", 6),
+        Dim("ffn", 8, ("tp",), Fusion((("gate", 2), ("up", 2)), groups=2)),
+    )
+    assert fused_of(dims) == (1, (("gate", 4), ("up", 4)))
+    assert fused_of((Dim("hidden", 6),)) is None
+
+
+SPLIT_CHAINS = [((), ()), ((T,), ()), ((), (ROPE8,)), ((T,), (ROPE8,))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(0, len(SPLIT_CHAINS) - 1), comp=st.integers(0, 2), data=st.data())
+def test_read_box_of_a_part_equals_the_part_converted(
+    tmp_path_factory: pytest.TempPathFactory, k: int, comp: int, data: st.DataObject
+) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    line, own = SPLIT_CHAINS[k]
+    parts = (Part("k", own), Part("q", own), Part("v"))  # q and k 8 rows each: rope 8 fits
+    fused: Fused = (0, (("q", 16), ("k", 8), ("v", 8)))
+    m = HFMap((MapRule("qkv", "w", transforms=line, parts=parts),))
+    name, rows = ("w.k", 8) if comp == 0 else ("w.q", 16) if comp == 1 else ("w.v", 8)
+    [src] = m.sources(name, (rows, 6), fused)
+    assert src.split is not None
+    gen = torch.Generator().manual_seed(k)
+    hf = torch.randn(src.shape, generator=gen)
+    path = tmp_path_factory.mktemp("split") / "x.safetensors"
+    save_file({"qkv": hf}, str(path))
+    model = forward(hf.narrow(src.split.dim, src.split.start, src.split.size), src.transforms)
+    r0 = data.draw(st.integers(0, rows - 1))
+    nr = data.draw(st.integers(0, rows - r0))
+    c0 = data.draw(st.integers(0, 5))
+    nc = data.draw(st.integers(0, 6 - c0))
+    with safe_open(str(path), framework="pt") as f:
+        box = _read_box(f, "qkv", src.transforms, (r0, c0), (nr, nc), src.split)
+    assert torch.equal(box, model[r0 : r0 + nr, c0 : c0 + nc])
+    assert torch.equal(
+        _to_hf(model, src.transforms), hf.narrow(src.split.dim, src.split.start, src.split.size)
+    )
+
+
+def test_export_takes_the_parts_of_one_split_tensor_and_nothing_less() -> None:
+    m = HFMap((MapRule("a.qkv", "w"),))
+    sources = {f"w.{c}": m.sources(f"w.{c}", (n, 6), QKV)[0] for c, n in QKV[1]}
+    assert _written_twice(sources) == []
+    del sources["w.k"]  # a gap where k was
+    assert _written_twice(sources) == [
+        "a.qkv: both w.q and w.v would be written under it, not as parts that tile it"
+    ]
+    plain = HFMap((MapRule("a.qkv", "x"),)).sources("x", (16, 6))[0]
+    assert _written_twice({"w.q": sources["w.q"], "x": plain}) != []
+
+
+def test_load_and_export_refuse_a_part_that_is_no_component() -> None:
+    """Lint reports it (SS081); the runtime, which may run without lint, refuses it."""
+    from shardspec.runtime.hf import _GlobalUnit, _resolve_sources
+
+    m = HFMap((MapRule("a.qkv", "w", line=7, parts=(Part("q"), Part("x"))),))
+    units = {f"w.{c}": _GlobalUnit(f"w.{c}", (n, 6), torch.float32, QKV) for c, n in QKV[1]}
+    sources, problems = _resolve_sources(m, units, strict=False)
+    assert set(sources) == {"w.q"}
+    assert problems == [
+        "w.q: line 7 splits its Hugging Face tensor into 'x', which is no component of w (q, k, v)"
+    ]

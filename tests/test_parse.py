@@ -837,3 +837,46 @@ def test_random_pipeline_token_soup_never_raises(words: list[str]) -> None:
 def test_the_no_spaces_in_patterns_hint(text: str) -> None:
     d = syntax_error(text)
     assert "a pattern has no spaces" in d.hint
+
+
+def test_hf_split_lines() -> None:
+    """A target without a component splits; `as` lists the parts in the checkpoint's
+    order, each with a size (a number or a config.json product) and transforms."""
+    text = (
+        "hf {\n"
+        "    m.{i}.qkv_proj.weight -> m.{i}.qkv_proj.weight\n"
+        "    h.{i}.c_attn.weight -> l.{i}.wqkv transpose as k 32, q (num_heads * hd) rope 16, v\n"
+        "    as.{i}.x -> as.{i}.y as as, rope rope 2\n"
+        "    12.x -> y\n"
+        "}\n"
+    )
+    spec = ok(text)
+    assert spec.hf is not None
+    plain, conv, odd, digits = spec.hf.maps
+    assert plain.parts is None and digits.parts is None and digits.hf.text == "12.x"
+    assert conv.parts is not None and [t.kind for t in conv.transforms] == ["transpose"]
+    k, q, v = conv.parts
+    assert [p.name.text for p in conv.parts] == ["k", "q", "v"]
+    assert [f.text for f in k.size or []] == ["32"] and k.transforms == []
+    assert [f.text for f in q.size or []] == ["num_heads", "hd"]
+    assert q.size_span is not None and q.size_span.col == text.split("\n")[2].index("(") + 1
+    assert [(t.kind, t.head_dim) for t in q.transforms] == [("rope", 16)]
+    assert v.size is None and v.transforms == []
+    assert odd.parts is not None and [p.name.text for p in odd.parts] == ["as", "rope"]
+    assert [(t.kind, t.head_dim) for t in odd.parts[1].transforms] == [("rope", 2)]
+
+
+@pytest.mark.parametrize(
+    ("line", "hint"),
+    [
+        ("a -> b as", "after `as`, name the target's fused components"),
+        ("a -> b as q,", "after `as`, name the target's fused components"),
+        ("a -> b as q.r", "after `as`, name the target's fused components"),
+        ("a -> b as q (x", "a size from config.json is a product in parentheses"),
+        ("a -> b as q ()", "a size from config.json is a product in parentheses"),
+    ],
+)
+def test_hf_split_syntax_errors_say_how(line: str, hint: str) -> None:
+    spec, diags = parse(f"hf {{\n    {line}\n}}\n", "t.shard")
+    assert spec is None and diags[0].code == "SS001"
+    assert hint in diags[0].hint, diags[0].hint

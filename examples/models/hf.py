@@ -20,11 +20,15 @@ import torch
 from examples.models import llama, moe
 
 __all__ = [
+    "gpt2_config",
+    "gpt2_tiny",
     "hf_rope_to_meta",
     "llama_config",
     "llama_from_hf",
     "meta_rope_to_hf",
     "moe_from_hf",
+    "phi3_config",
+    "phi3_tiny",
     "qwen2_config",
     "qwen2_tiny",
     "qwen3_moe_config",
@@ -171,3 +175,62 @@ def qwen2_tiny(**overrides: Any) -> Any:
     import transformers
 
     return transformers.Qwen2ForCausalLM(qwen2_config(**overrides))
+
+
+def phi3_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.Phi3Config``: fused ``qkv_proj`` (all q rows, then k, then v)
+    and ``gate_up_proj``; GQA with 2 kv heads of 4 (``num_key_value_heads=4`` is MHA)."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "original_max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "attn_implementation": "eager",
+        **overrides,
+    }
+    return transformers.Phi3Config(**fields)
+
+
+def phi3_tiny(**overrides: Any) -> Any:
+    """``transformers.Phi3ForCausalLM`` from :func:`phi3_config`, used as it is: the
+    manifest factory of ``specs/phi3.shard`` (``num_key_value_heads=4``: the MHA variant)."""
+    import transformers
+
+    return transformers.Phi3ForCausalLM(phi3_config(**overrides))
+
+
+def gpt2_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.GPT2Config``: Conv1D weights stored ``[in, out]``, q|k|v fused
+    along the last dimension of ``c_attn``; the LM head tied to the token embedding."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 256,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 128,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "attn_implementation": "eager",
+        **overrides,
+    }
+    return transformers.GPT2Config(**fields)
+
+
+def gpt2_tiny(**overrides: Any) -> Any:
+    """``transformers.GPT2LMHeadModel`` from :func:`gpt2_config`, used as it is: the
+    manifest factory of ``specs/gpt2.shard``."""
+    import transformers
+
+    return transformers.GPT2LMHeadModel(gpt2_config(**overrides))

@@ -25,9 +25,12 @@ from shardspec.checks.registry import diag
 from shardspec.diagnostics import Diagnostic, Span
 from shardspec.hfmanifest import HFManifest, HFManifestError, load_hf_manifest
 from shardspec.hfmap import (
+    Fused,
     HFMap,
     MapRule,
     _glob_regex,
+    fused_of,
+    hf_dim,
     template_captures,
     transform_problem,
     unit_names,
@@ -116,8 +119,12 @@ def check_hf_items(spec: ir.Spec) -> tuple[list[Diagnostic], set[int]]:
             continue
         m = hf.maps[i]
         span = m.span
+        every = [*m.transforms, *(t for p in m.parts or [] for t in p.transforms)]
         if why.startswith("rope"):
-            span = next((t.span for t in m.transforms if t.kind == "rope"), m.span)
+            span = next((t.span for t in every if t.kind == "rope"), m.span)
+        elif "named twice" in why:
+            twice = [p for p in m.parts or [] if repr(p.name.text) in why]
+            span = twice[-1].name.span if twice else m.span
         elif "stack index" in why and m.stack is not None:
             span = m.stack.span
         out.append(diag("SS070", why, span, _CAPTURE_HINT))
@@ -206,6 +213,7 @@ class _Unit:
     shape: tuple[int, ...]
     fqn: str  # the manifest parameter it comes from
     rule: int  # the spec rule that places that parameter
+    fused: Fused | None = None  # the parameter's fused dimension, for a component
 
 
 @dataclass
@@ -219,6 +227,7 @@ class _Group:
     shape: tuple[int, ...]
     fqn: str
     rule: int
+    fused: Fused | None = None  # the parameter's fused dimension, for a component
     _names: list[str] | None = None
 
     def values(self) -> list[tuple[int, ...]]:
@@ -239,7 +248,7 @@ class _Group:
         return [_join(parts, v) for v in _product(self.counts)]
 
     def unit(self, name: str) -> _Unit:
-        return _Unit(name, self.shape, self.fqn, self.rule)
+        return _Unit(name, self.shape, self.fqn, self.rule, self.fused)
 
 
 def _join(parts: tuple[str, ...], values: tuple[int, ...]) -> str:
@@ -262,8 +271,9 @@ def _units(res: Resolved) -> dict[str, _Unit]:
     units: dict[str, _Unit] = {}
     for fqn, m, spans in _placed(res):
         assert m.layout is not None and m.winner is not None
+        fused = fused_of(m.layout.dims)
         for name, shape in unit_names(fqn, m.layout.dims, spans):
-            units.setdefault(name, _Unit(name, shape, fqn, m.winner))
+            units.setdefault(name, _Unit(name, shape, fqn, m.winner, fused))
     return units
 
 
@@ -311,10 +321,11 @@ def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
             cuts += [s, e]
         cuts.append(len(fqn))
         counts = tuple(n for _, n in ordered)
+        fused = fused_of(dims)
         for name, shape in unit_names(fqn, plain, ()):
             parts = [fqn[cuts[k] : cuts[k + 1]] for k in range(0, len(cuts), 2)]
             parts[-1] += name[len(fqn) :]  # the component, if any
-            groups.append(_Group(tuple(parts), counts, shape, fqn, m.winner))
+            groups.append(_Group(tuple(parts), counts, shape, fqn, m.winner, fused))
     by_name: dict[str, _Group] = {}
     total = 0
     for grp in groups:
@@ -323,7 +334,7 @@ def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
         by_name.update(zip(names, repeat(grp)))
     if len(by_name) != total:
         units = _units(res)
-        groups = [_Group((u.name,), (), u.shape, u.fqn, u.rule) for u in units.values()]
+        groups = [_Group((u.name,), (), u.shape, u.fqn, u.rule, u.fused) for u in units.values()]
         by_name = {grp.parts[0]: grp for grp in groups}
     return groups, by_name
 
@@ -368,13 +379,20 @@ def _span_segments(parts: tuple[str, ...]) -> tuple[int, ...] | None:
 
 
 def _uniform(
-    targets: list[_Target], positions: tuple[int, ...], segs: list[str]
+    targets: list[_Target], positions: tuple[int, ...], segs_of_names: list[str], component: bool
 ) -> list[tuple[str, ...]] | None:
-    """For a group whose indices sit at segment ``positions`` of names like ``segs``: per
+    """For a group whose indices sit at segment ``positions`` of names with segments
+    ``segs_of_names``: per
     rule, the captures that take the indices (empty where the rule cannot produce any of
-    the names), or None when the rules cannot be shown to treat every name alike."""
+    the names), or None when the rules cannot be shown to treat every name alike. The
+    names of a ``component`` group are ``<fqn>.<component>``: a rule can also match their
+    ``<fqn>`` (a split line)."""
+    full = segs_of_names
     out: list[tuple[str, ...]] = []
     for t in targets:
+        segs = full
+        if component and len(t.segs) == len(full) - 1:
+            segs = full[:-1]  # the index positions lie before the component
         if len(t.segs) != len(segs):
             out.append(())  # a template matches only names of its segment count
             continue
@@ -424,7 +442,7 @@ class _Acc:
         """Check unit ``name`` of group ``grp``, standing for ``count`` units (``names``,
         with their index ``values`` and per rule the captures ``xs`` that take them,
         when more than one)."""
-        found = self.hfmap.sources(name, grp.shape)
+        found = self.hfmap.sources(name, grp.shape, grp.fused)
         if not found:
             self._add(self.not_produced, _group_key(name), grp.unit(name), name, count)
             return
@@ -436,7 +454,7 @@ class _Acc:
         (src,) = found
         rule = self.hfmap.rules[src.rule]
         slice_shape = grp.shape[1:] if src.stacked else grp.shape
-        why = transform_problem(slice_shape, rule.transforms)
+        why = transform_problem(slice_shape, src.transforms)
         if why:
             self._add(self.transform_bad, (rules[0], why), name, name, count)
         if not self.keys:
@@ -446,7 +464,7 @@ class _Acc:
             self._need(src.keys, name, rules[0], expected)
             return
         assert values is not None and xs is not None
-        caps = rule.target_regex.match(name)
+        caps = rule.target_regex.match(name if src.split is None else name.rpartition(".")[0])
         assert caps is not None
         fill = _key_filler(rule, caps.groupdict(), xs[src.rule])
         if isinstance(fill, list):  # one index, no stack: key = str(index).join(fill)
@@ -555,13 +573,14 @@ def check_hf_units(
         positions = _span_segments(grp.parts)
         xs = None
         if positions is not None and len(live) == len(names):
-            xs = _uniform(targets, positions, names[0].split("."))
+            xs = _uniform(targets, positions, names[0].split("."), grp.fused is not None)
         if xs is None:
             for n in live:
                 acc.unit(grp, n, 1)
         else:
             acc.unit(grp, names[0], len(names), names, grp.values(), xs)
-    out += _report_not_produced(res, acc.not_produced)
+    out += _report_not_produced(res, acc.not_produced, hf_manifest)
+    out += _check_splits(res, full, bad, by_name, hf_manifest)
     for rules, (_, first, n) in sorted(acc.twice.items()):
         maps = [hf.maps[i] for i in rules]
         lines = ", ".join(str(m.span.line) for m in maps)
@@ -630,7 +649,9 @@ def _keep_matcher(hfmap: HFMap) -> Callable[[str], object] | None:
     return re.compile(pattern).match
 
 
-def _report_not_produced(res: Resolved, groups: dict[str, list[Any]]) -> list[Diagnostic]:
+def _report_not_produced(
+    res: Resolved, groups: dict[str, list[Any]], hfm: HFManifest | None
+) -> list[Diagnostic]:
     """SS071 from ``{group key: [first unit, its name, count]}``."""
     out = []
     items = sorted(groups.values(), key=lambda v: v[1])
@@ -642,8 +663,7 @@ def _report_not_produced(res: Resolved, groups: dict[str, list[Any]]) -> list[Di
                 f"storage unit {first.name!r} {_shape(first.shape)} is produced by no hf map "
                 f"line{more}",
                 _entry_span(res, first.fqn),
-                f"add a map line `HF_NAME -> {_template_of(first.name)}`, or `keep` it if the "
-                "Hugging Face checkpoint has no such tensor",
+                _not_produced_hint(first, hfm),
             )
         )
     rest = items[MAX_GROUPS:]
@@ -659,6 +679,73 @@ def _report_not_produced(res: Resolved, groups: dict[str, list[Any]]) -> list[Di
             )
         )
     return out
+
+
+def _not_produced_hint(unit: _Unit, hfm: HFManifest | None) -> str:
+    """What to write for a unit no line produces. A component of a fused dimension may come
+    from the fused tensor whole: with an HF manifest that has it, the hint is its line."""
+    keep = "or `keep` it if the Hugging Face checkpoint has no such tensor"
+    if unit.fused is None:
+        return f"add a map line `HF_NAME -> {_template_of(unit.name)}`, {keep}"
+    base = unit.name.rpartition(".")[0]
+    order = ", ".join(c for c, _ in unit.fused[1])
+    found = None if hfm is None else _fused_key(unit, base, hfm)
+    if found is not None:
+        key, shape, transposed = found
+        line = f"{_template_of(key)} -> {_template_of(base)}" + (" transpose" if transposed else "")
+        return (
+            f"the HF manifest has the fused tensor {key!r} {_shape(shape)}: map it whole, "
+            f"`{line}` (its parts are {order}, in that order; write `as ...` after the target "
+            "for another order)"
+        )
+    return (
+        f"add a map line `HF_NAME -> {_template_of(unit.name)}` for a tensor of its own, or "
+        f"`HF_NAME -> {_template_of(base)}` for a fused tensor holding {order} in that order, "
+        + keep
+    )
+
+
+def _fused_lines(acc: _Acc, hfm: HFManifest) -> dict[str, str]:
+    """Per group of HF keys (``model.layers.N.qkv``), the line that would map a fused
+    tensor whose components no line produces."""
+    out = {}
+    for first, _, _ in acc.not_produced.values():
+        if first.fused is None:
+            continue
+        base = first.name.rpartition(".")[0]
+        found = _fused_key(first, base, hfm)
+        if found is not None:
+            key, _, transposed = found
+            line = f"{_template_of(key)} -> {_template_of(base)}"
+            out[_group_key(key)] = line + (" transpose" if transposed else "")
+    return out
+
+
+def _fused_key(unit: _Unit, base: str, hfm: HFManifest) -> tuple[str, tuple[int, ...], bool] | None:
+    """The HF key that most likely holds the whole fused parameter of ``unit``: its shape
+    (or, 2-D, the transpose) and the same numbers in the name; the closest name wins."""
+    import difflib
+
+    assert unit.fused is not None
+    at, comps = unit.fused
+    whole = list(unit.shape)
+    whole[at] = sum(size for _, size in comps)
+    shape = tuple(whole)
+    digits = _DIGITS.findall(base)
+    best: tuple[float, str, tuple[int, ...], bool] | None = None
+    for key, t in hfm.tensors.items():
+        if t.shape == shape:
+            transposed = False
+        elif len(shape) == 2 and t.shape == shape[::-1]:
+            transposed = True
+        else:
+            continue
+        if _DIGITS.findall(key) != digits:
+            continue
+        score = 2.0 if key == base else difflib.SequenceMatcher(None, key, base).ratio()
+        if best is None or score > best[0]:
+            best = (score, key, t.shape, transposed)
+    return None if best is None else best[1:]
 
 
 def _template_of(name: str) -> str:
@@ -716,23 +803,28 @@ def _check_keys(
             )
         )
     unexpected: dict[str, list[str]] = defaultdict(list)
-    needed = acc.needed
-    rest = sorted(tensors.keys() - needed.keys() - read)
+    bases = _bases(units)
+    rest = sorted(tensors.keys() - acc.needed.keys() - read)
     for key in rest:
         if hfmap.tie_of(key) is not None or hfmap.dropped(key):
             continue
-        if _consumed(hfmap, key, units):
+        if _consumed(hfmap, key, units, bases):
             continue
         unexpected[_group_key(key)].append(key)
     groups = sorted(unexpected.values(), key=lambda ks: ks[0])
+    whole = _fused_lines(acc, hfm) if groups else {}
     for keys in groups[:MAX_GROUPS]:
         more = f" (and {len(keys) - 1} more like it)" if len(keys) > 1 else ""
+        line = whole.get(_group_key(keys[0]))
         out.append(
             diag(
                 "SS073",
                 f"unexpected HF key {keys[0]!r}{more}: no map line consumes it",
                 _key_span(hfm, keys[0]),
-                "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
+                f"it holds a fused parameter's components that no line produces: map it "
+                f"whole, `{line}`"
+                if line
+                else "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
             )
         )
     rest_groups = groups[MAX_GROUPS:]
@@ -763,6 +855,12 @@ def _check_keys(
     return out
 
 
+def _bases(units: dict[str, _Group]) -> dict[str, _Group]:
+    """The fused parameters' names (a unit's name without its component) -> a group of
+    their units."""
+    return {n.rpartition(".")[0]: g for n, g in units.items() if g.fused is not None}
+
+
 def _first(table: dict, kind: object, key: str, shown: str) -> None:
     """Count ``key`` under ``kind``, showing ``shown`` for the smallest key of the kind."""
     cur = table.get(kind)
@@ -774,10 +872,11 @@ def _first(table: dict, kind: object, key: str, shown: str) -> None:
         cur[2] += 1
 
 
-def _consumed(hfmap: HFMap, key: str, units: dict[str, _Group]) -> bool:
-    """A rule reads ``key`` for a real unit (with a stack index inside its first dim)."""
+def _consumed(hfmap: HFMap, key: str, units: dict[str, _Group], bases: dict[str, _Group]) -> bool:
+    """A rule reads ``key`` for a real unit (with a stack index inside its first dim), or
+    for the components of a fused parameter (``bases``, by the parameter's name)."""
     for _, unit, index in hfmap.consumers(key):
-        u = units.get(unit)
+        u = units.get(unit) or bases.get(unit)
         if u is None:
             continue
         if index is None or (u.shape and 0 <= index < u.shape[0]):
@@ -837,35 +936,11 @@ def _check_config_values(
     out = []
     all_sizes: dict[str, list[tuple[int, str]]] | None = None
     for c in configs:
-        values: list[int] = []
-        for f in c.factors:
-            if f.number is not None:
-                values.append(f.number)
-                continue
-            if f.text not in hfm.config:
-                out.append(
-                    diag(
-                        "SS077",
-                        f"config.json has no key {f.text!r}",
-                        f.span,
-                        "the keys are those of the HF manifest's config (config.json)",
-                    )
-                )
-                break
-            v = hfm.config[f.text]
-            if not isinstance(v, int) or isinstance(v, bool):
-                out.append(
-                    diag(
-                        "SS077",
-                        f"config.json's {f.text!r} is {v!r}, not a whole number",
-                        f.span,
-                        "a binding multiplies whole numbers",
-                    )
-                )
-                break
-            values.append(v)
+        value, why = _config_product(c.factors, hfm)
+        if why is not None:
+            out.append(why)
         else:
-            value = math.prod(values)
+            assert value is not None
             if all_sizes is None:
                 all_sizes = _sizes(res)
             sizes = all_sizes.get(c.name.text, [])
@@ -884,6 +959,161 @@ def _check_config_values(
                         "sizes, or the binding",
                     )
                 )
+    return out
+
+
+def _config_product(
+    factors: list[ir.HFConfigFactor], hfm: HFManifest, code: str = "SS077"
+) -> tuple[int | None, Diagnostic | None]:
+    """The value of a product of config.json keys and whole numbers, or why it has none."""
+    values: list[int] = []
+    for f in factors:
+        if f.number is not None:
+            values.append(f.number)
+            continue
+        if f.text not in hfm.config:
+            return None, diag(
+                code,
+                f"config.json has no key {f.text!r}",
+                f.span,
+                "the keys are those of the HF manifest's config (config.json)",
+            )
+        v = hfm.config[f.text]
+        if not isinstance(v, int) or isinstance(v, bool):
+            return None, diag(
+                code,
+                f"config.json's {f.text!r} is {v!r}, not a whole number",
+                f.span,
+                "a binding multiplies whole numbers",
+            )
+        values.append(v)
+    return math.prod(values), None
+
+
+# ------------------------------------------------------------------------------ splits
+
+
+def _check_splits(
+    res: Resolved,
+    hfmap: HFMap,
+    bad: set[int],
+    units: dict[str, _Group],
+    hfm: HFManifest | None,
+) -> list[Diagnostic]:
+    """SS081: split lines that do not fit their target: an `as` list on a parameter
+    without a fused dimension, a part that is no component of it, a stated size that
+    differs from the component's, transforms that move the fused dimension of some parts
+    only, or a stack index over the fused dimension itself."""
+    hf = res.spec.hf
+    assert hf is not None
+    rules = hfmap.rules
+    splitting = [i for i, r in enumerate(rules) if i not in bad]
+    if not splitting:
+        return []
+    # Per map line, the first fused parameter (by name) it splits and the first plain unit
+    # its `as` list names.
+    first_fused: dict[int, tuple[str, _Group]] = {}
+    first_plain: dict[int, str] = {}
+    index = hfmap._target_index
+    for name, grp in sorted(units.items()):
+        if grp.fused is not None:
+            base = name.rpartition(".")[0]
+            for i in index.candidates(base):
+                if i not in bad and i not in first_fused and rules[i].target_regex.match(base):
+                    first_fused[i] = (base, grp)
+        else:
+            for i in index.candidates(name):
+                r = rules[i]
+                if r.parts is not None and i not in first_plain and r.target_regex.match(name):
+                    first_plain[i] = name
+    out: list[Diagnostic] = []
+    for i, name in sorted(first_plain.items()):
+        if i in first_fused:
+            continue
+        m = hf.maps[i]
+        out.append(
+            diag(
+                "SS081",
+                f"line {m.span.line} splits {name!r}, which has no fused dimension",
+                m.target.span,
+                "an `as` list names the components of a `fuse` dimension; map a tensor "
+                "to a plain parameter without it",
+            )
+        )
+    for i, (base, grp) in sorted(first_fused.items()):
+        out += _split_problems(hf.maps[i], rules[i], base, grp, hfm)
+    return out
+
+
+def _split_problems(
+    m: ir.HFMapItem, rule: MapRule, base: str, grp: _Group, hfm: HFManifest | None
+) -> list[Diagnostic]:
+    assert grp.fused is not None
+    at, comps = grp.fused
+    sizes = dict(comps)
+    known = ", ".join(f"{c} {n}" for c, n in comps)
+    out = []
+    if rule.stack and at == 0:
+        out.append(
+            diag(
+                "SS081",
+                f"{base!r}: the stack index [{rule.stack}] takes the fused dimension itself",
+                m.stack.span if m.stack else m.span,
+                "stack over the experts' dimension; the fused dimension must be another one",
+            )
+        )
+        return out
+    for p in m.parts or []:
+        name = p.name.text
+        if name not in sizes:
+            out.append(
+                diag(
+                    "SS081",
+                    f"{name!r} is not a component of {base!r}, whose fused dimension is {known}",
+                    p.name.span,
+                    "name the components of the `fuse` line, in the order the Hugging Face "
+                    "tensor stores them",
+                )
+            )
+            continue
+        if p.size is None:
+            continue
+        stated: int | None
+        if len(p.size) == 1 and p.size[0].number is not None:
+            stated = p.size[0].number
+        elif hfm is None:
+            continue  # config values need the HF manifest (SS079 says it is missing)
+        else:
+            stated, why = _config_product(p.size, hfm, "SS081")
+            if why is not None:
+                out.append(why)
+                continue
+        if stated != sizes[name]:
+            out.append(
+                diag(
+                    "SS081",
+                    f"part {name} is stated as {stated}, but component {name} of {base!r} "
+                    f"has {sizes[name]}",
+                    p.size_span or p.span,
+                    f"the components are {known} (global sizes, all groups); fix the size "
+                    "or the `fuse` line",
+                )
+            )
+    parts = rule.parts or ()
+    ndim = len(grp.shape) - (1 if rule.stack else 0)
+    d = at - (1 if rule.stack else 0)
+    dims = {hf_dim(ndim, rule.transforms + p.transforms, d) for p in parts}
+    if len(dims) > 1:
+        out.append(
+            diag(
+                "SS081",
+                f"the parts' transforms put {base!r}'s fused dimension on different Hugging "
+                "Face dimensions",
+                m.span,
+                "the parts lie along one dimension of the Hugging Face tensor: `transpose` "
+                "goes before `as`, for every part",
+            )
+        )
     return out
 
 

@@ -390,8 +390,8 @@ CHECKS: tuple[Check, ...] = (
         "An hf block item is malformed: a map line with glob syntax (`*`, `**`, `{a,b}`), "
         "captures that are not on both sides, a stack index that is no capture of the Hugging "
         "Face name, an odd `rope` size, a bad drop/keep glob, a tie that is not two literal "
-        "keys (or ties an alias twice, to itself or to another alias), or a config name bound "
-        "twice.",
+        "keys (or ties an alias twice, to itself or to another alias), a config name bound "
+        "twice, or a component named twice in a split line's `as` list.",
         "The mapping must invert: load names the Hugging Face key of every storage unit, and "
         "export names the storage unit of every key, from the same line.",
         "model.layers.*.mlp.up_proj.weight -> layers.{i}.feed_forward.w13.weight.up",
@@ -516,6 +516,22 @@ CHECKS: tuple[Check, ...] = (
         "model.embed_tokens.weight -> tok_embeddings.weight\n"
         "lm_head.weight -> output.weight\n"
         "tie lm_head.weight = model.embed_tokens.weight",
+    ),
+    Check(
+        "SS081",
+        "hf-bad-split",
+        E,
+        "A split line (one Hugging Face tensor to the components of a fused dimension) does "
+        "not fit its target: an `as` list on a parameter without a fused dimension, a part "
+        "that is no component of it, a stated size (a number or a config.json product) that "
+        "differs from the component's, parts whose transforms put the fused dimension on "
+        "different Hugging Face dimensions, or a stack index `[e]` over the fused dimension.",
+        "Load cuts the Hugging Face tensor into the parts at the components' sizes, in the "
+        "order written, and export joins them back: a part that is not a component, or a size "
+        "the checkpoint does not have, would read the wrong rows.",
+        "model.layers.{i}.mlp.gate_up_proj.weight -> layers.{i}.w13.weight as up 32, gate 32, down",
+        "model.layers.{i}.mlp.gate_up_proj.weight -> layers.{i}.w13.weight as up 64, gate 64",
+        True,
     ),
     # --- pipeline stages ---------------------------------------------------------------
     Check(

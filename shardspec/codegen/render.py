@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 
 from shardspec import RUNTIME_API, __version__, ir
+from shardspec.hfmap import MapRule, Transform
 from shardspec.hfresolve import build_hfmap
 from shardspec.layout import RuleSpec, dtensor_placements
 from shardspec.resolve import Resolved, rule_spec
@@ -245,20 +246,25 @@ def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
     if spec.hf is None:
         return None
     hfmap = build_hfmap(spec.hf)
-    rules = tuple(
-        Call(
-            "MapRule",
-            (
-                r.hf,
-                r.target,
-                r.stack,
-                tuple(
-                    Call("Transform", (t.kind, t.head_dim) if t.kind == "rope" else (t.kind,))
-                    for t in r.transforms
-                ),
-                r.line,
+
+    def transforms(items: tuple[Transform, ...]) -> tuple[Call, ...]:
+        return tuple(
+            Call("Transform", (t.kind, t.head_dim) if t.kind == "rope" else (t.kind,))
+            for t in items
+        )
+
+    def parts(r: MapRule) -> tuple:
+        if r.parts is None:
+            return ()
+        return (
+            tuple(
+                Call("Part", (p.name, transforms(p.transforms)) if p.transforms else (p.name,))
+                for p in r.parts
             ),
         )
+
+    rules = tuple(
+        Call("MapRule", (r.hf, r.target, r.stack, transforms(r.transforms), r.line, *parts(r)))
         for r in hfmap.rules
     )
     fields = [("rules", rules), ("drops", hfmap.drops), ("ties", hfmap.ties)]
@@ -270,12 +276,24 @@ def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
     imports = ["HFMap"]
     if hfmap.rules:
         imports.append("MapRule")
-    if any(r.transforms for r in hfmap.rules):
+    if any(r.parts for r in hfmap.rules):
+        imports.append("Part")
+    every = [
+        t
+        for r in hfmap.rules
+        for t in (*r.transforms, *(t for p in r.parts or () for t in p.transforms))
+    ]
+    if every:
         imports.append("Transform")
     first, last = spec.hf.span.line, spec.hf.span.end_line or spec.hf.span.line
     words = "How a Hugging Face checkpoint maps onto the storage units".split()
     words += [f"({spec_path},", "lines", f"{first}-{last})."]
-    fields = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line)."
+    fields = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line"
+    fields += (
+        ", parts of a split HF tensor in its order)."
+        if any(r.parts is not None for r in hfmap.rules)
+        else ")."
+    )
     text = comment(words) + "\n" + comment(fields.split())
     return {"table": "\n".join(lines), "imports": ", ".join(imports), "comment": text}
 

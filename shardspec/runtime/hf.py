@@ -40,7 +40,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardspec.hfmap import HFMap, Source, model_indices, runs, source_indices, unit_names
+from shardspec.hfmap import (
+    Fused,
+    HFMap,
+    Source,
+    Split,
+    fused_of,
+    model_indices,
+    runs,
+    source_indices,
+    unit_names,
+)
 from shardspec.layout import Mesh, ParamLayout
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.spec import CompiledSpec, SpecError
@@ -103,6 +113,7 @@ class _GlobalUnit:
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    fused: Fused | None = None  # the parameter's fused dimension, for a component
 
 
 def _model_state(model: Any) -> dict[str, Any]:
@@ -131,8 +142,9 @@ def _global_units(
     """Every storage unit of every rank (the same on every rank), by name."""
     out: dict[str, _GlobalUnit] = {}
     for key, (layout, spans) in layouts.items():
+        fused = fused_of(layout.dims)
         for name, shape in unit_names(key, layout.dims, spans):
-            out.setdefault(name, _GlobalUnit(name, shape, dtypes[key]))
+            out.setdefault(name, _GlobalUnit(name, shape, dtypes[key], fused))
     return out
 
 
@@ -274,9 +286,11 @@ def _resolve_sources(
     for name in sorted(units):
         if hfmap.kept(name):
             continue
-        found = hfmap.sources(name, units[name].shape)
+        unit = units[name]
+        found = hfmap.sources(name, unit.shape, unit.fused)
         if len(found) == 1:
             sources[name] = found[0]
+            problems += _split_problems(hfmap, name, found[0], unit.fused)
         elif not found:
             if strict:
                 problems.append(f"{name}: no rule of the hf mapping produces this parameter")
@@ -284,6 +298,20 @@ def _resolve_sources(
             rules = ", ".join(f"line {hfmap.rules[s.rule].line}" for s in found)
             problems.append(f"{name}: produced by several rules of the hf mapping ({rules})")
     return sources, problems
+
+
+def _split_problems(hfmap: HFMap, name: str, src: Source, fused: Fused | None) -> list[str]:
+    """A split line whose `as` list names what is no component (lint: SS081)."""
+    rule = hfmap.rules[src.rule]
+    if src.split is None or rule.parts is None or fused is None:
+        return []
+    comps = {c for c, _ in fused[1]}
+    return [
+        f"{name}: line {rule.line} splits its Hugging Face tensor into {p.name!r}, which is "
+        f"no component of {name.rpartition('.')[0]} ({', '.join(c for c, _ in fused[1])})"
+        for p in rule.parts
+        if p.name not in comps
+    ]
 
 
 # ---------------------------------------------------------------------------------- load
@@ -302,11 +330,16 @@ def _read_runs(
 
 
 def _read_box(
-    handle: Any, key: str, transforms: Sequence, offsets: Sequence[int], sizes: Sequence[int]
+    handle: Any,
+    key: str,
+    transforms: Sequence,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    split: Split | None = None,
 ) -> torch.Tensor:
-    """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to,
-    read with safetensors slicing (only the box's bytes)."""
-    per_dim, model_dim_of = source_indices(transforms, offsets, sizes)
+    """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
+    its part ``split``), read with safetensors slicing (only the box's bytes)."""
+    per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
     sl = handle.get_slice(key)
     if not per_dim:
         return handle.get_tensor(key)
@@ -433,7 +466,6 @@ def load_hf(
     staged: list[tuple[Unit, torch.Tensor, torch.Tensor]] = []
     try:
         for unit, tensor, src in todo:
-            rule = hfmap.rules[src.rule]
             if src.stacked:
                 first, count = unit.offsets[0], unit.sizes[0]
                 parts = []
@@ -443,9 +475,10 @@ def load_hf(
                         _read_box(
                             handles[weight_map[key]],
                             key,
-                            rule.transforms,
+                            src.transforms,
                             unit.offsets[1:],
                             unit.sizes[1:],
+                            src.split,
                         )
                     )
                     report.reads += 1
@@ -453,7 +486,12 @@ def load_hf(
             else:
                 key = read_from[src.keys[0]]
                 box = _read_box(
-                    handles[weight_map[key]], key, rule.transforms, unit.offsets, unit.sizes
+                    handles[weight_map[key]],
+                    key,
+                    src.transforms,
+                    unit.offsets,
+                    unit.sizes,
+                    src.split,
                 )
                 report.reads += 1
             report.bytes_read += box.numel() * box.element_size()
@@ -585,26 +623,63 @@ def _stage_plans(
 
 
 def _written_twice(sources: Mapping[str, Source]) -> list[str]:
-    """HF keys that two units would be written under (lint's SS080 catches the lines)."""
-    owner: dict[str, str] = {}
-    out = []
+    """HF keys that two units would be written under (lint's SS080 catches the lines),
+    unless they are the parts of one split line that tile the tensor exactly."""
+    writers: dict[str, list[tuple[str, Source]]] = {}
     for name, src in sorted(sources.items()):
         for key in src.keys:
-            if key in owner:
-                out.append(f"{key}: both {owner[key]} and {name} would be written under it")
-            else:
-                owner[key] = name
+            writers.setdefault(key, []).append((name, src))
+    out = []
+    for key, found in sorted(writers.items()):
+        if len(found) == 1 and found[0][1].split is None:
+            continue
+        splits = [src.split for _, src in found]
+        parts = sorted((sp.start, sp.size) for sp in splits if sp is not None)
+        tiled = (
+            None not in splits
+            and len({(src.rule, src.split.dim, src.split.total) for _, src in found}) == 1  # type: ignore[union-attr]
+            and all(a == b for (a, _), b in zip(parts, _ends(parts), strict=True))
+            and sum(n for _, n in parts) == found[0][1].split.total  # type: ignore[union-attr]
+        )
+        if not tiled:
+            names = " and ".join(n for n, _ in found)
+            how = ", not as parts that tile it" if any(splits) else ""
+            out.append(f"{key}: both {names} would be written under it{how}")
     return out
 
 
-def _assign(units: Sequence[_GlobalUnit], world: int) -> dict[str, int]:
-    """Which rank writes each unit: largest first, to the rank with the fewest bytes."""
+def _ends(parts: list[tuple[int, int]]) -> list[int]:
+    """Where each of the sorted ``(start, size)`` parts would start if they tiled from 0."""
+    out, at = [], 0
+    for start, size in parts:
+        out.append(at)
+        at = start + size
+    return out
+
+
+def _bundles(todo: Sequence[_GlobalUnit], sources: Mapping[str, Source]) -> list[list[_GlobalUnit]]:
+    """Units that one rank must write together: the parts of one split HF tensor."""
+    out: dict[tuple[str, ...], list[_GlobalUnit]] = {}
+    for u in todo:
+        src = sources[u.name]
+        out.setdefault(src.keys if src.split is not None else (u.name,), []).append(u)
+    return list(out.values())
+
+
+def _assign(bundles: Sequence[Sequence[_GlobalUnit]], world: int) -> dict[str, int]:
+    """Which rank writes each unit: bundles (the parts of one HF tensor go together)
+    largest first, to the rank with the fewest bytes."""
     load = [0] * world
     out = {}
-    for u in sorted(units, key=lambda u: (-math.prod(u.shape) * u.dtype.itemsize, u.name)):
+
+    def nbytes(b: Sequence[_GlobalUnit]) -> int:
+        return sum(math.prod(u.shape) * u.dtype.itemsize for u in b)
+
+    for b in sorted(bundles, key=lambda b: (-nbytes(b), b[0].name)):
         r = min(range(world), key=lambda i: (load[i], i))
-        out[u.name] = r
-        load[r] += math.prod(u.shape) * u.dtype.itemsize
+        for u in b:
+            out[u.name] = r
+        load[r] += nbytes(b)
     return out
 
 
@@ -613,10 +688,14 @@ def _colocate_ties(
 ) -> dict[str, int]:
     """``dest`` with each tie alias's unit written by its source's writer, which then
     holds both tensors and can tell whether they are equal (:func:`_tie_decisions`)."""
-    unit_of = {key: name for name, src in sources.items() for key in src.keys}
+    units_of: dict[str, list[str]] = {}
+    for name, src in sources.items():
+        for key in src.keys:
+            units_of.setdefault(key, []).append(name)
     for alias, source in hfmap.ties:
-        if alias in unit_of and source in unit_of:
-            dest[unit_of[alias]] = dest[unit_of[source]]
+        if alias in units_of and source in units_of:
+            for name in units_of[alias]:  # every part of a split alias
+                dest[name] = dest[units_of[source][0]]
     return dest
 
 
@@ -879,7 +958,7 @@ def _export_hf(
         plan_of = _stage_plans(spec, lm, names, dtypes)
     chunks = _global_chunks(names, lm, layouts, plan_of)
     todo = [units[n] for n in sorted(sources)]
-    dest = _colocate_ties(hfmap, sources, _assign(todo, world))
+    dest = _colocate_ties(hfmap, sources, _assign(_bundles(todo, sources), world))
 
     partial = path + ".partial"
     return _export(
@@ -974,15 +1053,21 @@ def _export(
     writers = sorted({dest[u.name] for u in todo})
     for u in todo:
         src = sources[u.name]
-        transforms = hfmap.rules[src.rule].transforms
-        keys = src.keys
-        for k, key in enumerate(keys):
+        for k, key in enumerate(src.keys):
             weight_map[key] = dest[u.name]
-            if dest[u.name] == rank:
-                part = fulls[u.name][k] if src.stacked else fulls[u.name]
-                tensors[key] = _to_hf(part, transforms)
-                if dtype is not None:
-                    tensors[key] = tensors[key].to(dtype)
+            if dest[u.name] != rank:
+                continue
+            part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
+            if dtype is not None:
+                part = part.to(dtype)
+            if src.split is None:
+                tensors[key] = part
+                continue
+            # A part of a split tensor: its place along the split dimension.
+            whole = tensors.get(key)
+            if whole is None:
+                whole = tensors[key] = torch.empty(src.shape, dtype=part.dtype)
+            whole.narrow(src.split.dim, src.split.start, src.split.size).copy_(part)
     ties = _tie_decisions(hfmap, tensors, _config_ties(config))
     tie_error = ties.pop(None, None)
     for key in _gather_keys(set(ties)):  # aliases not written, from every writer

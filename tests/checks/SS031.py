@@ -74,9 +74,26 @@ param wqkv [qkv, hidden] {
                 6,
                 "wqkv: no DTensor placements describe this layout",
                 "shard qkv",
-                "components of 'qkv' differ in size",
+                "Either keep 'qkv' whole over 'tp': `replicate tp` instead of `shard qkv over "
+                "tp`; or build the module with its tp shard (Megatron style, each rank holding "
+                "its slice of each component): `local tp`; or if the model's forward reads the "
+                "rows per group (Megatron's GQA layout), `fuse qkv as 2 groups of q 32, k 8, "
+                "v 8`",
             )
         ],
+    },
+    {
+        "name": "q/k/v of unequal sizes kept whole over tp",
+        "spec": HEAD
+        + """\
+param wqkv [qkv, hidden] {
+    fuse qkv as q 64, k 16, v 16
+    replicate tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"wqkv": [96, 8]},
+        "expect": [],
     },
     {
         "name": "grouped q/k/v over tp",

@@ -97,4 +97,28 @@ hf "hf.json" {
             ("SS079", 2, "the hf block names no HF manifest", "hf"),
         ],
     },
+    {
+        "name": "a component named twice in a split line's as list",
+        "spec": HEAD
+        + GOOD.replace(
+            "    model.layers.{i}.gate -> layers.{i}.w13.gate\n"
+            "    model.layers.{i}.up -> layers.{i}.w13.up\n",
+            "    model.layers.{i}.gate_up -> layers.{i}.w13 as up, gate, up rope 2\n",
+        ),
+        "manifest": MANIFEST,
+        "hf_manifest": {
+            **HF,
+            "tensors": {
+                **{k: v for k, v in HF["tensors"].items() if not k.endswith(("gate", "up"))},
+                "model.layers.0.gate_up": [8, 8],
+                "model.layers.1.gate_up": [8, 8],
+            },
+        },
+        "expect": [
+            ("SS070", 8, "component 'up' is named twice in the `as` list", "up rope 2"),
+            ("SS071", "m.json:4", "storage unit 'layers.0.w13.gate' [4, 8]"),
+            ("SS071", "m.json:4", "storage unit 'layers.0.w13.up' [4, 8]"),
+            ("SS073", "hf.json:6", "unexpected HF key 'model.layers.0.gate_up'"),
+        ],
+    },
 ]

@@ -18,6 +18,22 @@ CASES = [
         ],
     },
     {
+        "name": "a line splitting the fused tensor, and lines for its components too",
+        "spec": HEAD + GOOD.replace("}\n", "    model.layers.{i}.w13 -> layers.{i}.w13\n}\n"),
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [
+            (
+                "SS072",
+                11,
+                "storage unit 'layers.0.w13.gate' (and 1 more) is produced by 2 map lines "
+                "(lines 8, 11)",
+                "layers.{i}.w13",
+            ),
+            ("SS072", 11, "storage unit 'layers.0.w13.up' (and 1 more)"),
+        ],
+    },
+    {
         "name": "one name for the norm",
         "spec": HEAD + GOOD,
         "manifest": MANIFEST,

@@ -21,11 +21,11 @@ CASES = [
         ],
     },
     {
-        "name": "the fused parameter itself is not a unit: its components are",
-        "spec": HEAD + GOOD.replace("}\n", "    model.layers.{i}.w13 -> layers.{i}.w13\n}\n"),
+        "name": "a component the fused dimension does not have",
+        "spec": HEAD + GOOD.replace("}\n", "    model.layers.{i}.w2 -> layers.{i}.w13.down\n}\n"),
         "manifest": MANIFEST,
         "hf_manifest": HF,
-        "expect": [("SS078", 11, "produces no storage unit", "layers.{i}.w13")],
+        "expect": [("SS078", 11, "produces no storage unit", "layers.{i}.w13.down")],
     },
     {
         "name": "every line produces something",

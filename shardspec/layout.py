@@ -540,12 +540,19 @@ def same_layout(
     ``(dp, tp)``, and ``_StridedShard(d, 1)`` equals ``Shard(d)``."""
     sub = mesh.submesh(names)
     pos = [mesh.names.index(n) for n in names]
-    for coord in mesh.coords():
+
+    def read(coord: Sequence[int]) -> tuple[tuple[Ranges, ...], tuple[Ranges, ...]]:
         want = torch_placement_indices(shape, mesh, placements, coord)
-        have = torch_placement_indices(shape, sub, other, [coord[p] for p in pos])
-        if want != have and not _same_empty(want, have):
-            return tuple(coord), want, have
-    return None
+        return want, torch_placement_indices(shape, sub, other, [coord[p] for p in pos])
+
+    def differs(coord: tuple[int, ...]) -> bool:
+        want, have = read(coord)
+        return want != have and not _same_empty(want, have)
+
+    # Sampled, not a walk over every rank (65,536 ranks took a second per layout).
+    programs = ((mesh.names, placements), (tuple(names), other))
+    coord = _first_in_boxes(placement_boxes(shape, mesh, programs), mesh, differs)
+    return None if coord is None else (tuple(coord), *read(coord))
 
 
 def _same_empty(a: tuple[Ranges, ...], b: tuple[Ranges, ...]) -> bool:
@@ -643,12 +650,19 @@ def first_difference(
     where they agree at the corner and at those steps they agree everywhere, and otherwise
     the first rank where they differ is the corner or the step along the innermost axis
     where they differ."""
+    boxes = sample_boxes((layout, *more), mesh)
+    return _first_in_boxes([b for b in boxes if layout.on_stage(mesh, b.corner)], mesh, differs)
+
+
+def _first_in_boxes(
+    boxes: Iterable[Box], mesh: Mesh, differs: Callable[[tuple[int, ...]], bool]
+) -> tuple[int, ...] | None:
+    """The first coordinate in rank order where ``differs`` (a comparison of index sets
+    affine over each box) is true: each box decided at its corner and one step on."""
     best: tuple[int, ...] | None = None
     best_rank = mesh.world
-    for box in sample_boxes((layout, *more), mesh):
+    for box in boxes:
         if mesh.rank_of(box.corner) >= best_rank:
-            continue
-        if not layout.on_stage(mesh, box.corner):
             continue
         found = (
             box.corner
@@ -840,24 +854,33 @@ def _physical_specials(dim: Dim, sizes: dict[str, int], samples: dict[str, set[i
 
 
 def _torch_specials(layout: ParamLayout, mesh: Mesh, samples: dict[str, set[int]]) -> None:
-    """Add the special coordinates of DTensor's reading of the layout's placements
-    (:func:`torch_placement_indices`), axis by axis in mesh order."""
+    """Add the special coordinates of DTensor's reading of the layout's placements."""
     sub = dtensor_mesh(layout, mesh)
-    placements = dtensor_placements(layout, mesh)
-    shape = module_shape(layout, mesh)
+    _placement_specials(module_shape(layout, mesh), sub, dtensor_placements(layout, mesh), samples)
+
+
+def _placement_specials(
+    shape: Sequence[int],
+    mesh: Mesh,
+    placements: Sequence[Placement],
+    samples: dict[str, set[int]],
+) -> None:
+    """Add the special coordinates of :func:`torch_placement_indices` (``shape`` under
+    ``placements`` on ``mesh``, whose axis names key ``samples``), axis by axis in mesh
+    order."""
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     for t, size in enumerate(shape):
-        steps = [(sub.names[i], p) for i, p in enumerate(placements) if p[0] != "R" and p[1] == t]
+        steps = [(mesh.names[i], p) for i, p in enumerate(placements) if p[0] != "R" and p[1] == t]
         for k, (axis, p) in enumerate(steps):
-            n = sub.size(axis)
-            outer = [a for a, _ in steps[:k]]
+            n = sizes[axis]
             found: set[int] = set()
-            for c in _grid(outer, dict(zip(sub.names, sub.sizes, strict=True)), samples):
+            for c in _grid([a for a, _ in steps[:k]], sizes, samples):
                 r: Ranges = ((0, size),) if size else ()
                 for a, q in steps[:k]:
                     r = (
-                        _block(r, sub.size(a), c[a])
+                        _block(r, sizes[a], c[a])
                         if q[0] == "S"
-                        else _strided(r, q[2], sub.size(a), c[a])
+                        else _strided(r, q[2], sizes[a], c[a])
                     )
                 total = ranges_len(r)
                 if p[0] == "S":
@@ -929,6 +952,12 @@ def sample_boxes(layouts: tuple[ParamLayout, ...], mesh: Mesh) -> tuple[Box, ...
             _torch_specials(layout, mesh, samples)
         if sum(len(s) for s in samples.values()) == before:
             break
+    return _boxes(mesh, samples)
+
+
+def _boxes(mesh: Mesh, samples: dict[str, set[int]]) -> tuple[Box, ...]:
+    """The boxes whose sides start at each axis's special coordinates and the first
+    ordinary coordinate after each, in rank order of their corners."""
     sides = []
     for a, n in zip(mesh.names, mesh.sizes, strict=True):
         starts = _reps(samples[a], n)
@@ -939,6 +968,22 @@ def sample_boxes(layouts: tuple[ParamLayout, ...], mesh: Mesh) -> tuple[Box, ...
         Box(tuple(lo for lo, _ in combo), tuple(hi for _, hi in combo))
         for combo in itertools.product(*sides)
     )
+
+
+@lru_cache(maxsize=4096)
+def placement_boxes(
+    shape: tuple[int, ...], mesh: Mesh, programs: tuple[tuple[tuple[str, ...], tuple], ...]
+) -> tuple[Box, ...]:
+    """:func:`sample_boxes` for DTensor placements: over each box, ``shape`` read under each
+    ``(axis names, placements)`` of ``programs`` (axes of ``mesh``; the others replicate)
+    gives indices affine in the coordinate."""
+    samples: dict[str, set[int]] = {a: {0} for a in mesh.names}
+    while True:
+        before = sum(len(s) for s in samples.values())
+        for names, placements in programs:
+            _placement_specials(shape, mesh.submesh(names), placements, samples)
+        if sum(len(s) for s in samples.values()) == before:
+            return _boxes(mesh, samples)
 
 
 def _within_stage(layout: ParamLayout) -> ParamLayout:

@@ -147,6 +147,14 @@ def test_boxes_hold_alike_and_cover_the_mesh(case) -> None:
 @given(cases())
 @example((ParamLayout((Dim("x", 100, ("b", "a")),)), Mesh(("a", "b"), (13, 3))))
 @example((ParamLayout((Dim("x", 96, ("b", "a")), Dim("y", 7))), Mesh(("a", "b"), (4, 6))))
+# Found by a search: with only the physical layout's special coordinates (not DTensor's
+# reading of the placements), the first rank reported was (0, 6), not (0, 5).
+@example(
+    (
+        ParamLayout((Dim("d0", 56, ("a", "b"), Fusion((("c0", 1), ("c1", 6)), 8)),)),
+        Mesh(("a", "b"), (13, 13)),
+    )
+)
 def test_representable_names_the_first_rank_a_walk_names(case) -> None:
     layout, mesh = case
     representable.cache_clear()
@@ -227,3 +235,54 @@ def test_first_difference_steps_into_a_box() -> None:
     box = L.Box((2, 0), (12, 4))
     assert box.steps() == [(2, 1), (3, 0)]  # innermost axis first
     assert list(box.ranks(Mesh(("a", "b"), (13, 4))))[:5] == [8, 9, 10, 11, 12]
+
+
+@st.composite
+def placement_pairs(draw):
+    """A shape, a mesh with long runs, placements on it, and other placements on a
+    sub-mesh (often the same layout spelled otherwise)."""
+    ndim = draw(st.integers(1, 2))
+    shape = tuple(draw(st.lists(st.integers(0, 150), min_size=ndim, max_size=ndim)))
+    sizes = tuple(draw(st.lists(st.integers(1, 13), min_size=1, max_size=3)))
+    mesh = Mesh(NAMES[: len(sizes)], sizes)
+
+    def placement():
+        kind = draw(st.sampled_from(["R", "S", "S", "SS"]))
+        d = draw(st.integers(0, ndim - 1))
+        if kind == "R":
+            return ("R",)
+        return ("S", d) if kind == "S" else ("SS", d, draw(st.integers(1, 5)))
+
+    placements = tuple(placement() for _ in sizes)
+    names = tuple(n for n in mesh.names if draw(st.booleans()))
+    same = draw(st.booleans())
+    other = tuple(placements[mesh.names.index(n)] if same else placement() for n in names)
+    return shape, mesh, placements, names, other
+
+
+@SETTINGS
+@given(placement_pairs())
+# Found by a search: deciding the whole mesh as one box (corner and one step) misses the
+# first difference, at (0, 0, 4); the sampled boxes find it.
+@example(
+    (
+        (85,),
+        Mesh(("a", "b", "c"), (13, 12, 12)),
+        (("S", 0), ("R",), ("S", 0)),
+        ("a", "b", "c"),
+        (("R",), ("SS", 0, 2), ("S", 0)),
+    )
+)
+def test_same_layout_names_the_first_rank_a_walk_names(case) -> None:
+    shape, mesh, placements, names, other = case
+    sub = mesh.submesh(names)
+    pos = [mesh.names.index(n) for n in names]
+    walk = None
+    for coord in mesh.coords():
+        want = torch_placement_indices(shape, mesh, placements, coord)
+        have = torch_placement_indices(shape, sub, other, [coord[p] for p in pos])
+        if want != have and not L._same_empty(want, have):
+            walk = (tuple(coord), want, have)
+            break
+    L.same_layout.cache_clear()
+    assert L.same_layout(shape, mesh, placements, names, other) == walk

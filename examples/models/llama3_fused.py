@@ -32,13 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from examples.models.llama import (
-    FeedForward,
-    LlamaConfig,
-    RMSNorm,
-    apply_rope_interleaved,
-    rope_cos_sin,
-)
+from examples.models import llama
+from examples.models.llama import LlamaConfig, RMSNorm, apply_rope_interleaved, rope_cos_sin
 
 __all__ = ["Attention", "Llama3", "QKVLinear", "tiny"]
 
@@ -104,17 +99,12 @@ def _join_qkv(module: Attention, state_dict: dict, prefix: str, *args: Any) -> N
         state_dict[f"{prefix}qkv_linear.wqkv.weight"] = torch.cat(parts, dim=0)
 
 
-class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attention = Attention(config)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.feed_forward = FeedForward(config)
+class TransformerBlock(llama.TransformerBlock):
+    """The Llama block (pre-norm attention and SwiGLU) with the fused-q/k/v attention."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__(config)
+        self.attention = Attention(config)
 
 
 class Llama3(nn.Module):

@@ -164,7 +164,9 @@ class _Names:
         for the parameter behind a hook's key; or, for what looks like a typo, the closest
         parameter names."""
         hits = [(f, kind) for f, kind in self.others if glob.regex.match(f)]
-        more = f" (and {len(hits) - 1} more such names)" if len(hits) > 1 else ""
+        hits.sort(key=lambda hit: hit[1] != "hook")  # a hook's key says the most
+        n = len(hits) - 1
+        more = f" (and {n} more such {_plural(n, 'name')})" if n else ""
         if hits and hits[0][1] == "hook":
             return self._hook_hint(pattern, hits[0][0], more)
         if hits and hits[0][1] == "buffer":

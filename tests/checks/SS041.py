@@ -127,7 +127,7 @@ ignore rope.*
                 4,
                 "rule 'layers.*.attention.wq.weight' matches no parameter",
                 "layers.*.attention.wq.weight",
-                "`layers.0.attention.wq.weight` (and 1 more such names) exists only in "
+                "`layers.0.attention.wq.weight` (and 1 more such name) exists only in "
                 "state_dict() (written by a state-dict hook of layers.0.attention, from the "
                 "parameter layers.0.attention.qkv_linear.wqkv.weight); rules match parameters "
                 "as the model holds them: write the rule for "

@@ -10,7 +10,8 @@ from shardspec.diagnostics import Diagnostic, Span
 from shardspec.patterns import Glob, describe_key
 from shardspec.resolve import Resolved
 
-MAX_CLOSE = 5000  # distinct parameter names (layer numbers as *) a typo is compared with
+MAX_CLOSE = 20000  # distinct parameter names (layer numbers as *) a typo is compared with
+MAX_BUCKET = 1000  # of them, those differing from a pattern in one given segment
 
 
 def _entry_span(res: Resolved, fqn: str) -> Span:
@@ -152,11 +153,18 @@ class _Names:
         return out
 
     @cached_property
-    def params(self) -> list[str]:
-        """Distinct parameter names with layer numbers written ``*`` (at most MAX_CLOSE)."""
+    def by_rest(self) -> dict[tuple[int, tuple[str, ...]], list[str]]:
+        """Distinct parameter names with layer numbers written ``*`` (at most MAX_CLOSE),
+        under (position, their other segments) for each position: what a pattern with a
+        typo in one segment is looked up in."""
         manifest = self.res.manifest
         assert manifest is not None
-        return sorted({_generalized(e.fqn) for e in manifest.params})[:MAX_CLOSE]
+        out: dict[tuple[int, tuple[str, ...]], list[str]] = defaultdict(list)
+        for name in sorted({_generalized(e.fqn) for e in manifest.params})[:MAX_CLOSE]:
+            segs = tuple(name.split("."))
+            for i in range(len(segs)):
+                out[(i, segs[:i] + segs[i + 1 :])].append(name)
+        return out
 
     def hint(self, pattern: str, glob: Glob) -> str:
         """SS041's hint for a rule that matches no parameter: the names it does match that
@@ -182,7 +190,7 @@ class _Names:
                 "parameters as the model holds them and reports the hooks) and write the "
                 "rule for the parameter, or delete the rule if it is a buffer"
             )
-        close = _closest(pattern, self.params)
+        close = _closest(pattern, self.by_rest)
         if close:
             return (
                 f"did you mean `{'`, `'.join(close)}`? no parameter has a name like it; "
@@ -210,18 +218,20 @@ class _Names:
         )
 
 
-def _closest(pattern: str, names: list[str]) -> list[str]:
-    """The names closest to ``pattern`` (difflib's ratio at least 0.75): the best one, and
-    a second only when it is about as close."""
+def _closest(pattern: str, by_rest: dict[tuple[int, tuple[str, ...]], list[str]]) -> list[str]:
+    """The parameter names (layer numbers written ``*``) that differ from ``pattern`` in
+    one segment only, that segment close to the pattern's (difflib's ratio at least 0.6):
+    the closest, and a second only when it is about as close. ``by_rest`` indexes the
+    names by (position, the other segments), so each pattern costs a lookup per segment."""
     import difflib
 
+    segs = tuple(pattern.split("."))
     scored = []
-    matcher = difflib.SequenceMatcher(b=pattern)
-    for name in names:
-        matcher.set_seq1(name)
-        if matcher.real_quick_ratio() >= 0.75 and matcher.quick_ratio() >= 0.75:
-            ratio = matcher.ratio()
-            if ratio >= 0.75:
+    for i, seg in enumerate(segs):
+        for name in by_rest.get((i, segs[:i] + segs[i + 1 :]), [])[:MAX_BUCKET]:
+            other = name.split(".")[i]
+            ratio = difflib.SequenceMatcher(a=seg, b=other).ratio()
+            if ratio >= 0.6:
                 scored.append((-ratio, name))
     scored.sort()
     return [n for r, n in scored[:2] if -r >= -scored[0][0] - 0.03]

@@ -131,6 +131,12 @@ PARAMS: dict[str, Param] | None = {
     "model.norm.weight": Param(6, (64,), "float32"),
 }
 
+# The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
+# hooks write in place of parameters: key -> (the hook's module, the parameters). No rule
+# places a hook's key, so save refuses a state dict that holds one (strict=False: a warning).
+BUFFERS: tuple[str, ...] = ()
+HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
+
 # Tensor-parallel styles the rules state (rule index -> kind, activation layouts);
 # parallelize derives the others from the placements.
 STYLES: dict[int, dict[str, str | bool]] = {
@@ -155,6 +161,8 @@ SPEC = CompiledSpec(
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,
+    buffers=BUFFERS,
+    hook_keys=HOOK_KEYS,
 )
 
 
@@ -211,7 +219,8 @@ def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
 class SavePlanner(_checkpoint.ShardspecSavePlanner):
     """DCP save planner: the canonical, topology-independent layout of this spec, with
     replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``)."""
+    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
+    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
 
     def __init__(
         self,
@@ -219,8 +228,11 @@ class SavePlanner(_checkpoint.ShardspecSavePlanner):
         *,
         role: str = "state",
         enable_plan_caching: bool = True,
+        strict: bool = True,
     ) -> None:
-        super().__init__(SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching)
+        super().__init__(
+            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+        )
 
 
 class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
@@ -245,6 +257,7 @@ def save(
     mesh: DeviceMesh | None = None,
     asynchronous: bool = False,
     process_group: Any = None,
+    strict: bool = True,
 ) -> Any:
     """``dcp.save`` with :class:`SavePlanner`, atomically: the checkpoint appears at
     ``path``, marked complete, only once every rank has written its part, with a checksum
@@ -252,13 +265,16 @@ def save(
     copies this rank's part to CPU memory, returns a ``concurrent.futures.Future`` (as
     ``dcp.async_save`` does) and writes in a background thread on a checkpoint process
     group of its own (or ``process_group``); the future's ``result()`` returns the planner
-    once the checkpoint is complete at ``path``, or raises the save's ``CheckpointError``."""
+    once the checkpoint is complete at ``path``, or raises the save's ``CheckpointError``.
+    A tensor of the model's state that no rule, ignore or manifest buffer covers (a key a
+    state-dict hook writes in place of a parameter) fails the save on every rank before a
+    byte is written; ``strict=False`` saves it whole, with a warning."""
     return _checkpoint.save(
         SPEC,
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh),
+        planner=SavePlanner(mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

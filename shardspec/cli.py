@@ -343,10 +343,19 @@ def cmd_manifest(args) -> int:
     from shardspec.manifest_build import ManifestBuildError, write_manifest
 
     try:
-        n = write_manifest(args.factory, args.output, args.args)
+        n, hooks = write_manifest(args.factory, args.output, args.args)
     except ManifestBuildError as e:
         _bad_argument(str(e), e.hint)
         return 2
+    if hooks:
+        sys.stderr.write(
+            "warning: state-dict hooks change what state_dict() returns; the manifest lists "
+            "the parameters and buffers as the model holds them (rules match those), and "
+            "its state_dict section records what the hooks change:\n"
+            + "".join(f"  {line}\n" for line in hooks)
+            + "  a checkpoint saved from state_dict() holds the hooks' keys, which no rule "
+            "places: save() refuses them unless strict=False\n"
+        )
     sys.stdout.write(f"wrote {args.output} ({n} entries)\n")
     return 0
 

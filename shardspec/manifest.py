@@ -1,17 +1,33 @@
-"""The model manifest: every state-dict entry's name, shape and dtype, read without torch.
+"""The model manifest: every parameter, persistent buffer and extra state of a model, with
+shapes and dtypes, read without torch.
 
 ``shardspec manifest pkg.module:factory`` writes one (see :mod:`shardspec.manifest_build`);
 lint and compile read it here. The format::
 
     {
-      "format": "shardspec-manifest/1",
+      "format": "shardspec-manifest/2",
       "factory": "examples.models.llama:tiny",
       "factory_args": {"ep": 2},
       "entries": [
         {"fqn": "tok_embeddings.weight", "kind": "param", "shape": [256, 64], "dtype": "float32"},
         {"fqn": "layers.0.attn.fp8_meta._extra_state", "kind": "extra_state"}
-      ]
+      ],
+      "state_dict": {
+        "hooks": {"layers.0.attention": ["state_dict hook", "load_state_dict pre-hook"]},
+        "keys": [
+          {"fqn": "layers.0.attention.qkv_linear.wqkv.weight", "change": "dropped", ...},
+          {"fqn": "layers.0.attention.wq.weight", "change": "added", "module":
+           "layers.0.attention", "from": ["layers.0.attention.qkv_linear.wqkv.weight"],
+           "shape": [64, 64], "dtype": "float32"}
+        ]
+      }
     }
+
+Format 2 lists the entries as the model holds them (``named_parameters()``, persistent
+buffers, modules with extra state), whatever its state-dict hooks do; the optional
+``state_dict`` section records what ``state_dict()`` shows differently (keys that hooks add
+in place of parameters, drop or reshape) and the modules whose hooks do it. Format 1 (read
+as before) listed ``state_dict()``'s keys, so a key a hook wrote looked like a buffer.
 
 ``factory_args`` named after a mesh axis record the size the model's local shards were
 built for; lint checks them against the mesh (``SS013``).
@@ -27,11 +43,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shardspec.textfile import read_text
 
-FORMAT = "shardspec-manifest/1"
+FORMAT = "shardspec-manifest/2"
+FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
 _FQN = re.compile(r'"fqn":\s*("(?:[^"\\]|\\.)*")')
 
 
@@ -46,13 +63,44 @@ class Entry(BaseModel):
     module: str | None = None
 
 
+class StateDictKey(BaseModel):
+    """A key ``state_dict()`` shows differently from the model's own entries: ``added`` (a
+    key no entry has, written in place of the ``from`` entries), ``dropped`` (an entry
+    ``state_dict()`` lacks) or ``reshaped`` (another shape or dtype there)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fqn: str
+    change: Literal["added", "dropped", "reshaped"]
+    module: str = ""  # the module whose hooks (or overridden methods) do it; "" the model
+    from_: tuple[str, ...] = Field((), alias="from")
+    shape: tuple[int, ...] | None = None  # as state_dict() has it (None: not a tensor)
+    dtype: str = ""
+
+
+class StateDict(BaseModel):
+    """What the model's state-dict hooks change (the manifest's ``state_dict`` section)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # module name ("" for the model) -> its hooks and overridden state-dict methods
+    hooks: dict[str, tuple[str, ...]] = {}
+    keys: tuple[StateDictKey, ...] = ()
+    error: str | None = None  # why state_dict() could not be compared (it raised)
+
+    def added(self) -> list[StateDictKey]:
+        """The keys only ``state_dict()`` has."""
+        return [k for k in self.keys if k.change == "added"]
+
+
 class ManifestFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["shardspec-manifest/1"]
+    format: Literal["shardspec-manifest/1", "shardspec-manifest/2"]
     factory: str | None = None
     factory_args: dict[str, int | float | str | bool] = {}
     entries: list[Entry]
+    state_dict: StateDict | None = None
 
     @field_validator("factory_args")
     @classmethod
@@ -73,6 +121,8 @@ class Manifest:
     factory_args: dict[str, int | float | str | bool]
     entries: tuple[Entry, ...]
     text: str = ""
+    format: str = FORMAT
+    state_dict: StateDict | None = None  # format 2, where state-dict hooks change keys
 
     @cached_property
     def _positions(self) -> dict[str, tuple[int, int]]:
@@ -90,6 +140,12 @@ class Manifest:
     @property
     def params(self) -> list[Entry]:
         return [e for e in self.entries if e.kind == "param"]
+
+    @property
+    def from_state_dict(self) -> bool:
+        """Whether the entries are ``state_dict()``'s keys (format 1), which state-dict
+        hooks may have renamed, rather than the model's own parameters and buffers."""
+        return self.format == "shardspec-manifest/1"
 
 
 class ManifestError(ValueError):
@@ -136,7 +192,46 @@ def load_manifest(path: str | Path) -> Manifest:
         seen.add(e.fqn)
         if e.kind != "extra_state" and any(s < 0 for s in e.shape):
             raise ManifestError(f"manifest entry {e.fqn!r} has a negative size", *at(i))
-    return Manifest(str(path), mf.factory, dict(mf.factory_args), tuple(mf.entries), text)
+    if mf.state_dict is not None:
+        _check_state_dict(mf, text, seen)
+    return Manifest(
+        str(path),
+        mf.factory,
+        dict(mf.factory_args),
+        tuple(mf.entries),
+        text,
+        mf.format,
+        mf.state_dict,
+    )
+
+
+def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
+    """The ``state_dict`` section agrees with the entries: an added key is no entry, a
+    dropped or reshaped one (and every ``from``) is; no key is listed twice."""
+    assert mf.state_dict is not None
+    if mf.format != FORMAT:
+        raise ManifestError(f"manifest field state_dict: a {FORMAT} manifest's section")
+
+    def fail(message: str, fqn: str) -> None:
+        m = re.search(r'"fqn":\s*' + re.escape(json.dumps(fqn)), text)
+        line = text.count("\n", 0, m.start()) + 1 if m else 1
+        col = m.start() - text.rfind("\n", 0, m.start()) if m else 1
+        raise ManifestError(f"manifest field state_dict: {message}", line, col)
+
+    seen: set[str] = set()
+    for key in mf.state_dict.keys:
+        if key.fqn in seen:
+            fail(f"key {key.fqn!r} is listed twice", key.fqn)
+        seen.add(key.fqn)
+        if key.change == "added" and key.fqn in entries:
+            fail(f"added key {key.fqn!r} is also an entry", key.fqn)
+        if key.change != "added" and key.fqn not in entries:
+            fail(f"{key.change} key {key.fqn!r} is no entry", key.fqn)
+        unknown = [f for f in key.from_ if f not in entries]
+        if unknown:
+            fail(f"key {key.fqn!r} is from {unknown[0]!r}, which is no entry", key.fqn)
+        if key.shape is not None and any(s < 0 for s in key.shape):
+            fail(f"key {key.fqn!r} has a negative size", key.fqn)
 
 
 def _raise_json_error(text: str) -> None:
@@ -201,12 +296,38 @@ def entry_positions(text: str) -> list[tuple[int, int]]:
 
 
 def dump_manifest(
-    entries: list[dict], factory: str | None, factory_args: dict | None = None
+    entries: list[dict],
+    factory: str | None,
+    factory_args: dict | None = None,
+    state_dict: dict | None = None,
 ) -> str:
-    """The canonical JSON text of a manifest: one entry per line, sorted, stable."""
+    """The canonical JSON text of a manifest: one entry per line, sorted, stable; then the
+    ``state_dict`` section (when given), one hook module and one key per line."""
     ordered = sorted(entries, key=lambda e: e["fqn"])
     lines = [json.dumps(e, separators=(", ", ": ")) for e in ordered]
     head = {"format": FORMAT, "factory": factory, "factory_args": factory_args or {}}
     body = ",\n    ".join(lines)
     inner = json.dumps(head)[1:-1]
-    return "{" + inner + ',\n  "entries": [\n    ' + body + "\n  ]\n}\n"
+    out = "{" + inner + ',\n  "entries": [\n    ' + body + "\n  ]"
+    if state_dict is not None:
+        out += ',\n  "state_dict": {' + _dump_state_dict(state_dict) + "\n  }"
+    return out + "\n}\n"
+
+
+def _dump_state_dict(section: dict) -> str:
+    parts = []
+    hooks = section.get("hooks", {})
+    rows = [f"{json.dumps(m)}: {json.dumps(list(k))}" for m, k in sorted(hooks.items())]
+    parts.append('\n    "hooks": {' + _rows(rows, "}"))
+    keys = sorted(section.get("keys", []), key=lambda k: (k["fqn"], k["change"]))
+    rows = [json.dumps(k, separators=(", ", ": ")) for k in keys]
+    parts.append('\n    "keys": [' + _rows(rows, "]"))
+    if section.get("error") is not None:
+        parts.append(f'\n    "error": {json.dumps(section["error"])}')
+    return ",".join(parts)
+
+
+def _rows(rows: list[str], close: str) -> str:
+    if not rows:
+        return close
+    return "\n      " + ",\n      ".join(rows) + "\n    " + close

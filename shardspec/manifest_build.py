@@ -68,7 +68,8 @@ def load_factory(spec: str):
     return fn
 
 
-def build_entries(factory: str, kwargs: dict) -> list[dict]:
+def build_model(factory: str, kwargs: dict):
+    """The model ``factory(**kwargs)`` builds on the meta device."""
     import torch
     from torch import nn
 
@@ -91,33 +92,199 @@ def build_entries(factory: str, kwargs: dict) -> list[dict]:
             f"{factory} returned {type(model).__name__}, not an nn.Module",
             "name a function that returns an nn.Module",
         )
-    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return model
+
+
+def build_entries(factory: str, kwargs: dict) -> list[dict]:
+    """The manifest entries of the model ``factory(**kwargs)`` builds (see
+    :func:`model_entries`)."""
+    return model_entries(build_model(factory, kwargs))
+
+
+def model_entries(model) -> list[dict]:
+    """Every parameter (``named_parameters()``, tied ones under each name), persistent
+    buffer and extra state of ``model``, as the model holds them: what its state-dict hooks
+    make of them is :func:`state_dict_changes`'s business."""
+    from torch import nn
+
     entries = []
-    for name, value in model.state_dict(keep_vars=True).items():
-        if name.endswith("._extra_state") or name == "_extra_state":
-            entries.append({"fqn": name, "kind": "extra_state"})
-            continue
-        kind = "param" if name in params else "buffer"
-        entry = {
-            "fqn": name,
-            "kind": kind,
-            "shape": list(value.shape),
-            "dtype": str(value.dtype).removeprefix("torch."),
-        }
-        if kind == "param":
-            entry["module"] = _module_kind(model, name)
-        entries.append(entry)
-    # Tied parameters appear once in the state dict under each name; keep them all.
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, value in module._parameters.items():
+            if value is not None:
+                entry = _tensor_entry(dot + name, "param", value)
+                entries.append({**entry, "module": _module_kind(module)})
+        for name, value in module._buffers.items():
+            if value is not None and name not in module._non_persistent_buffers_set:
+                entries.append(_tensor_entry(dot + name, "buffer", value))
+        if getattr(type(module), "get_extra_state", None) is not nn.Module.get_extra_state:
+            entries.append({"fqn": dot + "_extra_state", "kind": "extra_state"})
     return entries
 
 
-def _module_kind(model, fqn: str) -> str:
-    """ "linear", "embedding" or the class name of the module holding parameter ``fqn``
-    (what tensor-parallel styles derive from)."""
+def _tensor_entry(fqn: str, kind: str, value) -> dict:
+    return {
+        "fqn": fqn,
+        "kind": kind,
+        "shape": list(value.shape),
+        "dtype": str(value.dtype).removeprefix("torch."),
+    }
+
+
+# What a module can have that makes state_dict() differ from its parameters and buffers.
+_HOOK_DICTS = (
+    ("_state_dict_pre_hooks", "state_dict pre-hook"),
+    ("_state_dict_hooks", "state_dict hook"),
+    ("_load_state_dict_pre_hooks", "load_state_dict pre-hook"),
+    ("_load_state_dict_post_hooks", "load_state_dict post-hook"),
+)
+_METHODS = ("state_dict", "_save_to_state_dict", "load_state_dict", "_load_from_state_dict")
+# Those of them that can change what state_dict() returns (the others act on loading).
+_SAVING = frozenset(
+    {
+        "state_dict pre-hook",
+        "state_dict hook",
+        "overrides state_dict",
+        "overrides _save_to_state_dict",
+    }
+)
+
+
+def module_hooks(model) -> dict[str, list[str]]:
+    """Per module name (``""``: the model), its state-dict hooks and the state-dict methods
+    its class overrides; modules without any are left out."""
     from torch import nn
 
-    owner = fqn.rpartition(".")[0]
-    module = model.get_submodule(owner) if owner else model
+    out: dict[str, list[str]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        kinds = [what for attr, what in _HOOK_DICTS if getattr(module, attr, None)]
+        for method in _METHODS:
+            if getattr(type(module), method, None) is not getattr(nn.Module, method):
+                kinds.append(f"overrides {method}")
+        if kinds:
+            out[prefix] = kinds
+    return out
+
+
+def state_dict_changes(model, entries: list[dict]) -> dict | None:
+    """What ``model.state_dict()`` (on the meta device) shows differently from ``entries``:
+    keys added in place of entries, entries dropped, entries with another shape or dtype;
+    each attributed to the innermost module with state-dict hooks (or overridden methods)
+    around it. None when it shows the entries as they are. The manifest's ``state_dict``
+    section."""
+    import torch
+
+    hooks = module_hooks(model)
+    try:
+        got = model.state_dict(keep_vars=True)
+    except Exception as e:  # a hook that cannot run on meta tensors: say so, compare nothing
+        return {
+            "hooks": hooks,
+            "keys": [],
+            "error": f"state_dict() raised {type(e).__name__}: {e}",
+        }
+    held = {e["fqn"]: e for e in entries}
+    keys: list[dict] = []
+    for fqn, value in got.items():
+        entry = held.get(fqn)
+        is_tensor = isinstance(value, torch.Tensor)
+        if entry is None:
+            key = {"fqn": fqn, "change": "added", "module": _owner(fqn, hooks)}
+            if is_tensor:
+                key.update(shape=list(value.shape), dtype=_dtype(value))
+            keys.append(key)
+        elif entry["kind"] != "extra_state" and (
+            not is_tensor or list(value.shape) != entry["shape"] or _dtype(value) != entry["dtype"]
+        ):
+            key = {"fqn": fqn, "change": "reshaped", "module": _owner(fqn, hooks)}
+            if is_tensor:
+                key.update(shape=list(value.shape), dtype=_dtype(value))
+            keys.append(key)
+    for fqn in held:
+        if fqn not in got:
+            keys.append({"fqn": fqn, "change": "dropped", "module": _owner(fqn, hooks)})
+    if not keys:
+        return None
+    dropped: dict[str, list[str]] = {}
+    for key in keys:
+        if key["change"] == "dropped":
+            dropped.setdefault(key["module"], []).append(key["fqn"])
+    for key in keys:
+        if key["change"] == "added" and dropped.get(key["module"]):
+            key["from"] = sorted(dropped[key["module"]])
+    changed = {key["module"] for key in keys}
+    return {"hooks": {m: k for m, k in hooks.items() if m in changed}, "keys": keys}
+
+
+def _dtype(value) -> str:
+    return str(value.dtype).removeprefix("torch.")
+
+
+def _owner(fqn: str, hooks: dict[str, list[str]]) -> str:
+    """The innermost module whose name prefixes ``fqn`` and that has a hook or method that
+    can change what ``state_dict()`` returns (``""``, the model, when none does)."""
+    parts = fqn.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:n])
+        if _SAVING.intersection(hooks.get(prefix, ())):
+            return prefix
+    return ""
+
+
+def describe_changes(section: dict, limit: int = 4) -> list[str]:
+    """The warning ``shardspec manifest`` prints for a ``state_dict`` section: one line per
+    group of modules whose hooks change the same keys (relative to the module)."""
+    if section.get("error"):
+        return [
+            f"{section['error']}: state-dict hooks of "
+            f"{_names(sorted(section['hooks']) or [''], limit)} were not checked"
+        ]
+    groups: dict[tuple, list[str]] = {}
+    per_module: dict[str, dict[str, list[str]]] = {}
+    for key in section["keys"]:
+        module = key["module"]
+        rel = key["fqn"][len(module) + 1 :] if module else key["fqn"]
+        per_module.setdefault(module, {}).setdefault(key["change"], []).append(rel)
+    for module, changes in per_module.items():
+        sig = (
+            tuple(section["hooks"].get(module, ())),
+            *(tuple(sorted(changes.get(c, ()))) for c in ("added", "dropped", "reshaped")),
+        )
+        groups.setdefault(sig, []).append(module)
+    lines = []
+    for (kinds, added, dropped, reshaped), modules in sorted(groups.items()):
+        what = []
+        if added and dropped:
+            what.append(
+                f"writes {', '.join(added)} in place of the "
+                f"{_plural(len(dropped), 'parameter')} {', '.join(dropped)}"
+            )
+        elif added:
+            what.append(f"adds {', '.join(added)}")
+        elif dropped:
+            what.append(f"leaves out {', '.join(dropped)}")
+        if reshaped:
+            what.append(f"changes the shape or dtype of {', '.join(reshaped)}")
+        by = f" ({', '.join(kinds)})" if kinds else ""
+        lines.append(f"{_names(sorted(modules), limit)}{by}: state_dict() {'; '.join(what)}")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
+
+
+def _names(modules: list[str], limit: int) -> str:
+    shown = [m or "the model" for m in modules[:limit]]
+    more = f" and {len(modules) - limit} more" if len(modules) > limit else ""
+    return ", ".join(shown) + more
+
+
+def _module_kind(module) -> str:
+    """ "linear", "embedding" or the class name of a module holding parameters (what
+    tensor-parallel styles derive from)."""
+    from torch import nn
+
     if isinstance(module, nn.Linear):
         return "linear"
     if isinstance(module, nn.Embedding):
@@ -129,10 +296,15 @@ def _kw(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
-def write_manifest(factory: str, output: str, args: list[str]) -> int:
+def write_manifest(factory: str, output: str, args: list[str]) -> tuple[int, list[str]]:
+    """Build the model, write its manifest to ``output``; return the number of entries and
+    the warning lines about its state-dict hooks (none when ``state_dict()`` shows the
+    entries as they are)."""
     kwargs = dict(parse_arg(a) for a in args)
-    entries = build_entries(factory, kwargs)
-    text = dump_manifest(entries, factory, kwargs)
+    model = build_model(factory, kwargs)
+    entries = model_entries(model)
+    changes = state_dict_changes(model, entries)
+    text = dump_manifest(entries, factory, kwargs, changes)
     out = Path(output)
     tmp = None
     try:
@@ -149,4 +321,4 @@ def write_manifest(factory: str, output: str, args: list[str]) -> int:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    return len(entries)
+    return len(entries), describe_changes(changes) if changes is not None else []

@@ -641,6 +641,86 @@ def file_locality(mod: Any, mesh: Any, rank: int, root: str, fail: Failures) -> 
     _count(tag)
 
 
+# ----------------------------------------------------------------------------- uncovered
+
+
+def uncovered_entries(rank: int, root: str, fail: Failures) -> None:
+    """A state dict whose state-dict hooks write keys no rule places (torchtitan-like
+    ``wqkv`` presented as ``wq``/``wk``/``wv``): ``save`` refuses it on every rank before a
+    byte is written (synchronous and asynchronous alike); ``strict=False`` saves it with a
+    warning, and it loads back; the parameters under their own names, with entries that
+    are not the model's (a step counter, an RNG state), save without a word."""
+    import importlib
+    import warnings
+
+    from examples.models import llama3_fused
+
+    tag = "[uncovered]"
+    # The golden module compiled from the model's manifest (with its HOOK_KEYS).
+    mod = importlib.import_module("tests.cases.state_dict_hooks.expected")
+    mesh = mod.build_mesh()  # dp_shard 2 x tp 2
+    model = llama3_fused.tiny()
+    llama.init_weights(model, 1)
+    mod.distribute(model, mesh)
+    hooked = {"model": model.state_dict(), "optim": {"step": 3}}
+    path = f"{root}/hooked"
+    want = [
+        "model.layers.0.attention.wq.weight (written by a state-dict hook of "
+        "layers.0.attention in place of layers.0.attention.qkv_linear.wqkv.weight)",
+        "model.layers.1.attention.wv.weight",
+        "6 state-dict entries of the model",
+        "nothing was saved",
+        "strict=False",
+    ]
+    err = _expect_error(lambda: mod.save(hooked, path, mesh=mesh), *want)
+    if err:
+        fail.append(f"{tag} a hooked state dict: {err}")
+    err = _expect_error(lambda: mod.save(hooked, path, asynchronous=True).result(), *want)
+    if err:
+        fail.append(f"{tag} a hooked state dict, asynchronous: {err}")
+    dist.barrier()
+    left = [p for p in (path, f"{path}.partial") if os.path.exists(p)]
+    if left:
+        fail.append(f"{tag} a refused save left {left}")
+    _count(tag)
+    # strict=False: every rank warns, the hooks' keys are stored whole, and they load back
+    # through the model's own load_state_dict pre-hook (on the same mesh: file locality,
+    # which shares such entries by key, must not hand one rank's chunk to another).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod.save(hooked, path, mesh=mesh, strict=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, ck.UncoveredEntriesWarning)]
+    if len(said) != 1 or "model.layers.0.attention.wk.weight" not in said[0]:
+        fail.append(f"{tag} strict=False warned {said}")
+    stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    if "model.layers.0.attention.wq.weight" not in stored:
+        fail.append(f"{tag} strict=False did not store the hooks' keys: {sorted(stored)[:5]}")
+    target = llama3_fused.tiny()
+    llama.init_weights(target, 2)
+    mod.distribute(target, mesh)
+    state = {"model": target.state_dict(), "optim": {"step": 0}}
+    mod.load(state, path, mesh=mesh)
+    target.load_state_dict(state["model"])
+    bad = _same(_locals(model), _locals(target))
+    if bad or state["optim"]["step"] != 3:
+        fail.append(f"{tag} strict=False checkpoint loaded back wrong: {bad[:3]}")
+    _count(tag)
+    # The parameters under their own names (no hooks), optimizer-like state that names
+    # them, and entries outside the model: covered, no warning.
+    own = {name: p for name, p in model.named_parameters()}
+    moments = {f"{n}.exp_avg": torch.zeros_like(p) for n, p in own.items()}
+    extra = {"step": torch.tensor(7.0), "rng": torch.arange(5), "groups": [{"lr": 0.5}]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod.save({"model": own, "optim": moments, "extra": extra}, f"{root}/own", mesh=mesh)
+    said = [str(w.message) for w in caught if issubclass(w.category, ck.UncoveredEntriesWarning)]
+    if said:
+        fail.append(f"{tag} a covered state dict warned: {said}")
+    if not os.path.exists(f"{root}/own/{ck.MARKER}"):
+        fail.append(f"{tag} a covered state dict was not saved")
+    _count(tag)
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -662,6 +742,7 @@ def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]
         ("locality", lambda: file_locality(mod, mesh, rank, root, fail)),
         ("ckpt-placement", lambda: checkpoint_placement(rank, root, fail)),
         ("local-experts-ep", lambda: local_experts_resized(rank, root, fail)),
+        ("uncovered", lambda: uncovered_entries(rank, root, fail)),
     ]
     for name, step in steps:
         try:

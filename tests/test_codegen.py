@@ -66,6 +66,7 @@ def test_the_required_golden_cases_exist() -> None:
         "overrides",
         "hf",
         "pipeline",
+        "state_dict_hooks",
     } <= set(CASES)
     assert (CASES_DIR / "overrides" / "defines.txt").is_file()
     assert not (CASES_DIR / "no_manifest" / "manifest.json").exists()
@@ -88,7 +89,9 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     dense = render_case("dense")
     assert "PARAMS: dict[str, Param] | None = {" in dense
     assert '"head.bias": Param(' in dense and "any_rank=True," in dense
-    assert '"rope.cache"' not in dense  # a buffer, not a parameter
+    # A buffer: no parameter, but known (save does not refuse it).
+    assert '"rope.cache"' not in dense.split("PARAMS:")[1].split("BUFFERS")[0]
+    assert 'BUFFERS: tuple[str, ...] = ("rope.cache",)' in dense
     assert "_extra_state" not in dense.split("IGNORE")[1].split("\n", 1)[1]  # ignored
     assert 'fuse=(("qkv", (("q", 32), ("k", 16), ("v", 16)), 2),),' in dense
 
@@ -107,6 +110,11 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert ': Param(\n        0, (384, 128), "float32"\n    ),' in long  # a call hugs its args
     assert "\n    #     " in long  # a long rule comment continues on a second line
     assert max(len(line) for line in long.splitlines()) <= LINE
+
+    hooks = render_case("state_dict_hooks")  # keys state-dict hooks write, from the manifest
+    assert '"layers.1.attention.wv.weight": (\n        "layers.1.attention",\n' in hooks
+    assert '"layers.0.attention.qkv_linear.wqkv.weight": Param(' in hooks
+    assert '"layers.0.attention.wq.weight": Param(' not in hooks
 
     over = render_case("overrides")
     assert "# Compiled with -D tp=4 -D world=16:" in over

@@ -110,11 +110,40 @@ def manifests(draw) -> str:
         kind = draw(st.sampled_from(["param", "param", "buffer", "extra_state"]))
         entries.append({"fqn": fqn, "kind": kind, "shape": shape, "dtype": "float32"})
     args = draw(st.dictionaries(st.sampled_from(AXES), st.one_of(NUMBERS, FLOATS), max_size=2))
-    doc = {"format": "shardspec-manifest/1", "factory_args": args, "entries": entries}
+    fmt = draw(st.sampled_from(["shardspec-manifest/1", "shardspec-manifest/2"]))
+    doc: dict = {"format": fmt, "factory_args": args, "entries": entries}
+    if draw(st.booleans()):
+        doc["state_dict"] = draw(state_dict_sections([e["fqn"] for e in entries]))
     text = json.dumps(doc)
     if draw(st.integers(0, 4)) == 0:
         text = text[: draw(st.integers(0, len(text)))]  # truncated
     return text
+
+
+@st.composite
+def state_dict_sections(draw, entries: list[str], names=None) -> dict:
+    """A manifest's ``state_dict`` section: keys hooks add (from entries, or not), drop or
+    reshape, sometimes inconsistent with the entries, sometimes malformed."""
+    names = names if names is not None else fqns()
+    keys = []
+    for _ in range(draw(st.integers(0, 4))):
+        key: dict = {
+            "fqn": draw(st.one_of(names, st.sampled_from(entries or ["w"]))),
+            "change": draw(st.sampled_from(["added", "added", "dropped", "reshaped", "x"])),
+            "module": draw(st.one_of(st.just(""), names, TEXT)),
+        }
+        if draw(st.booleans()):
+            key["from"] = draw(st.lists(st.sampled_from(entries or ["w"]), max_size=2))
+        if draw(st.booleans()):
+            key["shape"] = draw(st.lists(NUMBERS, max_size=3))
+            key["dtype"] = "float32"
+        keys.append(key)
+    section: dict = {"keys": keys}
+    if draw(st.booleans()):
+        section["hooks"] = {draw(TEXT): ["state_dict hook"]}
+    if draw(st.integers(0, 5)) == 0:
+        section["error"] = draw(TEXT)
+    return section
 
 
 @st.composite
@@ -144,8 +173,19 @@ def sound_inputs(draw) -> tuple[str, str, str]:
     the generated module's import is exercised."""
     names = draw(st.lists(fqns(), min_size=1, max_size=5, unique=True))
     entries = [{"fqn": n, "shape": draw(st.lists(st.integers(1, 16), max_size=3))} for n in names]
+    # Buffers and state-dict hooks' keys with odd names: the module embeds them.
+    for name in draw(st.lists(TEXT, max_size=2, unique=True)):
+        if name not in names:
+            entries.append({"fqn": name, "kind": "buffer", "shape": [2]})
+    added = [n for n in draw(st.lists(TEXT, max_size=3, unique=True)) if n not in names]
+    keys = [
+        {"fqn": n, "change": "added", "module": draw(TEXT), "from": [names[0]], "shape": [1]}
+        for n in added
+        if n not in {e["fqn"] for e in entries}
+    ]
     doc = {
-        "format": "shardspec-manifest/1",
+        "format": "shardspec-manifest/2",
+        "state_dict": {"hooks": {}, "keys": keys},
         "factory": draw(st.one_of(st.none(), TEXT)),
         "factory_args": draw(
             st.dictionaries(TEXT, st.one_of(st.integers(-(2**70), 2**70), TEXT, st.booleans()))
@@ -191,3 +231,11 @@ def test_lint_and_compile_never_raise_and_modules_import(inputs: tuple[str, str,
             mod = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(mod)  # imports (the runtime, torch) and builds SPEC
             assert mod.SPEC_PATH == str(root / "s.shard")
+            if spec.startswith('manifest "m.json"\n'):  # the names it embeds, as written
+                doc = json.loads(manifest)
+                keys = (doc.get("state_dict") or {}).get("keys", [])
+                added = {k["fqn"] for k in keys if k["change"] == "added"}
+                assert set(mod.SPEC.hook_keys) == added
+                buffers = {e["fqn"] for e in doc["entries"] if e.get("kind") == "buffer"}
+                assert mod.SPEC.buffers == buffers
+                event("compiled with buffers or hook keys" if added or buffers else "plain")

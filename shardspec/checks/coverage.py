@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import cached_property
 
 from shardspec.checks.registry import diag
 from shardspec.diagnostics import Diagnostic, Span
-from shardspec.patterns import describe_key
+from shardspec.patterns import Glob, describe_key
 from shardspec.resolve import Resolved
+
+MAX_CLOSE = 20000  # distinct parameter names (layer numbers as *) a typo is compared with
+MAX_BUCKET = 1000  # of them, those differing from a pattern in one given segment
 
 
 def _entry_span(res: Resolved, fqn: str) -> Span:
@@ -71,6 +75,12 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
                 if c != m.winner and c not in m.tied:
                     beaten_by.setdefault(c, m.winner)
     used_ignores = {m.ignored_by for m in res.matches.values() if m.ignored_by is not None}
+    names = _Names(res)
+    # An ignore also applies to entries no rule can place: buffers, and the keys that
+    # state-dict hooks write (a checkpoint of state_dict() holds them).
+    for i, g in res.ignore_globs.items():
+        if i not in used_ignores and any(g.regex.match(f) for f, _ in names.others):
+            used_ignores.add(i)
     for rule in res.spec.rules:
         if rule.index not in res.globs or rule.index in res.broken:
             continue
@@ -92,8 +102,7 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
                     "SS041",
                     f"rule {rule.pattern.text!r} matches no parameter",
                     rule.pattern.span,
-                    "check the pattern against the manifest; "
-                    "delete the rule if the parameters do not exist",
+                    names.hint(rule.pattern.text, res.globs[rule.index]),
                 )
             )
         elif winners[rule.index] == 0 and rule.index in beaten_by:
@@ -121,6 +130,134 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
                 )
             )
     return out
+
+
+class _Names:
+    """What SS041's hints compare a pattern with, computed once per check."""
+
+    def __init__(self, res: Resolved) -> None:
+        self.res = res
+
+    @cached_property
+    def others(self) -> list[tuple[str, str]]:
+        """The manifest's names that are no parameter and no extra state, each with what
+        it is: ``"buffer"``, ``"hook"`` (a key a state-dict hook writes, format 2), or
+        ``"legacy"`` (a buffer of a format-1 manifest, built from ``state_dict()``, which
+        may be a state-dict hook's key)."""
+        manifest = self.res.manifest
+        assert manifest is not None
+        kind = "legacy" if manifest.from_state_dict else "buffer"
+        out = [(e.fqn, kind) for e in manifest.entries if e.kind == "buffer"]
+        if manifest.state_dict is not None:
+            out += [(k.fqn, "hook") for k in manifest.state_dict.added()]
+        return out
+
+    @cached_property
+    def by_rest(self) -> dict[tuple[int, tuple[str, ...]], list[str]]:
+        """Distinct parameter names with layer numbers written ``*`` (at most MAX_CLOSE),
+        under (position, their other segments) for each position: what a pattern with a
+        typo in one segment is looked up in."""
+        manifest = self.res.manifest
+        assert manifest is not None
+        out: dict[tuple[int, tuple[str, ...]], list[str]] = defaultdict(list)
+        for name in sorted({_generalized(e.fqn) for e in manifest.params})[:MAX_CLOSE]:
+            segs = tuple(name.split("."))
+            for i in range(len(segs)):
+                out[(i, segs[:i] + segs[i + 1 :])].append(name)
+        return out
+
+    def hint(self, pattern: str, glob: Glob) -> str:
+        """SS041's hint for a rule that matches no parameter: the names it does match that
+        exist only in ``state_dict()`` (a buffer, a state-dict hook's key), and the rule
+        for the parameter behind a hook's key; or, for what looks like a typo, the closest
+        parameter names."""
+        hits = [(f, kind) for f, kind in self.others if glob.regex.match(f)]
+        hits.sort(key=lambda hit: hit[1] != "hook")  # a hook's key says the most
+        n = len(hits) - 1
+        more = f" (and {n} more such {_plural(n, 'name')})" if n else ""
+        if hits and hits[0][1] == "hook":
+            return self._hook_hint(pattern, hits[0][0], more)
+        if hits and hits[0][1] == "buffer":
+            return (
+                f"`{hits[0][0]}`{more} is a buffer, not a parameter: rules place parameters, "
+                "and buffers are saved whole as they are; delete the rule"
+            )
+        if hits:
+            return (
+                f"`{hits[0][0]}`{more} is in the manifest, but not as a parameter; the "
+                "manifest is of format 1, built from state_dict(), where a state-dict hook's "
+                "key looks like a buffer: rebuild it with `shardspec manifest` (it lists the "
+                "parameters as the model holds them and reports the hooks) and write the "
+                "rule for the parameter, or delete the rule if it is a buffer"
+            )
+        close = _closest(pattern, self.by_rest)
+        if close:
+            return (
+                f"did you mean `{'`, `'.join(close)}`? no parameter has a name like it; "
+                "delete the rule if the parameters do not exist"
+            )
+        return (
+            "check the pattern against the manifest; delete the rule if the parameters do not exist"
+        )
+
+    def _hook_hint(self, pattern: str, fqn: str, more: str) -> str:
+        section = self.res.manifest.state_dict  # type: ignore[union-attr]
+        key = next(k for k in section.added() if k.fqn == fqn)  # type: ignore[union-attr]
+        by = f"a state-dict hook of {key.module}" if key.module else "the model's state_dict()"
+        origin = ""
+        if key.from_:
+            origin = f", from the {_plural(len(key.from_), 'parameter')} {', '.join(key.from_)}"
+        fix = (
+            f"write the rule for `{_rule_for(pattern, fqn, key.from_[0])}`"
+            if len(key.from_) == 1
+            else "write rules for the parameters the manifest's entries list"
+        )
+        return (
+            f"`{fqn}`{more} exists only in state_dict() (written by {by}{origin}); rules "
+            f"match parameters as the model holds them: {fix}"
+        )
+
+
+def _closest(pattern: str, by_rest: dict[tuple[int, tuple[str, ...]], list[str]]) -> list[str]:
+    """The parameter names (layer numbers written ``*``) that differ from ``pattern`` in
+    one segment only, that segment close to the pattern's (difflib's ratio at least 0.6):
+    the closest, and a second only when it is about as close. ``by_rest`` indexes the
+    names by (position, the other segments), so each pattern costs a lookup per segment."""
+    import difflib
+
+    segs = tuple(pattern.split("."))
+    scored = []
+    for i, seg in enumerate(segs):
+        for name in by_rest.get((i, segs[:i] + segs[i + 1 :]), [])[:MAX_BUCKET]:
+            other = name.split(".")[i]
+            ratio = difflib.SequenceMatcher(a=seg, b=other).ratio()
+            if ratio >= 0.6:
+                scored.append((-ratio, name))
+    scored.sort()
+    return [n for r, n in scored[:2] if -r >= -scored[0][0] - 0.03]
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
+
+
+def _rule_for(pattern: str, key: str, param: str) -> str:
+    """The pattern for ``param`` that ``pattern`` (which matched the hook key ``key``)
+    would be: the pattern's segments over the part ``key`` and ``param`` share, then
+    ``param``'s own (``layers.*.attention.wq.weight`` -> ``layers.*.attention.qkv_linear
+    .wqkv.weight``). Without a segment-for-segment reading, ``param`` with its layer
+    numbers as ``*``."""
+    segs, ks, ps = pattern.split("."), key.split("."), param.split(".")
+    if "**" in segs or len(segs) != len(ks):
+        return _generalized(param)
+    common = 0
+    while common < min(len(ks), len(ps)) and ks[common] == ps[common]:
+        common += 1
+    return ".".join(segs[:common] + ps[common:])
+
+
+def _generalized(fqn: str) -> str:
+    return ".".join("*" if s.isdigit() else s for s in fqn.split("."))
 
 
 def check_ambiguous(res: Resolved) -> list[Diagnostic]:

@@ -57,8 +57,8 @@ CHECKS: tuple[Check, ...] = (
         "The manifest (or the HF manifest, or for `shardspec hf-manifest` a Hugging Face "
         "directory's config.json, index or safetensors header) is not valid.",
         "Checks that need shapes would otherwise run on wrong data.",
+        '{"format": "shardspec-manifest/9", "entries": []}',
         '{"format": "shardspec-manifest/2", "entries": []}',
-        '{"format": "shardspec-manifest/1", "entries": []}',
     ),
     Check(
         "SS004",
@@ -294,11 +294,16 @@ CHECKS: tuple[Check, ...] = (
         "SS041",
         "unused-rule",
         E,
-        "A rule or an ignore matches no parameter (or only ignored ones).",
-        "Usually a typo, or a rule for modules that do not exist (bias rules when the "
-        "model is built with bias=False).",
-        "param **.bias [out] replicate   # model has no biases",
-        "(delete the rule)",
+        "A rule matches no parameter (or only ignored ones), or an ignore matches no "
+        "entry of the manifest.",
+        "Usually a typo (the hint names the closest parameters), a rule for modules that do "
+        "not exist (bias rules when the model is built with bias=False), or a rule for a "
+        "name that only state_dict() has: a buffer, or a key a state-dict hook writes in "
+        "place of a parameter (torchtitan's fused wqkv shown as wq/wk/wv). Rules match "
+        "parameters as the model holds them; the hint names the hook's module and the "
+        "parameter to write the rule for.",
+        "param layers.*.attention.wq.weight [out, in] {}   # wq: a state-dict hook's key",
+        "param layers.*.attention.qkv_linear.wqkv.weight [out, in] {}   # the parameter",
         True,
     ),
     Check(

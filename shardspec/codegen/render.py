@@ -356,6 +356,22 @@ def _styles(spec, res) -> dict[int, dict[str, str | bool]]:
     return out
 
 
+def _buffers(res: Resolved) -> tuple[str, ...]:
+    """The manifest's persistent buffers, sorted."""
+    if res.manifest is None:
+        return ()
+    return tuple(sorted(e.fqn for e in res.manifest.entries if e.kind == "buffer"))
+
+
+def _hook_keys(res: Resolved) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The keys the model's state-dict hooks write (the manifest's ``state_dict``
+    section): key -> (the module whose hook writes it, the parameters it replaces)."""
+    section = res.manifest.state_dict if res.manifest is not None else None
+    if section is None:
+        return {}
+    return {k.fqn: (k.module, k.from_) for k in sorted(section.added(), key=lambda k: k.fqn)}
+
+
 def render_module(
     res: Resolved,
     spec_path: str,
@@ -461,6 +477,8 @@ def render_module(
             {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
         ),
         "params": params,
+        "buffers": assign("BUFFERS: tuple[str, ...]", _buffers(res)),
+        "hook_keys": assign("HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]]", _hook_keys(res)),
         "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec, res)),
         "hf": _hf_context(spec, spec_path),
         "pipeline": _pipeline_context(res),

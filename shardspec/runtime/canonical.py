@@ -78,6 +78,9 @@ class CanonicalPlan:
     # parameters other stages hold (their checkpoint keys are expected, not this rank's).
     stage: int | None = None
     foreign: frozenset[str] = frozenset()
+    # Tensors of the model's state that no rule, ignore or manifest buffer covers (save
+    # refuses them unless strict=False), each with what it is.
+    uncovered: tuple[str, ...] = ()
 
     def writer_of(self, key: str, offsets: tuple[int, ...], replicas: tuple[int, ...]) -> int:
         """The rank that writes chunk ``(key, offsets)``: its only holder, or the one the

@@ -154,6 +154,9 @@ class _Check:
     fingerprint: str
     writers: str
     shared: dict[str, str] | None = None
+    # A strict planner's state-dict entries that nothing in the spec covers (described):
+    # the coordinator refuses the save if any rank has one.
+    uncovered: tuple[str, ...] = ()
 
 
 def _writers_digest(plan: CanonicalPlan) -> str:
@@ -209,6 +212,9 @@ def _agree(checks: list[_Check | None]) -> dict[int | None, str]:
             f"in their state dicts; {where}), so they would choose different writers; "
             "nothing was saved"
         )
+    uncovered = sorted({u for c in checks if c is not None for u in c.uncovered})
+    if uncovered:
+        raise CheckpointError(uncovered_message(uncovered, "nothing was saved"))
     every = [c.shared for c in checks if c is not None and c.shared is not None]
     differ = sorted(
         {k for d in every for k, h in d.items() if any(o.get(k, h) != h for o in every)}
@@ -222,6 +228,26 @@ def _agree(checks: list[_Check | None]) -> dict[int | None, str]:
             "flatten_optimizer_state_dict=True)), which names every entry by its parameter"
         )
     return {stage: lead[1][0] for stage, lead in first.items()}
+
+
+def uncovered_message(entries: list[str], outcome: str) -> str:
+    """Why a save refuses (or, ``strict=False``, warns about) ``entries``."""
+    n = len(entries)
+    shown = "; ".join(entries[:8]) + (f"; and {n - 8} more" if n > 8 else "")
+    return (
+        f"{n} state-dict entr{'y' if n == 1 else 'ies'} of the model that no rule, ignore or "
+        f"buffer of the manifest covers ({outcome}): {shown}. DCP would store each whole, "
+        "outside the spec's layout, and a key a state-dict hook writes is no parameter a "
+        "load can reshard. Save the parameters under their own names (a state dict of "
+        "model.named_parameters() and the persistent buffers, without the hooks' keys), "
+        "add a rule or an `ignore` for them, or pass strict=False to save them as they are "
+        "with a warning"
+    )
+
+
+class UncoveredEntriesWarning(UserWarning):
+    """``save(..., strict=False)`` stored state-dict entries that nothing in the spec
+    covers (each whole, as DCP stores any tensor)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -334,6 +360,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         *,
         role: str = "state",
         enable_plan_caching: bool = True,
+        strict: bool = True,
     ) -> None:
         # Plan caching needs DCP's cache protocol (a class-level cache of local plans that
         # finish_plan fills from a pending plan, as in torch 2.13). Where the installed DCP
@@ -346,6 +373,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
             self._enable_plan_caching = False
         self.spec = spec
         self.role = role
+        self.strict = strict
         self._mesh_arg = mesh
         self._staged: dict[str, torch.Tensor] | None = None
         self._pooled: list[torch.Tensor] = []
@@ -366,11 +394,19 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.state_dict = rest
         self._staged = None
         stage = self.canon.stage
+        uncovered = self.canon.uncovered
+        if uncovered and not self.strict:
+            warnings.warn(
+                uncovered_message(list(uncovered), "saved as they are: strict=False"),
+                UncoveredEntriesWarning,
+                stacklevel=2,
+            )
         self._check = _Check(
             stage,
             self.canon.fingerprint,
             _writers_digest(self.canon),
             _shared_hashes(rest) if stage is not None else None,
+            uncovered if self.strict else (),
         )
         # Until the coordinator has compared every rank's: this rank's own.
         self.stage_fingerprints = {stage: self.canon.fingerprint}
@@ -1224,6 +1260,7 @@ def save(
     planner: ShardspecSavePlanner | None = None,
     process_group: Any = None,
     asynchronous: bool = False,
+    strict: bool = True,
 ) -> Any:
     """Save ``state`` to ``path`` so that ``path`` always holds a complete checkpoint: the
     previous one or the new one, never a mix (see the README's "Checkpoints").
@@ -1251,9 +1288,15 @@ def save(
     the rest runs in a background thread on the process group (never the default group,
     unless given). Returns a :class:`concurrent.futures.Future` (like ``dcp.async_save``):
     ``result()`` waits until the checkpoint is complete at ``path`` and returns the planner,
-    or raises the save's :class:`CheckpointError`. Otherwise returns the planner."""
+    or raises the save's :class:`CheckpointError`. Otherwise returns the planner.
+
+    ``strict`` (for the planner made here; a given planner keeps its own): a tensor of the
+    model's state that no rule, ignore or buffer of the manifest covers (a key a state-dict
+    hook writes in place of a parameter, say) fails the save on every rank before a byte
+    is written; ``strict=False`` saves it whole, as DCP does, with an
+    :class:`UncoveredEntriesWarning`."""
     path = os.fspath(path)
-    planner = planner or ShardspecSavePlanner(spec, mesh)
+    planner = planner or ShardspecSavePlanner(spec, mesh, strict=strict)
     if not asynchronous:
         wait_for_saves()
         with _no_gc():

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
+from torch.distributed.tensor import DTensor
 
 from shardspec.runtime.checkpoint import ShardspecLoadPlanner
 
@@ -48,10 +49,15 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
         same_mesh = self.marker.get("mesh") == dict(
             zip(self.lmesh.names, self.lmesh.sizes, strict=True)
         )
+        # The exchange shares entries that are no storage unit whole, by key: a DTensor
+        # among them (a state-dict hook's key saved with strict=False) holds a different
+        # chunk on each rank, so such a state dict reads as any other.
+        sharded_rest = any(isinstance(v, DTensor) for v in self.state_dict.values())
         self.active = bool(
             same_mesh
             and self.marker.get("fingerprint") == self.canon.fingerprint
             and not self._legacy
+            and not sharded_rest
             and metadata is not None
             and metadata.storage_data
         )

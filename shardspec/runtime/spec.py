@@ -8,6 +8,7 @@ A generated module holds plain tables (axes, rules, parameters); it builds one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -71,6 +72,8 @@ class CompiledSpec:
         fsdp: str | None = None,
         styles: Mapping[int, Mapping[str, object]] | None = None,
         pipeline: PipelineSpec | None = None,
+        buffers: Iterable[str] = (),
+        hook_keys: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
     ) -> None:
         self.name = name
         self.axes = axes
@@ -79,6 +82,12 @@ class CompiledSpec:
         self.rules = rules
         self.params = dict(params) if params is not None else None
         self.ignore = ignore
+        # The manifest's state-dict entries that are no parameter: persistent buffers
+        # (saved as they are), and the keys the model's state-dict hooks write, each with
+        # the module whose hook writes it and the parameters it comes from (save refuses
+        # them: no rule places them).
+        self.buffers = frozenset(buffers)
+        self.hook_keys = {k: (m, tuple(f)) for k, (m, f) in (hook_keys or {}).items()}
         # The FSDP2 axis (`fsdp AXIS`), and the tensor-parallel styles rules state
         # (rule index -> {"kind": ..., "input": ..., "output": ..., "local": ...}).
         self.fsdp_axis = fsdp
@@ -159,6 +168,16 @@ class CompiledSpec:
                 "inner); build it with build_mesh()"
             )
         return lm
+
+    @functools.cached_property
+    def modules(self) -> frozenset[str]:
+        """The names of the modules that hold the manifest's parameters, and of the modules
+        around them (``layers``, ``layers.0``, ``layers.0.attention``); empty without a
+        manifest."""
+        out: set[str] = set()
+        for fqn in self.params or ():
+            out.update(fqn[:i] for i, ch in enumerate(fqn) if ch == ".")
+        return frozenset(out)
 
     # ----------------------------------------------------------------- pipeline stages
 

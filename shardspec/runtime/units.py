@@ -305,6 +305,8 @@ def _structural(
     chunks = []
     single: dict[tuple[ParamLayout, int], int] = {}
     counts = virtual_counts(spec, names, flat)
+    unnamed: list[str] = []  # tensors that hold no parameter's name
+    found: set[str] = set()  # the parameter names in the keys, as this rank's model has them
     for key in sorted(flat):
         value = flat[key]
         span = names.split(key)
@@ -317,8 +319,11 @@ def _structural(
                 continue
             rest.append((key, key))
             structure[key] = _describe(value)
+            if isinstance(value, torch.Tensor):
+                unnamed.append(key)
             continue
         a, b = span
+        found.add(key[a:b])
         fqn = names.global_of(key[a:b])
         if spec.is_ignored(fqn):
             continue
@@ -411,7 +416,38 @@ def _structural(
                 base[r] += n * itemsize * count
         plan.writer = assign_writers(chunks, mesh.world, base)
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
+    plan.uncovered = uncovered(spec, unnamed, found)
     return _Structural(plan, tuple(rest), tuple(params))
+
+
+def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple[str, ...]:
+    """Of ``keys`` (flat keys of tensors that name no parameter and match no ignore), those
+    that are the model's state but that nothing in the spec covers, each described: a key
+    a state-dict hook writes (the manifest lists it), or a tensor inside one of the model's
+    modules (around the manifest's parameters, or the parameters ``found`` in the state
+    dict) that is no buffer the manifest lists. Other tensors (a step counter, an RNG
+    state, entries of the caller's own) are not the model's: DCP stores them as ever."""
+    if not keys:
+        return ()
+    modules = set(spec.modules)
+    for fqn in found:
+        modules.update(fqn[:i] for i, ch in enumerate(fqn) if ch == ".")
+    out = []
+    for key in keys:
+        starts = _dot_starts(key)
+        stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+        parts = [key[a:b] for a in starts for b in stops if b > a]
+        hook = next((p for p in parts if p in spec.hook_keys), None)
+        if hook is not None:
+            module, sources = spec.hook_keys[hook]
+            by = f"a state-dict hook of {module}" if module else "the model's state_dict()"
+            origin = f" in place of {', '.join(sources)}" if sources else ""
+            out.append(f"{key} (written by {by}{origin})")
+        elif not any(p in spec.buffers for p in parts) and any(
+            key[a:b] in modules for a in starts for b in stops[:-1] if b > a
+        ):
+            out.append(f"{key} (no parameter, no buffer of the manifest, no ignore)")
+    return tuple(out)
 
 
 def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):

@@ -18,8 +18,41 @@ CASES = [
     {
         "name": "wrong format field",
         "spec": SPEC,
-        "manifest_text": '{"format": "shardspec-manifest/2", "entries": []}\n',
+        "manifest_text": '{"format": "shardspec-manifest/9", "entries": []}\n',
         "expect": [("SS003", 1, "m.json: manifest field format", '"m.json"')],
+    },
+    {
+        "name": "a state_dict section in a format-1 manifest",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/1", "entries": '
+        '[{"fqn": "w", "shape": [8, 8]}], "state_dict": {}}\n',
+        "expect": [("SS003", 1, "m.json: manifest field state_dict: a shardspec-manifest/2")],
+    },
+    {
+        "name": "a state_dict key added in place of no entry",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8]}],\n'
+        ' "state_dict": {"keys": [\n'
+        '  {"fqn": "w.q", "change": "added", "from": ["v"]}]}}\n',
+        "expect": [("SS003", 1, "m.json:4:4: manifest field state_dict: key 'w.q' is from 'v'")],
+    },
+    {
+        "name": "a state_dict key of another change kind",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": '
+        '[{"fqn": "w", "shape": [8, 8]}], "state_dict": {"keys": '
+        '[{"fqn": "w", "change": "renamed"}]}}\n',
+        "expect": [("SS003", 1, "state_dict.keys.0.change")],
+    },
+    {
+        "name": "a format-2 manifest with a state_dict section",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": '
+        '[{"fqn": "w", "shape": [8, 8]}], "state_dict": {"hooks": {"": ["overrides '
+        'state_dict"]}, "keys": [{"fqn": "w2", "change": "added", "from": ["w"], '
+        '"shape": [8, 8], "dtype": "float32"}]}}\n',
+        "expect": [],
     },
     {
         "name": "unknown entry kind",

@@ -1,0 +1,182 @@
+"""``shardspec manifest``: entries as the model holds them (parameters, persistent buffers,
+extra state), whatever its state-dict hooks do, and a record of what the hooks change.
+
+The torchtitan-like model with hooks is ``examples/models/llama3_fused.py``; the small
+ones here override ``state_dict``, transpose a weight, or need real data in a hook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples.models import llama, llama3_fused
+from shardspec.cli import main
+from shardspec.manifest import dump_manifest, load_manifest
+from shardspec.manifest_build import model_entries, state_dict_changes
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_fused_qkv_behind_hooks_is_recorded_as_the_parameter(
+    in_repo: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "m.json"
+    status, said, err = run(capsys, "manifest", "examples.models.llama3_fused:tiny", "-o", str(out))
+    assert status == 0 and said == f"wrote {out} (15 entries)\n"
+    # The warning names the modules, their hooks and what they change.
+    assert err.startswith("warning: state-dict hooks change what state_dict() returns")
+    assert (
+        "  layers.0.attention, layers.1.attention (state_dict hook, load_state_dict pre-hook): "
+        "state_dict() writes wk.weight, wq.weight, wv.weight in place of the parameter "
+        "qkv_linear.wqkv.weight\n"
+    ) in err
+    assert "save() refuses them unless strict=False" in err
+    m = load_manifest(out)
+    assert m.format == "shardspec-manifest/2" and not m.from_state_dict
+    params = {e.fqn: e for e in m.params}
+    wqkv = params["layers.0.attention.qkv_linear.wqkv.weight"]
+    assert (wqkv.shape, wqkv.dtype, wqkv.module) == ((128, 64), "float32", "linear")
+    assert not any(".wq." in e.fqn for e in m.entries)
+    assert m.state_dict is not None and m.state_dict.error is None
+    assert m.state_dict.hooks == {
+        f"layers.{i}.attention": ("state_dict hook", "load_state_dict pre-hook") for i in (0, 1)
+    }
+    wq = next(k for k in m.state_dict.added() if k.fqn == "layers.1.attention.wq.weight")
+    assert (wq.module, wq.from_, wq.shape) == (
+        "layers.1.attention",
+        ("layers.1.attention.qkv_linear.wqkv.weight",),
+        (64, 64),
+    )
+    dropped = {k.fqn for k in m.state_dict.keys if k.change == "dropped"}
+    assert dropped == {f"layers.{i}.attention.qkv_linear.wqkv.weight" for i in (0, 1)}
+    assert len(m.state_dict.added()) == 6
+    # The golden case's manifest is this one, fresh.
+    case = Path("tests/cases/state_dict_hooks/manifest.json")
+    assert out.read_text(encoding="utf-8") == case.read_text(encoding="utf-8")
+
+
+def test_a_model_without_hooks_lists_what_state_dict_lists() -> None:
+    with torch.device("meta"):
+        model = llama.tiny_tied(n_layers=1)
+    entries = model_entries(model)
+    # Tied parameters under each name, as state_dict() lists them.
+    assert sorted(e["fqn"] for e in entries) == sorted(model.state_dict())
+    assert state_dict_changes(model, entries) is None
+
+
+class _Extra(torch.nn.Module):
+    def get_extra_state(self) -> dict:
+        return {"scale": 1.0}
+
+    def set_extra_state(self, state: object) -> None:
+        pass
+
+
+class _Buffers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(3, 2))
+        self.register_buffer("inv_freq", torch.zeros(2), persistent=False)
+        self.fp8 = _Extra()
+
+
+def test_persistent_buffers_and_extra_state_are_entries() -> None:
+    with torch.device("meta"):
+        model = _Buffers()
+    entries = {e["fqn"]: e for e in model_entries(model)}
+    assert entries["cache"] == {
+        "fqn": "cache",
+        "kind": "buffer",
+        "shape": [3, 2],
+        "dtype": "float32",
+    }
+    assert "inv_freq" not in entries  # not saved: no entry
+    assert entries["fp8._extra_state"] == {"fqn": "fp8._extra_state", "kind": "extra_state"}
+    assert entries["w.bias"]["kind"] == "param" and entries["w.bias"]["module"] == "linear"
+    assert state_dict_changes(model, list(entries.values())) is None
+
+
+class _Renamed(torch.nn.Module):
+    """Overrides state_dict: every key under ``model.`` (what some wrappers do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(2, 2, bias=False)
+
+    def state_dict(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        return {f"model.{k}": v for k, v in super().state_dict(*args, **kwargs).items()}
+
+
+def _transpose(module, state_dict, prefix, local_metadata) -> None:  # type: ignore[no-untyped-def]
+    state_dict[f"{prefix}weight"] = state_dict[f"{prefix}weight"].t()
+
+
+def _needs_data(module, state_dict, prefix, local_metadata) -> None:  # type: ignore[no-untyped-def]
+    state_dict["scale"] = state_dict["inner.weight"].sum().item()
+
+
+class _Transposed(torch.nn.Module):
+    """A hook that stores a weight transposed; with ``fail``, one that needs real data."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(2, 3, bias=False)
+        self.inner._register_state_dict_hook(_transpose)
+        if fail:
+            self._register_state_dict_hook(_needs_data)
+
+
+@pytest.mark.parametrize(
+    ("make", "keys", "hooks"),
+    [
+        (
+            _Renamed,
+            [("model.w.weight", "added", "", ("w.weight",)), ("w.weight", "dropped", "", ())],
+            {"": ("overrides state_dict",)},
+        ),
+        (
+            _Transposed,
+            [("inner.weight", "reshaped", "inner", ())],
+            {"inner": ("state_dict hook",)},
+        ),
+    ],
+)
+def test_renames_and_reshapes_are_attributed(
+    make: type, keys: list, hooks: dict, tmp_path: Path
+) -> None:
+    with torch.device("meta"):
+        model = make()
+    entries = model_entries(model)
+    section = state_dict_changes(model, entries)
+    assert section is not None
+    path = tmp_path / "m.json"
+    path.write_text(dump_manifest(entries, None, {}, section), encoding="utf-8")
+    m = load_manifest(path)
+    assert m.state_dict is not None and m.state_dict.hooks == hooks
+    assert [(k.fqn, k.change, k.module, k.from_) for k in m.state_dict.keys] == keys
+    if make is _Transposed:
+        assert m.state_dict.keys[0].shape == (2, 3)
+
+
+def test_a_hook_that_cannot_run_on_meta_is_reported(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llama3_fused, "failing", lambda: _Transposed(fail=True), raising=False)
+    out = tmp_path / "m.json"
+    status, _, err = run(capsys, "manifest", "examples.models.llama3_fused:failing", "-o", str(out))
+    assert status == 0
+    assert "state_dict() raised" in err and "were not checked" in err and "the model" in err
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["state_dict"]["keys"] == [] and "raised" in doc["state_dict"]["error"]
+    section = load_manifest(out).state_dict
+    assert section is not None and section.error is not None
+    assert section.error.startswith("state_dict() raised")

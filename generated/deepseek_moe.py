@@ -27,7 +27,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe.shard"
 SPEC_SHA256 = "32d75f02fe1ee99f1f6d0f9c213e257b3fe2ffdbb31776ebdeb1ac42a85756b6"

@@ -27,7 +27,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe_local.shard"
 SPEC_SHA256 = "aaeb476fd43add624340f0816119ab5b0f4e0b10b73ee0814a9ca8e50e2ceb38"

@@ -27,7 +27,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama.shard"
 SPEC_SHA256 = "cd6476c767cd3773d03b77c341a36e13c00d8d4ea71a9834e7ddcf8577185005"

@@ -27,7 +27,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_local.shard"
 SPEC_SHA256 = "2260792f83a11b1bed25a11e014f70411b8f0cc15eb5c38ded92b012fdb5cc65"

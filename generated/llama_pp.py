@@ -28,7 +28,7 @@ from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 from shardspec.stages import PipelineSpec
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_pp.shard"
 SPEC_SHA256 = "635457b50a147e98361ff0ff7d0c13e4717c823acc162a2a909f454ff7b5909e"

@@ -28,7 +28,7 @@ from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 from shardspec.stages import PipelineSpec
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_pp_tied.shard"
 SPEC_SHA256 = "0e7bb13771fcc47aca4be5ab139ae9c39587364fc6373ce1702086bb655d7687"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "specs/qwen2.shard"
 SPEC_SHA256 = "ccfadc64cc564f68c8cf9567c0294f7d7b5ff347158ba756eba553a3b4a6fd48"

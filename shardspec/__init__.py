@@ -8,4 +8,4 @@ __version__ = "0.1.0"
 
 # The contract between generated modules and ``shardspec.runtime``. A generated module
 # states the API version it was rendered for; the runtime refuses a different one.
-RUNTIME_API = 1
+RUNTIME_API = 2  # 2: generated modules pass buffers= and hook_keys= (manifest format 2)

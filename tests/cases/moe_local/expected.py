@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=1, compiler="0.1.0")
+require(api=2, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/moe_local/spec.shard"
 SPEC_SHA256 = "cd0bf9a01d8165375f8b1b7de10c8abad6891dd24d51ef45cbacbf0a5eb9865c"

@@ -1375,6 +1375,11 @@ def _save_steps(
         if lead:  # every rank is past writing: nothing will land in the folder any more
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+        # Every rank raised DCP's exception, so every rank is here: when any rank raises,
+        # the unfinished folder is gone (a caller may look, or save again, at once).
+        if _distributed(group):
+            with contextlib.suppress(Exception):
+                dist.barrier(group=group)
     except Exception as e:  # the backend's: a rank died or timed out in DCP's collectives
         error = _lost(
             e,

@@ -682,6 +682,7 @@ def uncovered_entries(rank: int, root: str, fail: Failures) -> None:
     left = [p for p in (path, f"{path}.partial") if os.path.exists(p)]
     if left:
         fail.append(f"{tag} a refused save left {left}")
+    dist.barrier()  # every rank has looked before the next save (rank 0 makes .partial)
     _count(tag)
     # strict=False: every rank warns, the hooks' keys are stored whole, and they load back
     # through the model's own load_state_dict pre-hook (on the same mesh: file locality,

@@ -707,3 +707,179 @@ def storage_units(layout: ParamLayout) -> list[tuple[str | None, int | None]]:
         if d.fusion is not None:
             return [(name, i) for name, _ in d.fusion.components]
     return [(None, None)]
+
+
+# --------------------------------------------------------------------------- heads
+
+
+@dataclass(frozen=True)
+class HeadCut:
+    """A shard boundary inside a head: splitting over ``axis``, the shard at ``coord`` on it
+    starts (and the one at ``coord - 1`` ends) at global index ``index`` of the dimension,
+    inside head ``head`` of ``component`` (``None``: of the dimension itself), whose heads
+    have ``head_size`` indices. ``outer`` gives the coordinates on the dimension's earlier
+    axes of the block being split (empty for its first axis)."""
+
+    axis: str
+    coord: int
+    outer: tuple[tuple[str, int], ...]
+    index: int
+    component: str | None
+    head: int  # in the component's own numbering of heads
+    head_size: int
+    head_start: int  # the head's first global index
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """A stretch of a dimension that comes in heads of one size: the dimension, or one
+    component in one group of a fused dimension."""
+
+    start: int
+    size: int
+    head: int  # 1: no heads declared
+    component: str | None
+    base: int  # the segment's first index in its component's own numbering
+
+
+# A piece of a block: (global start, length, segment). Blocks are tuples of pieces in the
+# order a rank's shard enumerates them (the order ``_block`` slices).
+_Piece = tuple[int, int, _Segment]
+
+
+def _segments(dim: Dim, heads: dict[str | None, int]) -> tuple[_Segment, ...]:
+    whole = heads.get(None, 1)
+    f = dim.fusion
+    if f is None:
+        return (_Segment(0, dim.size, whole, None, 0),)
+    out = []
+    for g in range(f.groups):
+        start = g * f.group_size
+        for name, size in f.components:
+            out.append(_Segment(start, size, heads.get(name, whole), name, g * size))
+            start += size
+    return tuple(out)
+
+
+def _cut_in(pieces: Sequence[_Piece], c: int, m: int) -> tuple[int, int, _Segment] | None:
+    """The first boundary ``c * j`` (``0 < j < m``) between the chunks of a block of
+    ``pieces`` that falls inside a head: ``(j, global index, segment)``. Per piece, not per
+    boundary: modulo a head size the boundaries ``c * j`` repeat with a period, and two
+    boundaries in a row cannot both be on a head boundary unless all are."""
+    pos = 0
+    for gstart, length, seg in pieces:
+        lo, hi = pos // c + 1, min((pos + length - 1) // c, m - 1)
+        for j in (lo, lo + 1):
+            index = gstart + c * j - pos
+            if j <= hi and (index - seg.start) % seg.head:
+                return j, index, seg
+        pos += length
+    return None
+
+
+def _slice_pieces(pieces: Sequence[_Piece], lo: int, hi: int) -> tuple[_Piece, ...]:
+    """Positions ``[lo, hi)`` of the block, as pieces."""
+    out = []
+    pos = 0
+    for gstart, length, seg in pieces:
+        a, b = max(lo, pos), min(hi, pos + length)
+        if a < b:
+            out.append((gstart + a - pos, b - a, seg))
+        pos += length
+    return tuple(out)
+
+
+def _block_shape(pieces: Sequence[_Piece]) -> tuple[tuple[int, int], ...]:
+    """What decides where a block's inner splits cut: its pieces' lengths and head sizes
+    (every piece starts on a head boundary once the outer splits cut none)."""
+    return tuple((length, seg.head) for _, length, seg in pieces)
+
+
+def _split_candidates(pieces: Sequence[_Piece], c: int, m: int) -> list[int]:
+    """Chunk indices whose sub-blocks have every shape the chunks of a block have: a chunk
+    lies inside one piece (then it is like the first such chunk of that piece, or the last
+    chunk) or holds the start of a piece."""
+    out = {0, m - 1}
+    pos = 0
+    for _, length, _seg in pieces:
+        out.update((pos // c, pos // c + 1))
+        pos += length
+    return sorted(j for j in out if 0 <= j < m)
+
+
+def head_cut(
+    dim: Dim, axes: Sequence[str], sizes: dict[str, int], heads: dict[str | None, int]
+) -> HeadCut | None:
+    """Where splitting ``dim`` over ``axes`` (outer to inner; the first splits a fused
+    dimension per component, or whole groups) puts a shard boundary inside a head, or
+    ``None`` when every rank holds whole heads. ``heads`` maps a component (``None``: the
+    dimension, or every component) to its head size; each must divide its segments.
+
+    Works per shard boundary and block shape, never per rank: a dimension's blocks at one
+    level have few distinct shapes (torch.chunk gives full chunks, one short and empty
+    ones), so the cost does not grow with the axes' sizes."""
+    segments = _segments(dim, heads)
+    if not axes or all(s.head == 1 for s in segments):
+        return None
+    # Blocks to split at the next level: (outer coordinates, pieces), one per shape.
+    n = sizes[axes[0]]
+    f = dim.fusion
+    blocks: list[tuple[tuple[tuple[str, int], ...], tuple[_Piece, ...]]] = []
+    if f is not None and f.groups > 1:
+        # Whole groups per rank: boundaries between groups, which start whole heads.
+        cg = -(-f.groups // n)
+        m = -(-f.groups // cg)
+        per = len(f.components)
+        for i in sorted({0, m - 1}):
+            g0, g1 = chunk_bounds(f.groups, n, i)
+            held = tuple((s.start, s.size, s) for s in segments[g0 * per : g1 * per])
+            blocks.append((((axes[0], i),), held))
+    else:
+        # Every segment (the dimension, or each component) is split separately.
+        candidates = {0}
+        for seg in segments:
+            c = -(-seg.size // n) if seg.size else 0
+            if not c:
+                continue
+            m = -(-seg.size // c)
+            found = _cut_in(((seg.start, seg.size, seg),), c, m)
+            if found is not None:
+                return _cut(axes[0], (), found)
+            candidates.update((m - 1, m))
+        for i in sorted(x for x in candidates if x < n):
+            pieces = []
+            for seg in segments:
+                lo, hi = chunk_bounds(seg.size, n, i)
+                if lo < hi:
+                    pieces.append((seg.start + lo, hi - lo, seg))
+            blocks.append((((axes[0], i),), tuple(pieces)))
+    for axis in axes[1:]:
+        n = sizes[axis]
+        seen: set[tuple[tuple[int, int], ...]] = set()
+        inner = []
+        for outer, pieces in blocks:
+            shape = _block_shape(pieces)
+            if shape in seen:
+                continue
+            seen.add(shape)
+            total = sum(length for _, length, _seg in pieces)
+            if not total:
+                continue
+            c = -(-total // n)
+            m = -(-total // c)
+            found = _cut_in(pieces, c, m)
+            if found is not None:
+                return _cut(axis, outer, found)
+            for j in _split_candidates(pieces, c, m):
+                inner.append(((*outer, (axis, j)), _slice_pieces(pieces, c * j, c * (j + 1))))
+        blocks = inner
+    return None
+
+
+def _cut(
+    axis: str, outer: tuple[tuple[str, int], ...], found: tuple[int, int, _Segment]
+) -> HeadCut:
+    j, index, seg = found
+    into = (index - seg.start) % seg.head
+    head = (seg.base + index - seg.start) // seg.head
+    return HeadCut(axis, j, outer, index, seg.component, head, seg.head, index - into)

@@ -30,6 +30,7 @@ representable as a DTensor only when they agree on every rank.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -730,79 +731,119 @@ class HeadCut:
     head_start: int  # the head's first global index
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """A stretch of a dimension that comes in heads of one size: the dimension, or one
-    component in one group of a fused dimension."""
-
-    start: int
-    size: int
-    head: int  # 1: no heads declared
-    component: str | None
-    base: int  # the segment's first index in its component's own numbering
+# A run: a contiguous range of the dimension, ``(global start, length)``. A rank's block
+# of a dimension is a tuple of runs, in the order its shard enumerates them (the order
+# ``_block`` slices): one run, or one per component of a fused dimension.
+_Run = tuple[int, int]
 
 
-# A piece of a block: (global start, length, segment). Blocks are tuples of pieces in the
-# order a rank's shard enumerates them (the order ``_block`` slices).
-_Piece = tuple[int, int, _Segment]
+class _Heads:
+    """Where a dimension's heads start: its components (one, unfused), each with a head
+    size (1: none declared), repeating once per group."""
 
-
-def _segments(dim: Dim, heads: dict[str | None, int]) -> tuple[_Segment, ...]:
-    whole = heads.get(None, 1)
-    f = dim.fusion
-    if f is None:
-        return (_Segment(0, dim.size, whole, None, 0),)
-    out = []
-    for g in range(f.groups):
-        start = g * f.group_size
-        for name, size in f.components:
-            out.append(_Segment(start, size, heads.get(name, whole), name, g * size))
+    def __init__(self, dim: Dim, heads: dict[str | None, int]) -> None:
+        whole = heads.get(None, 1)
+        f = dim.fusion
+        comps = f.components if f is not None else ((None, dim.size),)
+        self.period = f.group_size if f is not None else dim.size
+        self.offsets: list[int] = []
+        self.parts: list[tuple[str | None, int, int]] = []  # (component, size, head size)
+        start = 0
+        for name, size in comps:
+            self.offsets.append(start)
+            self.parts.append((name, size, heads.get(name, whole)))
             start += size
-    return tuple(out)
+        sizes = {h for _, size, h in self.parts if size}
+        # One head size over the whole dimension: every component starts a head (each
+        # component's size is a multiple of its head size), so heads start every `uniform`.
+        self.uniform = sizes.pop() if len(sizes) == 1 else None
+        self.trivial = sizes == set() and self.uniform == 1
+
+    def at(self, g: int) -> tuple[int, str | None, int, int, int]:
+        """The component instance holding index ``g``: (its global start, component, size,
+        head size, its first index in the component's own numbering)."""
+        group, r = divmod(g, self.period) if self.period else (0, 0)
+        k = bisect.bisect_right(self.offsets, r) - 1
+        while k > 0 and not self.parts[k][1]:  # an empty component holds nothing
+            k -= 1
+        name, size, head = self.parts[k]
+        return group * self.period + self.offsets[k], name, size, head, group * size
+
+    def first_cut(self, g0: int, c: int, count: int) -> int | None:
+        """The first ``i < count`` such that index ``g0 + c * i`` falls inside a head. Never
+        per boundary: in one component (or with one head size throughout) the boundaries
+        modulo the head size repeat, and two in a row cannot both start heads unless all
+        do; across the components of groups they repeat within one group's worth."""
+        if count <= 0:
+            return None
+        start, _, size, head, _ = self.at(g0)
+        if g0 + c * (count - 1) < start + size or self.uniform is not None:
+            h = head if self.uniform is None else self.uniform
+            for i in range(min(count, 1 if c % h == 0 else 2)):
+                if (g0 + c * i - start) % h:
+                    return i
+            return None
+        for i in range(min(count, self.period // math.gcd(c, self.period))):
+            start, _, _, head, _ = self.at(g0 + c * i)
+            if (g0 + c * i - start) % head:
+                return i
+        return None
+
+    def shape(self, runs: Sequence[_Run]) -> tuple:
+        """What decides where a block's inner splits cut (its runs start on head
+        boundaries once the outer splits cut none): per run its length, and the head size
+        when it lies in one component or heads are uniform, else its place in a group."""
+        out = []
+        for g, length in runs:
+            start, _, size, head, _ = self.at(g)
+            if self.uniform is not None:
+                out.append((length, self.uniform))
+            elif g + length <= start + size:
+                out.append((length, head))
+            else:
+                out.append((length, -1 - g % self.period))
+        return tuple(out)
 
 
-def _cut_in(pieces: Sequence[_Piece], c: int, m: int) -> tuple[int, int, _Segment] | None:
-    """The first boundary ``c * j`` (``0 < j < m``) between the chunks of a block of
-    ``pieces`` that falls inside a head: ``(j, global index, segment)``. Per piece, not per
-    boundary: modulo a head size the boundaries ``c * j`` repeat with a period, and two
-    boundaries in a row cannot both be on a head boundary unless all are."""
+def _split_cut(heads: _Heads, runs: Sequence[_Run], c: int, m: int) -> tuple[int, int] | None:
+    """The first boundary ``c * j`` (``0 < j < m``) between the chunks of a block that falls
+    inside a head: ``(j, global index)``."""
     pos = 0
-    for gstart, length, seg in pieces:
+    for g, length in runs:
         lo, hi = pos // c + 1, min((pos + length - 1) // c, m - 1)
-        for j in (lo, lo + 1):
-            index = gstart + c * j - pos
-            if j <= hi and (index - seg.start) % seg.head:
-                return j, index, seg
+        first = c * lo - pos + g
+        i = heads.first_cut(first, c, hi - lo + 1)
+        if i is not None:
+            return lo + i, first + c * i
         pos += length
     return None
 
 
-def _slice_pieces(pieces: Sequence[_Piece], lo: int, hi: int) -> tuple[_Piece, ...]:
-    """Positions ``[lo, hi)`` of the block, as pieces."""
+def _slice_runs(runs: Sequence[_Run], lo: int, hi: int) -> tuple[_Run, ...]:
+    """Positions ``[lo, hi)`` of the block, as runs."""
     out = []
     pos = 0
-    for gstart, length, seg in pieces:
+    for g, length in runs:
         a, b = max(lo, pos), min(hi, pos + length)
         if a < b:
-            out.append((gstart + a - pos, b - a, seg))
+            out.append((g + a - pos, b - a))
         pos += length
     return tuple(out)
 
 
-def _block_shape(pieces: Sequence[_Piece]) -> tuple[tuple[int, int], ...]:
-    """What decides where a block's inner splits cut: its pieces' lengths and head sizes
-    (every piece starts on a head boundary once the outer splits cut none)."""
-    return tuple((length, seg.head) for _, length, seg in pieces)
-
-
-def _split_candidates(pieces: Sequence[_Piece], c: int, m: int) -> list[int]:
-    """Chunk indices whose sub-blocks have every shape the chunks of a block have: a chunk
-    lies inside one piece (then it is like the first such chunk of that piece, or the last
-    chunk) or holds the start of a piece."""
+def _chunk_candidates(heads: _Heads, runs: Sequence[_Run], c: int, m: int) -> list[int]:
+    """Chunk indices whose sub-blocks have every shape the block's chunks have: a chunk
+    inside one run is like the run's first such chunk (within one group's worth of them,
+    across mixed head sizes), or holds the start of a run, or is the last."""
     out = {0, m - 1}
     pos = 0
-    for _, length, _seg in pieces:
-        out.update((pos // c, pos // c + 1))
+    for g, length in runs:
+        first = pos // c
+        out.update((first, first + 1))
+        start, _, size, _, _ = heads.at(g)
+        if heads.uniform is None and g + length > start + size:
+            cycle = heads.period // math.gcd(c, heads.period)
+            out.update(range(first + 1, min(first + 1 + cycle, (pos + length) // c + 1)))
         pos += length
     return sorted(j for j in out if 0 <= j < m)
 
@@ -813,73 +854,69 @@ def head_cut(
     """Where splitting ``dim`` over ``axes`` (outer to inner; the first splits a fused
     dimension per component, or whole groups) puts a shard boundary inside a head, or
     ``None`` when every rank holds whole heads. ``heads`` maps a component (``None``: the
-    dimension, or every component) to its head size; each must divide its segments.
+    dimension, or every component) to its head size, which must divide the component.
 
-    Works per shard boundary and block shape, never per rank: a dimension's blocks at one
-    level have few distinct shapes (torch.chunk gives full chunks, one short and empty
-    ones), so the cost does not grow with the axes' sizes."""
-    segments = _segments(dim, heads)
-    if not axes or all(s.head == 1 for s in segments):
+    Reasons per shard boundary and block shape, never per rank: at one level a
+    dimension's blocks have few shapes (torch.chunk gives full chunks, a short one and
+    empty ones), so the cost does not grow with the axes' sizes (with groups of components
+    of different head sizes, it is bounded by the group's size)."""
+    h = _Heads(dim, heads)
+    if not axes or h.trivial or not dim.size:
         return None
-    # Blocks to split at the next level: (outer coordinates, pieces), one per shape.
     n = sizes[axes[0]]
     f = dim.fusion
-    blocks: list[tuple[tuple[tuple[str, int], ...], tuple[_Piece, ...]]] = []
+    blocks: list[tuple[tuple[tuple[str, int], ...], tuple[_Run, ...]]] = []
     if f is not None and f.groups > 1:
-        # Whole groups per rank: boundaries between groups, which start whole heads.
-        cg = -(-f.groups // n)
-        m = -(-f.groups // cg)
-        per = len(f.components)
+        # Whole groups per rank: their boundaries start heads.
+        m = -(-f.groups // -(-f.groups // n))
         for i in sorted({0, m - 1}):
             g0, g1 = chunk_bounds(f.groups, n, i)
-            held = tuple((s.start, s.size, s) for s in segments[g0 * per : g1 * per])
-            blocks.append((((axes[0], i),), held))
+            blocks.append((((axes[0], i),), ((g0 * f.group_size, (g1 - g0) * f.group_size),)))
     else:
-        # Every segment (the dimension, or each component) is split separately.
+        # Every component (the dimension, unfused) is split separately.
+        parts = [
+            (start, size) for start, (_, size, _) in zip(h.offsets, h.parts, strict=True) if size
+        ]
         candidates = {0}
-        for seg in segments:
-            c = -(-seg.size // n) if seg.size else 0
-            if not c:
-                continue
-            m = -(-seg.size // c)
-            found = _cut_in(((seg.start, seg.size, seg),), c, m)
+        for start, size in parts:
+            c = -(-size // n)
+            m = -(-size // c)
+            found = _split_cut(h, ((start, size),), c, m)
             if found is not None:
-                return _cut(axes[0], (), found)
+                return _cut(h, axes[0], (), found)
             candidates.update((m - 1, m))
         for i in sorted(x for x in candidates if x < n):
-            pieces = []
-            for seg in segments:
-                lo, hi = chunk_bounds(seg.size, n, i)
+            runs = []
+            for start, size in parts:
+                lo, hi = chunk_bounds(size, n, i)
                 if lo < hi:
-                    pieces.append((seg.start + lo, hi - lo, seg))
-            blocks.append((((axes[0], i),), tuple(pieces)))
+                    runs.append((start + lo, hi - lo))
+            blocks.append((((axes[0], i),), tuple(runs)))
     for axis in axes[1:]:
         n = sizes[axis]
-        seen: set[tuple[tuple[int, int], ...]] = set()
+        seen: set[tuple] = set()
         inner = []
-        for outer, pieces in blocks:
-            shape = _block_shape(pieces)
-            if shape in seen:
+        for outer, runs in blocks:
+            total = sum(length for _, length in runs)
+            shape = h.shape(runs)
+            if not total or shape in seen:
                 continue
             seen.add(shape)
-            total = sum(length for _, length, _seg in pieces)
-            if not total:
-                continue
             c = -(-total // n)
             m = -(-total // c)
-            found = _cut_in(pieces, c, m)
+            found = _split_cut(h, runs, c, m)
             if found is not None:
-                return _cut(axis, outer, found)
-            for j in _split_candidates(pieces, c, m):
-                inner.append(((*outer, (axis, j)), _slice_pieces(pieces, c * j, c * (j + 1))))
+                return _cut(h, axis, outer, found)
+            for j in _chunk_candidates(h, runs, c, m):
+                inner.append(((*outer, (axis, j)), _slice_runs(runs, c * j, c * (j + 1))))
         blocks = inner
     return None
 
 
 def _cut(
-    axis: str, outer: tuple[tuple[str, int], ...], found: tuple[int, int, _Segment]
+    heads: _Heads, axis: str, outer: tuple[tuple[str, int], ...], found: tuple[int, int]
 ) -> HeadCut:
-    j, index, seg = found
-    into = (index - seg.start) % seg.head
-    head = (seg.base + index - seg.start) // seg.head
-    return HeadCut(axis, j, outer, index, seg.component, head, seg.head, index - into)
+    j, index = found
+    start, name, _, head, base = heads.at(index)
+    into = (index - start) % head
+    return HeadCut(axis, j, outer, index, name, (base + index - start) // head, head, index - into)

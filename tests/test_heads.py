@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import tempfile
 from pathlib import Path
 
 from hypothesis import example, given, settings
@@ -232,3 +233,64 @@ def test_uneven_without_heads_suggests_declaring_them(tmp_path: Path) -> None:
     code, found = _lint(str(spec), "-D", "tp=3", "-D", "world=6")
     assert code == 0 and found and {f["code"] for f in found} == {"SS023"}
     assert all("declare them (`heads " in f["hint"] for f in found)
+
+
+@st.composite
+def headed_specs(draw: st.DrawFn) -> tuple[str, dict, list[str]]:
+    """A rule with `heads` lines of any target and size (literal, factory argument, a
+    config.json key, or nothing), on shapes and meshes that may not fit."""
+    fused = draw(st.booleans())
+    fuse = ""
+    if fused:
+        groups = draw(st.sampled_from(["", "2 groups of ", "3 groups of "]))
+        sizes = draw(st.sampled_from(["q, k, v", "q 8, k 4, v 4", "q 16, k 8, v 8"]))
+        fuse = f"    fuse d as {groups}{sizes}\n"
+    items = []
+    for _ in range(draw(st.integers(1, 3))):
+        target = draw(st.sampled_from(["d", "d", "h", "q", "k", "v", "e", "x"]))
+        size = draw(st.sampled_from(["0", "1", "2", "3", "4", "8", "128", "head_dim", "nope"]))
+        items.append(f"{target} {size}")
+    axes = draw(st.sampled_from(["tp", "(tp, cp)", "(cp, tp)", "dp", "(tp, dp)"]))
+    spec = (
+        'manifest "m.json"\nhf "hf.json" { w -> w }\n'
+        f"mesh over {draw(st.sampled_from([1, 2, 4, 6, 8, 12]))} ranks "
+        "{ dp: *  tp: 2  cp: 1 }\nfsdp dp\n"
+        f"param {draw(st.sampled_from(['w', 'w', 'w', '{e}']))} [e, d, h] {{\n{fuse}"
+        f"    heads {', '.join(items)}\n    shard d over {axes}\n}}\n"
+    )
+    manifest = {
+        "format": "shardspec-manifest/1",
+        "factory_args": draw(st.dictionaries(st.just("head_dim"), st.sampled_from([0, 4, "x"]))),
+        "entries": [
+            {
+                "fqn": "w",
+                "kind": "param",
+                "shape": [
+                    draw(st.integers(1, 4)),
+                    draw(st.one_of(st.integers(0, 48), st.sampled_from([16, 32, 48, 96]))),
+                    8,
+                ],
+                "dtype": "float32",
+            }
+        ],
+    }
+    args = []
+    for axis in ("tp", "cp"):
+        if draw(st.booleans()):
+            args += ["-D", f"{axis}={draw(st.integers(1, 7))}", "-D", "world=84"]
+    return spec, manifest, args
+
+
+@settings(max_examples=150, deadline=None)
+@given(headed_specs())
+def test_heads_lines_never_raise(case: tuple[str, dict, list[str]]) -> None:
+    spec, manifest, args = case
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "s.shard").write_text(spec)
+        (root / "m.json").write_text(json.dumps(manifest))
+        hf = {"format": "shardspec-hf-manifest/1", "config": {"head_dim": 8}, "tensors": {}}
+        (root / "hf.json").write_text(json.dumps(hf))
+        code, found = _lint(str(root / "s.shard"), *args)
+    assert code in (0, 1)
+    assert all(f["code"] != "SS001" for f in found)

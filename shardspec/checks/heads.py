@@ -39,62 +39,71 @@ def check_heads_items(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     dimension indexed by a name capture; SS035: a size of 0, or heads given twice."""
     out: list[Diagnostic] = []
     for rule in spec.rules:
-        given: dict[tuple[str, str | None], ir.HeadSize] = {}
-        for item in rule.heads:
-            target = _targets(rule, item)
-            if target is None:
-                names = [d.text for d in rule.dims]
-                names += [c.name.text for f in rule.fusions for c in f.components]
-                out.append(
-                    diag(
-                        "SS020",
-                        f"heads: {item.target.text!r} is no dimension of the rule, nor a "
-                        "component of its fused dimension",
-                        item.target.span,
-                        _did_you_mean(item.target.text, names),
-                    )
-                )
-                continue
-            if _captured(rule, target[0]):
-                out.append(
-                    diag(
-                        "SS027",
-                        f"heads: dimension {target[0]!r} is indexed by module name, "
-                        "not a dimension of the tensor",
-                        item.target.span,
-                        "give heads to a dimension of the tensor (its rows or columns)",
-                    )
-                )
-                continue
-            if item.size == 0:
-                out.append(
-                    diag(
-                        "SS035",
-                        f"heads of {item.target.text!r} have size 0",
-                        item.span,
-                        "the size is one head's size in indices (head_dim), at least 1",
-                    )
-                )
-            dim, comp = target
-            twice = [
-                other
-                for (d, c), other in given.items()
-                if d == dim and (c is None or comp is None or c == comp)
-            ]
-            if twice:
-                first = twice[0]
-                out.append(
-                    diag(
-                        "SS035",
-                        f"heads of {item.target.text!r} are given twice (line "
-                        f"{first.span.line}: `heads {first.target.text} {first.size_text}`)",
-                        item.span,
-                        "give each dimension, or each component of a fused one, one head size",
-                    )
-                )
-                continue
-            given[target] = item
+        out.extend(_sorted_items(rule)[1])
     return out
+
+
+def _sorted_items(
+    rule: ir.Rule,
+) -> tuple[list[tuple[ir.HeadSize, tuple[str, str | None]]], list[Diagnostic]]:
+    """A rule's sound ``heads`` items with their (dimension, component), and what is wrong
+    with the others."""
+    good: list[tuple[ir.HeadSize, tuple[str, str | None]]] = []
+    out: list[Diagnostic] = []
+    for item in rule.heads:
+        target = _targets(rule, item)
+        if target is None:
+            names = [d.text for d in rule.dims]
+            names += [c.name.text for f in rule.fusions for c in f.components]
+            out.append(
+                diag(
+                    "SS020",
+                    f"heads: {item.target.text!r} is no dimension of the rule, nor a "
+                    "component of its fused dimension",
+                    item.target.span,
+                    _did_you_mean(item.target.text, names),
+                )
+            )
+            continue
+        if _captured(rule, target[0]):
+            out.append(
+                diag(
+                    "SS027",
+                    f"heads: dimension {target[0]!r} is indexed by module name, "
+                    "not a dimension of the tensor",
+                    item.target.span,
+                    "give heads to a dimension of the tensor (its rows or columns)",
+                )
+            )
+            continue
+        zero = item.size == 0
+        if zero:
+            out.append(
+                diag(
+                    "SS035",
+                    f"heads of {item.target.text!r} have size 0",
+                    item.span,
+                    "the size is one head's size in indices (head_dim), at least 1",
+                )
+            )
+        dim, comp = target
+        twice = [
+            other for other, (d, c) in good if d == dim and (c is None or comp is None or c == comp)
+        ]
+        if twice:
+            first = twice[0]
+            out.append(
+                diag(
+                    "SS035",
+                    f"heads of {item.target.text!r} are given twice (line "
+                    f"{first.span.line}: `heads {first.target.text} {first.size_text}`)",
+                    item.span,
+                    "give each dimension, or each component of a fused one, one head size",
+                )
+            )
+        elif not zero:
+            good.append((item, target))
+    return good, out
 
 
 def _captured(rule: ir.Rule, dim: str) -> bool:
@@ -128,15 +137,7 @@ def rule_heads(res: Resolved) -> tuple[dict[int, RuleHeads], list[Diagnostic]]:
     unknowable = res.spec.hf is not None and hfm is None
     for rule in res.spec.rules:
         heads = RuleHeads()
-        given: set[tuple[str, str | None]] = set()
-        for item in rule.heads:
-            target = _targets(rule, item)
-            if target is None or _captured(rule, target[0]) or item.size == 0:
-                continue
-            dim, comp = target
-            if any(d == dim and (c is None or comp is None or c == comp) for d, c in given):
-                continue
-            given.add(target)
+        for item, (dim, comp) in _sorted_items(rule)[0]:
             size = item.size
             if item.size_name is not None:
                 size, problem = _lookup(item.size_name.text, args, config, unknowable)

@@ -192,7 +192,7 @@ def _check_heads(
         cut = head_cut(dim, axes, sizes, heads.of(dim.name))
         cuts[dim.name] = cut
         if cut is not None:
-            out.append(_head_cut_diag(rule, layout, dim, mesh, fqns, heads, axes, cut))
+            out.append(_head_cut_diag(rule, dim, mesh, fqns, heads, axes, cut))
     return cuts, out
 
 
@@ -216,7 +216,6 @@ def _indivisible(dim: Dim, given: dict) -> tuple[int, ir.HeadSize, str, int] | N
 
 def _head_cut_diag(
     rule: ir.Rule,
-    layout: ParamLayout,
     dim: Dim,
     mesh: Mesh,
     fqns: list[str],
@@ -224,6 +223,8 @@ def _head_cut_diag(
     axes: tuple[str, ...],
     cut: HeadCut,
 ) -> Diagnostic:
+    """SS034 for ``cut``: the axis, the two ranks whose shards meet inside a head, the
+    index, and in the hint the sizes of that axis (others as they are) that cut none."""
     n = mesh.size(cut.axis)
     what = f"{dim.name!r}"
     if cut.component is not None:
@@ -366,7 +367,7 @@ def _uneven_hint(dim: Dim, cuts: dict[str, HeadCut | None], fsdp: str | None) ->
     if dim.name in cuts:
         if cuts[dim.name] is not None:
             return "torch.chunk sizes, which here cut heads (SS034)"
-        return "fine for DTensor (torch.chunk sizes), and every shard holds whole heads"
+        return "fine for DTensor (torch.chunk sizes); the model-parallel shards hold whole heads"
     if compute_axes(dim, fsdp):
         return (
             "fine for DTensor (torch.chunk sizes), but check it is intended; if the "

@@ -139,7 +139,21 @@ param w [q, hidden] {
                 6,
                 "dimension 'q' of size 10 does not divide over tp=3",
                 "shard q",
-                "every shard holds whole heads",
+                "the model-parallel shards hold whole heads",
+            )
+        ],
+    },
+    {
+        "name": "uneven over FSDP only: tp keeps heads whole",
+        "spec": HEAD.replace("over 8 ranks", "over 6 ranks").replace("tp: 4", "tp: 2") + Q,
+        "manifest": {"layers.0.attn.wq.weight": [4096, 512]},
+        "expect": [
+            (
+                "SS023",
+                6,
+                "dimension 'q' of size 4096 does not divide over tp=2 x dp_shard=3",
+                "shard q",
+                "the model-parallel shards hold whole heads",
             )
         ],
     },

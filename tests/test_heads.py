@@ -294,3 +294,16 @@ def test_heads_lines_never_raise(case: tuple[str, dict, list[str]]) -> None:
         code, found = _lint(str(root / "s.shard"), *args)
     assert code in (0, 1)
     assert all(f["code"] != "SS001" for f in found)
+
+
+def test_explain_says_whether_heads_stay_whole(tmp_path: Path) -> None:
+    spec = str(_mistral(tmp_path))
+    fqn = "model.layers.0.self_attn.k_proj.weight"
+    for args, want in (
+        ((), "  heads: kv 128: every shard over tp holds whole heads\n"),
+        (("-D", "tp=4"), "  heads: kv 128: tp=4 cuts head 0 at index 64 (SS034)\n"),
+    ):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            cli.main(["explain", spec, fqn, *args])
+        assert want in out.getvalue()

@@ -176,7 +176,7 @@ def _check_heads(
         given = heads.sizes.get(dim.name)
         if not given:
             continue
-        bad = _indivisible(dim, given)
+        bad = indivisible_heads(dim, given)
         if bad:
             head, item, what, size = bad
             out.append(
@@ -196,7 +196,7 @@ def _check_heads(
     return cuts, out
 
 
-def _indivisible(dim: Dim, given: dict) -> tuple[int, ir.HeadSize, str, int] | None:
+def indivisible_heads(dim: Dim, given: dict) -> tuple[int, ir.HeadSize, str, int] | None:
     """(head size, item, what, size) of the first dimension or component a head size does
     not divide."""
     for comp, (head, item) in given.items():

@@ -180,6 +180,7 @@ def explain(
             text += " [indexed by module name]"
         dims.append(text)
     lines.append(f"  global dims: {'; '.join(dims)}")
+    lines.extend(_heads_lines(res, m.winner, layout))  # type: ignore[arg-type]
     if rs.local:
         lines.append(f"  local axes (the module holds its shard): {', '.join(rs.local)}")
     sub = dtensor_mesh(layout, mesh)
@@ -282,6 +283,40 @@ def explain(
         lines.append("")
         lines.append(render_all_text(attach_sources(findings, outcome.sources)).rstrip())
     return "\n".join(lines) + "\n", 0
+
+
+def _heads_lines(res, rule_index: int, layout) -> list[str]:
+    """Per dimension with ``heads``, its head sizes and whether a model-parallel shard cuts
+    one (what SS034 checks)."""
+    from shardspec.checks.heads import rule_heads
+    from shardspec.checks.layouts import compute_axes, indivisible_heads
+    from shardspec.layout import head_cut
+
+    heads = rule_heads(res)[0].get(rule_index)
+    if heads is None or res.mesh is None:
+        return []
+    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    sizes = dict(zip(res.mesh.names, res.mesh.sizes, strict=True))
+    out = []
+    for d in layout.dims:
+        given = heads.of(d.name)
+        if not given:
+            continue
+        what = ", ".join(f"{c or d.name} {h}" for c, h in given.items())
+        axes = compute_axes(d, fsdp)
+        cut = head_cut(d, axes, sizes, given)
+        if indivisible_heads(d, heads.sizes[d.name]):
+            verdict = "the size does not divide it (SS035)"
+        elif cut is not None:
+            verdict = (
+                f"{cut.axis}={sizes[cut.axis]} cuts head {cut.head} at index {cut.index} (SS034)"
+            )
+        elif axes:
+            verdict = f"every shard over {', '.join(axes)} holds whole heads"
+        else:
+            verdict = "no model-parallel axis splits it"
+        out.append(f"  heads: {what}: {verdict}")
+    return out
 
 
 # The rows of the per-rank table explain prints unless `--ranks` says otherwise: a mesh of

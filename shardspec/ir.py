@@ -46,6 +46,21 @@ class FuseItem(Node):
     stored_fused: bool = False
 
 
+class HeadSize(Node):
+    """``TARGET SIZE`` in a ``heads`` item: dimension or fused component ``target`` comes
+    in heads of ``size`` indices, or of the value of the name ``size_name`` (a factory
+    argument of the manifest, or a config.json key of the hf block's HF manifest)."""
+
+    target: Name
+    size: int | None = None
+    size_name: Name | None = None
+
+    @property
+    def size_text(self) -> str:
+        """The size as written."""
+        return self.size_name.text if self.size_name is not None else str(self.size)
+
+
 class ShardItem(Node):
     dim: Name
     axes: list[Name]  # outer -> inner
@@ -82,6 +97,7 @@ class Rule(Node):
     checkpoint_shards: list[ShardItem] = []
     checkpoint_replicate: Span | None = None
     style: StyleItem | None = None
+    heads: list[HeadSize] = []  # `heads kv 128, ...`: head sizes of dims or components
     extra_styles: list[StyleItem] = []  # a second `style` in one rule (an error)
 
 

@@ -30,6 +30,7 @@ representable as a DTensor only when they agree on every rank.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -991,3 +992,215 @@ def _within_stage(layout: ParamLayout) -> ParamLayout:
     if layout.stage_axis is None:
         return layout
     return ParamLayout(layout.dims, layout.local, layout.ckpt)
+
+
+# --------------------------------------------------------------------------- heads
+
+
+@dataclass(frozen=True)
+class HeadCut:
+    """A shard boundary inside a head: splitting over ``axis``, the shard at ``coord`` on it
+    starts (and the one at ``coord - 1`` ends) at global index ``index`` of the dimension,
+    inside head ``head`` of ``component`` (``None``: of the dimension itself), whose heads
+    have ``head_size`` indices. ``outer`` gives the coordinates on the dimension's earlier
+    axes of the block being split (empty for its first axis)."""
+
+    axis: str
+    coord: int
+    outer: tuple[tuple[str, int], ...]
+    index: int
+    component: str | None
+    head: int  # in the component's own numbering of heads
+    head_size: int
+    head_start: int  # the head's first global index
+
+
+# A run: a contiguous range of the dimension, ``(global start, length)``. A rank's block
+# of a dimension is a tuple of runs, in the order its shard enumerates them (the order
+# ``_block`` slices): one run, or one per component of a fused dimension.
+_Run = tuple[int, int]
+
+
+class _Heads:
+    """Where a dimension's heads start: its components (one, unfused), each with a head
+    size (1: none declared), repeating once per group."""
+
+    def __init__(self, dim: Dim, heads: dict[str | None, int]) -> None:
+        whole = heads.get(None, 1)
+        f = dim.fusion
+        comps = f.components if f is not None else ((None, dim.size),)
+        self.period = f.group_size if f is not None else dim.size
+        self.offsets: list[int] = []
+        self.parts: list[tuple[str | None, int, int]] = []  # (component, size, head size)
+        start = 0
+        for name, size in comps:
+            self.offsets.append(start)
+            self.parts.append((name, size, heads.get(name, whole)))
+            start += size
+        sizes = {h for _, size, h in self.parts if size}
+        # One head size over the whole dimension: every component starts a head (each
+        # component's size is a multiple of its head size), so heads start every `uniform`.
+        self.uniform = sizes.pop() if len(sizes) == 1 else None
+        self.trivial = sizes == set() and self.uniform == 1
+
+    def at(self, g: int) -> tuple[int, str | None, int, int, int]:
+        """The component instance holding index ``g``: (its global start, component, size,
+        head size, its first index in the component's own numbering)."""
+        group, r = divmod(g, self.period) if self.period else (0, 0)
+        k = bisect.bisect_right(self.offsets, r) - 1
+        while k > 0 and not self.parts[k][1]:  # an empty component holds nothing
+            k -= 1
+        name, size, head = self.parts[k]
+        return group * self.period + self.offsets[k], name, size, head, group * size
+
+    def first_cut(self, g0: int, c: int, count: int) -> int | None:
+        """The first ``i < count`` such that index ``g0 + c * i`` falls inside a head. Never
+        per boundary: in one component (or with one head size throughout) the boundaries
+        modulo the head size repeat, and two in a row cannot both start heads unless all
+        do; across the components of groups they repeat within one group's worth."""
+        if count <= 0:
+            return None
+        start, _, size, head, _ = self.at(g0)
+        if g0 + c * (count - 1) < start + size or self.uniform is not None:
+            h = head if self.uniform is None else self.uniform
+            for i in range(min(count, 1 if c % h == 0 else 2)):
+                if (g0 + c * i - start) % h:
+                    return i
+            return None
+        for i in range(min(count, self.period // math.gcd(c, self.period))):
+            start, _, _, head, _ = self.at(g0 + c * i)
+            if (g0 + c * i - start) % head:
+                return i
+        return None
+
+    def shape(self, runs: Sequence[_Run]) -> tuple:
+        """What decides where a block's inner splits cut (its runs start on head
+        boundaries once the outer splits cut none): per run its length, and the head size
+        when it lies in one component or heads are uniform, else its place in a group."""
+        out = []
+        for g, length in runs:
+            start, _, size, head, _ = self.at(g)
+            if self.uniform is not None:
+                out.append((length, self.uniform))
+            elif g + length <= start + size:
+                out.append((length, head))
+            else:
+                out.append((length, -1 - g % self.period))
+        return tuple(out)
+
+
+def _split_cut(heads: _Heads, runs: Sequence[_Run], c: int, m: int) -> tuple[int, int] | None:
+    """The first boundary ``c * j`` (``0 < j < m``) between the chunks of a block that falls
+    inside a head: ``(j, global index)``."""
+    pos = 0
+    for g, length in runs:
+        lo, hi = pos // c + 1, min((pos + length - 1) // c, m - 1)
+        first = c * lo - pos + g
+        i = heads.first_cut(first, c, hi - lo + 1)
+        if i is not None:
+            return lo + i, first + c * i
+        pos += length
+    return None
+
+
+def _slice_runs(runs: Sequence[_Run], lo: int, hi: int) -> tuple[_Run, ...]:
+    """Positions ``[lo, hi)`` of the block, as runs."""
+    out = []
+    pos = 0
+    for g, length in runs:
+        a, b = max(lo, pos), min(hi, pos + length)
+        if a < b:
+            out.append((g + a - pos, b - a))
+        pos += length
+    return tuple(out)
+
+
+def _chunk_candidates(heads: _Heads, runs: Sequence[_Run], c: int, m: int) -> list[int]:
+    """Chunk indices whose sub-blocks have every shape the block's chunks have: a chunk
+    inside one run is like the run's first such chunk (within one group's worth of them,
+    across mixed head sizes), or holds the start of a run, or is the last."""
+    out = {0, m - 1}
+    pos = 0
+    for g, length in runs:
+        first = pos // c
+        out.update((first, first + 1))
+        start, _, size, _, _ = heads.at(g)
+        if heads.uniform is None and g + length > start + size:
+            cycle = heads.period // math.gcd(c, heads.period)
+            out.update(range(first + 1, min(first + 1 + cycle, (pos + length) // c + 1)))
+        pos += length
+    return sorted(j for j in out if 0 <= j < m)
+
+
+def head_cut(
+    dim: Dim, axes: Sequence[str], sizes: dict[str, int], heads: dict[str | None, int]
+) -> HeadCut | None:
+    """Where splitting ``dim`` over ``axes`` (outer to inner; the first splits a fused
+    dimension per component, or whole groups) puts a shard boundary inside a head, or
+    ``None`` when every rank holds whole heads. ``heads`` maps a component (``None``: the
+    dimension, or every component) to its head size, which must divide the component.
+
+    Reasons per shard boundary and block shape, never per rank: at one level a
+    dimension's blocks have few shapes (torch.chunk gives full chunks, a short one and
+    empty ones), so the cost does not grow with the axes' sizes (with groups of components
+    of different head sizes, it is bounded by the group's size)."""
+    h = _Heads(dim, heads)
+    if not axes or h.trivial or not dim.size:
+        return None
+    n = sizes[axes[0]]
+    f = dim.fusion
+    blocks: list[tuple[tuple[tuple[str, int], ...], tuple[_Run, ...]]] = []
+    if f is not None and f.groups > 1:
+        # Whole groups per rank: their boundaries start heads.
+        m = -(-f.groups // -(-f.groups // n))
+        for i in sorted({0, m - 1}):
+            g0, g1 = chunk_bounds(f.groups, n, i)
+            blocks.append((((axes[0], i),), ((g0 * f.group_size, (g1 - g0) * f.group_size),)))
+    else:
+        # Every component (the dimension, unfused) is split separately.
+        parts = [
+            (start, size) for start, (_, size, _) in zip(h.offsets, h.parts, strict=True) if size
+        ]
+        candidates = {0}
+        for start, size in parts:
+            c = -(-size // n)
+            m = -(-size // c)
+            found = _split_cut(h, ((start, size),), c, m)
+            if found is not None:
+                return _cut(h, axes[0], (), found)
+            candidates.update((m - 1, m))
+        for i in sorted(x for x in candidates if x < n):
+            runs = []
+            for start, size in parts:
+                lo, hi = chunk_bounds(size, n, i)
+                if lo < hi:
+                    runs.append((start + lo, hi - lo))
+            blocks.append((((axes[0], i),), tuple(runs)))
+    for axis in axes[1:]:
+        n = sizes[axis]
+        seen: set[tuple] = set()
+        inner = []
+        for outer, runs in blocks:
+            total = sum(length for _, length in runs)
+            shape = h.shape(runs)
+            if not total or shape in seen:
+                continue
+            seen.add(shape)
+            c = -(-total // n)
+            m = -(-total // c)
+            found = _split_cut(h, runs, c, m)
+            if found is not None:
+                return _cut(h, axis, outer, found)
+            for j in _chunk_candidates(h, runs, c, m):
+                inner.append(((*outer, (axis, j)), _slice_runs(runs, c * j, c * (j + 1))))
+        blocks = inner
+    return None
+
+
+def _cut(
+    heads: _Heads, axis: str, outer: tuple[tuple[str, int], ...], found: tuple[int, int]
+) -> HeadCut:
+    j, index = found
+    start, name, _, head, base = heads.at(index)
+    into = (index - start) % head
+    return HeadCut(axis, j, outer, index, name, (base + index - start) // head, head, index - into)

@@ -191,6 +191,19 @@ class _ToIR(Transformer):
         )
 
     @v_args(meta=True)
+    def head_size(self, meta, children):
+        target, size = children
+        return ir.HeadSize(
+            span=_span(self.path, meta),
+            target=self._name(target),
+            size=int(size) if size.type == "INT" else None,
+            size_name=self._name(size) if size.type == "NAME" else None,
+        )
+
+    def heads_item(self, children):
+        return ("heads", list(children))
+
+    @v_args(meta=True)
     def checkpoint_shard(self, meta, children):
         dim, axes = children
         item = ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
@@ -368,6 +381,7 @@ class _ToIR(Transformer):
         ckpt_shards: list[ir.ShardItem] = []
         ckpt_replicate: list[Span] = []
         styles: list[ir.StyleItem] = []
+        heads: list[ir.HeadSize] = []
         if body != "replicate":
             for item in body:
                 if isinstance(item, ir.StyleItem):
@@ -378,6 +392,8 @@ class _ToIR(Transformer):
                     fusions.append(item)
                 elif item[0] == "local":
                     local.extend(item[1])
+                elif item[0] == "heads":
+                    heads.extend(item[1])
                 elif item[0] == "checkpoint":
                     if isinstance(item[1], ir.ShardItem):
                         ckpt_shards.append(item[1])
@@ -399,6 +415,7 @@ class _ToIR(Transformer):
             checkpoint_shards=ckpt_shards,
             checkpoint_replicate=ckpt_replicate[0] if ckpt_replicate else None,
             style=styles[0] if styles else None,
+            heads=heads,
             extra_styles=styles[1:],
         )
         self.rule_index += 1
@@ -408,7 +425,7 @@ class _ToIR(Transformer):
 _STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param", "pipeline")
 _HF_ITEMS = ("config", "drop", "keep", "tie")
 _PIPE_ITEMS = ("first", "last", "split", "tie")
-_BODY_ITEMS = ("checkpoint", "fuse", "local", "replicate", "shard", "style")
+_BODY_ITEMS = ("checkpoint", "fuse", "heads", "local", "replicate", "shard", "style")
 
 
 def _syntax_diag(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
@@ -557,6 +574,10 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         return "write the layers per stage as whole numbers: `split layers.{layer} as 3, 5`"
     if expected & {"INT", "REST"} and not expected & {"NAME", "COMMA"} and word:
         return "a mesh axis size is a positive whole number, or `*` for the rest of the world"
+    upto = "\n".join([*(_code_part(x) for x in lines[: line - 1]), before])
+    heads = _heads_hint(upto, word, expected)
+    if heads:
+        return heads
     if "OVER" in expected and re.match(r"^shard\s+\w+\s+(on|by|across|along)\b", stripped):
         return "write `shard DIM over AXIS` (or `over (OUTER, INNER)`)"
     if "OVER" in expected:
@@ -603,7 +624,33 @@ def _friendly(text: str, line: int, col: int, word: str, expected: set[str], at_
         guess = _closest(word, _BODY_ITEMS)
         if guess:
             return f"did you mean `{guess}`?"
-        return "a rule's body holds shard, fuse, local, replicate, checkpoint and style lines"
+        return (
+            "a rule's body holds shard, fuse, heads, local, replicate, checkpoint and style lines"
+        )
+    return ""
+
+
+_HEADS_FORM = (
+    "`heads DIM SIZE`, SIZE one head's size: a whole number, a factory argument or a "
+    "config.json key (`heads kv 128`, `heads kv head_dim`)"
+)
+
+
+def _heads_hint(upto: str, word: str, expected: set[str]) -> str:
+    """The usual mistakes in a ``heads`` line (``upto``: the text before the error), or
+    ``""``."""
+    m = re.search(r"(?:^|\{)[ \t]*heads\b([^\n{}]*)\n?[ \t]*$", upto, re.M)
+    if m is None:
+        return ""
+    typed = m.group(1).split()
+    if word == "of" or typed[-1:] == ["of"]:
+        return "write `heads kv 128`, without `of`"
+    if word.isdigit() and "INT" not in expected and (not typed or typed[-1].endswith(",")):
+        return f"the dimension comes first: {_HEADS_FORM}"
+    if "INT" in expected or "NAME" in expected:
+        return f"write {_HEADS_FORM}"
+    if "COMMA" in expected and word:
+        return "separate the dimensions with commas, one size each: `heads q 128, k 128`"
     return ""
 
 

@@ -384,7 +384,7 @@ def test_explain(in_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "layers.0.feed_forward.w13.weight  [192, 64] float32"
-    assert "wins  specs/llama.shard:35  param layers.*.feed_forward.w13.weight" in out
+    assert "wins  specs/llama.shard:39  param layers.*.feed_forward.w13.weight" in out
     assert "why: it is the only rule that matches" in out
     assert "mesh: dp_shard=4, tp=2" in out
     assert "ffn=192 over tp [fused: gate 96, up 96]; hidden=64 over dp_shard" in out

@@ -64,6 +64,10 @@ def specs(draw) -> str:
             body.append(f"fuse {dims[0]} as q {n}, k {draw(NUMBERS)}")
         if draw(st.booleans()):
             body.append(draw(st.sampled_from(["style colwise", "style rowwise", "style none"])))
+        if draw(st.booleans()):
+            target = draw(st.sampled_from([*dims, "q", "k", "x"]))
+            size = draw(st.one_of(NUMBERS.map(str), st.sampled_from(["head_dim", "nope"])))
+            body.append(f"heads {target} {size}")
         head = f"param {draw(patterns())}"
         if draw(st.booleans()):
             lines.append(head + " replicate")
@@ -109,7 +113,11 @@ def manifests(draw) -> str:
         shape = draw(st.lists(NUMBERS, max_size=3))
         kind = draw(st.sampled_from(["param", "param", "buffer", "extra_state"]))
         entries.append({"fqn": fqn, "kind": kind, "shape": shape, "dtype": "float32"})
-    args = draw(st.dictionaries(st.sampled_from(AXES), st.one_of(NUMBERS, FLOATS), max_size=2))
+    args = draw(
+        st.dictionaries(
+            st.sampled_from([*AXES, "head_dim"]), st.one_of(NUMBERS, FLOATS), max_size=2
+        )
+    )
     fmt = draw(st.sampled_from(["shardspec-manifest/1", "shardspec-manifest/2"]))
     doc: dict = {"format": fmt, "factory_args": args, "entries": entries}
     if draw(st.booleans()):

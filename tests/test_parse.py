@@ -380,7 +380,10 @@ def test_hints_list_the_expected_tokens() -> None:
     d = syntax_error("mesh { tp 2 }")
     assert d.hint.endswith("expected ':'")
     d = syntax_error("param a [x] { bogus }")
-    assert "expected 'checkpoint', 'fuse', 'local', 'replicate', 'shard', 'style' or '}'" in d.hint
+    assert (
+        "expected 'checkpoint', 'fuse', 'heads', 'local', 'replicate', 'shard', 'style' or '}'"
+        in d.hint
+    )
     d = syntax_error("param a [x] { fuse x as }")
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")
@@ -449,7 +452,7 @@ _WORDS = [
     "param", "a.b", "**", "[", "]", ",", "shard", "(", ")", "fuse", "as", "groups", "of",
     "stored", "fused", "local", "replicate", "manifest", '"m.json"', "\n", "# c\n", "{x}",
     "w{1,3}", "=", ";", '"', "é", "\t", "0", "\r\n", "\ufeff", "hf", "->", "drop", "tie",
-    "keep", "config", "transpose", "rope", "16", "[e]", "a * b",
+    "keep", "config", "transpose", "rope", "16", "[e]", "a * b", "heads", "head_dim",
 ]  # fmt: skip
 
 
@@ -599,6 +602,66 @@ def test_hf_block_twice_is_ss005() -> None:
     assert [m.hf.text for m in spec.hf.maps] == ["a"]
     (d,) = diags
     assert d.code == "SS005" and at(d.span) == (2, 1) and "`hf` appears more than once" in d.message
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+def test_heads_items_and_spans() -> None:
+    text = (
+        "mesh { dp: * tp: 2 }\n"
+        "param wqkv [qkv, hidden] {\n"
+        "    fuse qkv as 2 groups of q 32, k 16, v 16\n"
+        "    heads q head_dim, k 16\n"
+        "    heads v 16   # a second line adds to the first\n"
+        "    shard qkv over tp\n"
+        "}\n"
+        "param wo [hidden, heads] { heads heads 128  shard heads over tp }\n"
+    )
+    spec = ok(text)
+    a, b = spec.rules
+    assert [(h.target.text, h.size, h.size_text) for h in a.heads] == [
+        ("q", None, "head_dim"),
+        ("k", 16, "16"),
+        ("v", 16, "16"),
+    ]
+    q = a.heads[0]
+    assert q.size_name is not None and q.size_name.text == "head_dim"
+    assert at(q.span) == pos(text, "q head_dim")
+    assert at(q.target.span) == pos(text, "q head_dim")
+    assert at(q.size_name.span) == pos(text, "head_dim")
+    assert at(a.heads[1].span) == pos(text, "k 16", 1)
+    # `heads` is a keyword only where an item starts: it stays a dimension name.
+    assert [d.text for d in b.dims] == ["hidden", "heads"]
+    assert [(h.target.text, h.size) for h in b.heads] == [("heads", 128)]
+    assert b.shards[0].dim.text == "heads"
+    assert ok("param w [a] { shard a over tp }").rules[0].heads == []
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "found", "hint"),
+    [
+        ("param w [kv] { heads kv }", (1, 25), "unexpected '}'", "write `heads DIM SIZE`"),
+        ("param w [kv] {\n    heads kv\n}", (3, 1), "unexpected '}'", "`heads kv head_dim`"),
+        ("param w [kv] { heads 128 kv }", (1, 22), "unexpected '128'", "the dimension comes"),
+        ("param w [kv] { heads kv of 128 }", (1, 28), "unexpected '128'", "without `of`"),
+        ("param w [kv] { heads kv 128 v 16 }", (1, 29), "unexpected 'v'", "with commas"),
+        ("param w [kv] { heads kv 128, }", (1, 30), "unexpected '}'", "`heads DIM SIZE`"),
+        ("param w [kv] { head kv 128 }", (1, 16), "unexpected 'head'", "did you mean `heads`?"),
+        ("heads kv 128", (1, 1), "unexpected 'heads'", "`heads` goes inside a rule"),
+    ],
+)
+def test_heads_syntax_errors(text: str, where: tuple[int, int], found: str, hint: str) -> None:
+    d = syntax_error(text)
+    assert at(d.span) == where
+    assert d.message == f"syntax error: {found}"
+    assert hint in d.hint
+
+
+def test_heads_hint_only_on_a_heads_line() -> None:
+    """A dimension named `heads` in a shard line gets the shard hint, not the heads one."""
+    d = syntax_error("param w [heads] {\n    shard heads over\n}")
+    assert "heads DIM SIZE" not in d.hint
 
 
 @pytest.mark.parametrize(

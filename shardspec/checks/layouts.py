@@ -12,13 +12,16 @@ import itertools
 from collections import defaultdict
 
 from shardspec import ir
+from shardspec.checks.heads import RuleHeads, rule_heads
 from shardspec.checks.registry import diag
 from shardspec.diagnostics import Diagnostic, Span
 from shardspec.layout import (
     Dim,
+    HeadCut,
     Mesh,
     ParamLayout,
     component_indices,
+    head_cut,
     representable,
     sampled_table,
     storage_units,
@@ -136,15 +139,143 @@ def check_local_sizes(res: Resolved) -> list[Diagnostic]:
 
 
 def check_shards(res: Resolved) -> list[Diagnostic]:
-    """SS023, SS024, SS030, SS031: uneven, empty, non-contiguous and unrepresentable shards."""
+    """SS023, SS024, SS030, SS031: uneven, empty, non-contiguous and unrepresentable shards;
+    SS034, SS035: shards that cut heads, head sizes that do not fit."""
+    heads, out = rule_heads(res)
     mesh = res.mesh
     if mesh is None:
-        return []
-    out = []
+        return out
+    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     for (index, layout), fqns in sorted(_groups(res).items(), key=lambda kv: (kv[0][0], kv[1])):
         rule = res.spec.rules[index]
-        out.extend(_check_one(rule, layout, mesh, fqns))
+        cuts, found = _check_heads(rule, layout, mesh, fqns, heads.get(index), fsdp)
+        out.extend(found)
+        out.extend(_check_one(rule, layout, mesh, fqns, cuts, fsdp))
     return out
+
+
+def compute_axes(dim: Dim, fsdp: str | None) -> tuple[str, ...]:
+    """The axes whose shards of ``dim`` the forward computes on: all but the FSDP axis,
+    which FSDP2 gathers before the forward (local axes count: the module holds that shard)."""
+    return tuple(a for a in dim.axes if a != fsdp)
+
+
+def _check_heads(
+    rule: ir.Rule,
+    layout: ParamLayout,
+    mesh: Mesh,
+    fqns: list[str],
+    heads: RuleHeads | None,
+    fsdp: str | None,
+) -> tuple[dict[str, HeadCut | None], list[Diagnostic]]:
+    """SS035: a head size that does not divide its dimension (or component); SS034: a
+    shard boundary inside a head. Returns, per dimension with heads, its cut (or None)."""
+    cuts: dict[str, HeadCut | None] = {}
+    out: list[Diagnostic] = []
+    if heads is None:
+        return cuts, out
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    for dim in layout.dims:
+        given = heads.sizes.get(dim.name)
+        if not given:
+            continue
+        bad = indivisible_heads(dim, given)
+        if bad:
+            head, item, what, size = bad
+            out.append(
+                diag(
+                    "SS035",
+                    f"{_who(fqns)}: heads of {head} do not divide {what} of size {size}",
+                    item.span,
+                    "the size is one head's size in indices (head_dim), not the number of heads",
+                )
+            )
+            continue
+        axes = compute_axes(dim, fsdp)
+        cut = head_cut(dim, axes, sizes, heads.of(dim.name))
+        cuts[dim.name] = cut
+        if cut is not None:
+            out.append(_head_cut_diag(rule, dim, mesh, fqns, heads, axes, cut))
+    return cuts, out
+
+
+def indivisible_heads(dim: Dim, given: dict) -> tuple[int, ir.HeadSize, str, int] | None:
+    """(head size, item, what, size) of the first dimension or component a head size does
+    not divide."""
+    for comp, (head, item) in given.items():
+        if dim.fusion is None:
+            parts = [(f"dimension {dim.name!r}", dim.size)]
+        else:
+            parts = [
+                (f"component {name!r} of {dim.name!r}", size)
+                for name, size in dim.fusion.components
+                if comp is None or name == comp
+            ]
+        for what, size in parts:
+            if size % head:
+                return head, item, what, size
+    return None
+
+
+def _head_cut_diag(
+    rule: ir.Rule,
+    dim: Dim,
+    mesh: Mesh,
+    fqns: list[str],
+    heads: RuleHeads,
+    axes: tuple[str, ...],
+    cut: HeadCut,
+) -> Diagnostic:
+    """SS034 for ``cut``: the axis, the two ranks whose shards meet inside a head, the
+    index, and in the hint the sizes of that axis (others as they are) that cut none."""
+    n = mesh.size(cut.axis)
+    what = f"{dim.name!r}"
+    if cut.component is not None:
+        what = f"component {cut.component!r} of {what}"
+    if dim.fusion is None:
+        what += f" ({dim.size // cut.head_size} heads of {cut.head_size})"
+    else:
+        what += f" (heads of {cut.head_size})"
+    coord = [0] * len(mesh.names)
+    for axis, c in cut.outer:
+        coord[mesh.names.index(axis)] = c
+    k = mesh.names.index(cut.axis)
+    coord[k] = cut.coord - 1
+    before = mesh.rank_of(coord)
+    coord[k] = cut.coord
+    after = mesh.rank_of(coord)
+    within = ""
+    if cut.outer:
+        within = " of the block of " + ", ".join(f"{a}={c}" for a, c in cut.outer)
+    message = (
+        f"{_who(fqns)}: {cut.axis}={n} cuts a head of {what}: the shards of "
+        f"{cut.axis}={cut.coord - 1} and {cut.axis}={cut.coord}{within} (ranks {before} and "
+        f"{after}, among others) meet at index {cut.index}, inside head {cut.head} "
+        f"(indices {cut.head_start}-{cut.head_start + cut.head_size - 1})"
+    )
+    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+    work = [
+        m
+        for m in range(1, min(max(n, dim.size // cut.head_size), 256) + 1)
+        if head_cut(dim, axes, {**sizes, cut.axis: m}, heads.of(dim.name)) is None
+    ]
+    hint = (
+        f"every {cut.axis} rank must hold whole heads: {_sizes_text(cut.axis, work)}; or "
+        f"do not shard {dim.name!r} over {cut.axis} (replicate it there)"
+    )
+    return diag("SS034", message, _dim_span(rule, dim.name), hint)
+
+
+def _sizes_text(axis: str, sizes: list[int], limit: int = 6) -> str:
+    """``tp=1 or 2 keep them whole``, ``only tp=1 keeps them whole``."""
+    if len(sizes) == 1:
+        return f"only {axis}={sizes[0]} keeps them whole"
+    shown = [str(s) for s in sizes[:limit]]
+    if len(sizes) > limit:
+        listed = ", ".join(shown) + f" and {len(sizes) - limit} more up to {sizes[-1]}"
+    else:
+        listed = ", ".join(shown[:-1]) + f" or {shown[-1]}"
+    return f"{axis}={listed} keep them whole"
 
 
 def _axes_text(dim: Dim, mesh: Mesh, rule: ir.Rule) -> str:
@@ -154,7 +285,14 @@ def _axes_text(dim: Dim, mesh: Mesh, rule: ir.Rule) -> str:
     )
 
 
-def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) -> list[Diagnostic]:
+def _check_one(
+    rule: ir.Rule,
+    layout: ParamLayout,
+    mesh: Mesh,
+    fqns: list[str],
+    cuts: dict[str, HeadCut | None],
+    fsdp: str | None,
+) -> list[Diagnostic]:
     out = []
     # One shard per box of ranks that hold alike (layout.sample_boxes): the cost depends on
     # the layout's shape, not on the world size.
@@ -173,7 +311,7 @@ def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) 
                     f"does not divide over {_axes_text(dim, mesh, rule)}; "
                     f"local sizes {sorted(sizes)}",
                     _dim_span(rule, dim.name),
-                    "fine for DTensor (torch.chunk sizes), but check it is intended",
+                    _uneven_hint(dim, cuts, fsdp),
                 )
             )
     # Empty: name the ranks, and the first dimension that leaves them empty.
@@ -230,6 +368,21 @@ def _check_one(rule: ir.Rule, layout: ParamLayout, mesh: Mesh, fqns: list[str]) 
             )
         )
     return out
+
+
+def _uneven_hint(dim: Dim, cuts: dict[str, HeadCut | None], fsdp: str | None) -> str:
+    """SS023's hint: uneven shards are fine for DTensor, but not if they cut heads."""
+    if dim.name in cuts:
+        if cuts[dim.name] is not None:
+            return "torch.chunk sizes, which here cut heads (SS034)"
+        return "fine for DTensor (torch.chunk sizes); the model-parallel shards hold whole heads"
+    if compute_axes(dim, fsdp):
+        return (
+            "fine for DTensor (torch.chunk sizes), but check it is intended; if the "
+            f"dimension comes in attention heads, declare them (`heads {dim.name} SIZE`) "
+            "and lint checks that no shard cuts one"
+        )
+    return "fine for DTensor (torch.chunk sizes), but check it is intended"
 
 
 def _first_split_unit(layout, table, units):

@@ -280,6 +280,38 @@ CHECKS: tuple[Check, ...] = (
         "    style none   # parameters placed as declared; the module's forward handles ep\n}",
         needs_manifest=True,
     ),
+    # --- heads (layout) ----------------------------------------------------------------
+    Check(
+        "SS034",
+        "split-head",
+        E,
+        "A shard boundary over a model-parallel axis falls inside a head of a dimension "
+        "(or fused component) with `heads`; the finding names the axis, the ranks and the "
+        "index, and the hint the axis sizes that keep heads whole.",
+        "Attention computes per head: a tensor-parallel rank holding half a head computes "
+        "garbage without an error (Mistral's 2 KV heads at tp=4). Uneven shards are fine as "
+        "long as every boundary falls between heads. The FSDP axis is not checked: FSDP2 "
+        "gathers the dimension before the forward.",
+        "param wk.weight [kv, hidden] {   # 2 KV heads of 128, tp=4\n    heads kv 128\n"
+        "    shard kv over tp\n}",
+        "param wk.weight [kv, hidden] {   # tp=2: one head per rank\n    heads kv 128\n"
+        "    shard kv over tp\n}",
+        True,
+    ),
+    Check(
+        "SS035",
+        "bad-heads",
+        E,
+        "A `heads` size is 0, is given twice for one dimension or component, names no "
+        "whole-number factory argument of the manifest or config.json key of the HF "
+        "manifest, or does not divide the dimension (or each component) it applies to.",
+        "A head size that does not fit the tensor cannot be checked against the shards, and "
+        "usually means the number of heads was written where one head's size belongs.",
+        "param wk.weight [kv, hidden] {   # kv 256\n    heads kv 3\n    shard kv over tp\n}",
+        "param wk.weight [kv, hidden] {\n    heads kv head_dim   # config.json: 128\n"
+        "    shard kv over tp\n}",
+        True,
+    ),
     Check(
         "SS040",
         "unmatched-parameter",

@@ -6,6 +6,7 @@ import os
 
 from shardspec import ir
 from shardspec.checks.coverage import COVERAGE_CHECKS
+from shardspec.checks.heads import check_heads_items
 from shardspec.checks.hf import (
     check_hf_items,
     check_hf_units,
@@ -74,7 +75,7 @@ def check(
     """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
     diags: list[Diagnostic] = []
     broken: set[int] = set()
-    for c in STRUCTURE_CHECKS:
+    for c in (*STRUCTURE_CHECKS, check_heads_items):
         diags.extend(c(spec, broken))
     diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:

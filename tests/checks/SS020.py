@@ -40,4 +40,38 @@ param w [ffn, hidden] {
         "manifest": MANIFEST,
         "expect": [],
     },
+    {
+        "name": "typo in heads",
+        "spec": HEAD
+        + """\
+param w [qkv, hidden] {
+    fuse qkv as q, k, v
+    heads qkv 4, kk 4
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"w": [24, 8]},
+        "expect": [
+            (
+                "SS020",
+                6,
+                "heads: 'kk' is no dimension of the rule, nor a component of its fused dimension",
+                "kk",
+                "did you mean 'k'?",
+            )
+        ],
+    },
+    {
+        "name": "heads of a dimension and of a component",
+        "spec": HEAD
+        + """\
+param w [qkv, hidden] {
+    fuse qkv as q, k, v
+    heads q 4, hidden 8
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"w": [24, 8]},
+        "expect": [],
+    },
 ]

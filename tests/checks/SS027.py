@@ -65,4 +65,17 @@ param local_experts.*.w1.weight [ffn, hidden] {}
         "manifest": MANIFEST,
         "expect": [],
     },
+    {
+        "name": "heads of a dimension indexed by module name",
+        "spec": HEAD
+        + """\
+param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
+    local ep
+    shard expert over ep
+    heads expert 1
+}
+""",
+        "manifest": MANIFEST,
+        "expect": [("SS027", 7, "heads: dimension 'expert' is indexed by module name", "expert 1")],
+    },
 ]

@@ -72,7 +72,8 @@ def specs(draw) -> str:
         if draw(st.booleans()):
             lines.append(head + " replicate")
         else:
-            lines.append(head + f" [{', '.join(dims)}] {{ " + "; ".join(body) + " }")
+            items = "".join(f"\n    {item}" for item in body)  # one item per line
+            lines.append(head + f" [{', '.join(dims)}] {{{items}\n}}")
     if axes and draw(st.booleans()):
         counts = ", ".join(str(draw(NUMBERS)) for _ in range(draw(st.integers(0, 3))))
         split = f"split {draw(patterns())}" + (f" as {counts}" if counts else "")

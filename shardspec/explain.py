@@ -348,8 +348,10 @@ def _off_stage_count(layout: ParamLayout, mesh: Mesh) -> int:
 
 def _shown(layout: ParamLayout, mesh: Mesh, ranks: range | None) -> list[int]:
     """The ranks of the table: those asked for, else the first ROWS on the stage."""
-    wanted = ranks if ranks is not None else range(mesh.world)
-    on = (r for r in wanted if r < mesh.world and layout.on_stage(mesh, mesh.coord_of(r)))
+    # An asked-for range is cut to the mesh first: `--ranks 0-99999999999` must not walk
+    # ranks that do not exist.
+    wanted = range(mesh.world) if ranks is None else range(ranks.start, min(ranks.stop, mesh.world))
+    on = (r for r in wanted if layout.on_stage(mesh, mesh.coord_of(r)))
     return list(on) if ranks is not None else list(itertools.islice(on, ROWS))
 
 

@@ -434,6 +434,10 @@ def test_explain_on_a_large_mesh_shows_a_bounded_table(
         ["1048575", "(524287,1)"],
     ]
     assert rows[0][2:4] == ["[0,", "64]"]
+    # A range past the mesh is cut to it, not walked (this would never end).
+    status, out, _ = run(capsys, *argv, "--ranks", "1048575-999999999999999")
+    rows = [r.split() for r in out.splitlines() if re.match(r"^\s+\d+\s+\(", r)]
+    assert status == 0 and [r[0] for r in rows] == ["1048575"]
     for bad in ("x", "5-2", "-3", "1-"):
         status, out, err = run(
             capsys, "explain", "specs/llama.shard", "norm.weight", "--ranks", bad

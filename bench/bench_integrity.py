@@ -363,6 +363,7 @@ def run_io(
         tag: [sum(r["cpu"][tag][i] for r in per_rank) for i in range(rounds)]
         for tag in first["cpu"]
     }
+    tp = opts["sizes"]["tp"]
     checks = {
         tag: sorted({k for r in per_rank for k in r["checks"][tag]}) for tag in first["checks"]
     }
@@ -376,6 +377,7 @@ def run_io(
         verified=verified,
         setup_s=max(r["setup_s"] for r in per_rank),
         world=world,
+        tp=tp,
         rounds=rounds,
         model=opts["model"],
         saves=list(saves),
@@ -392,9 +394,11 @@ def _ratio(base: list[float], t: list[float]) -> tuple[float, float, float]:
 
 def io_report(res: dict) -> list[str]:
     times, cpu, size = res["times"], res["cpu"], res["size"]
+    tp = res.get("tp", 2)
     out = [
         f"Model: Llama {res['model']}, Adam state; full state dict {size / bc.GB:.3f} GB "
-        f"(logical). {res['world']} gloo ranks, mesh dp_shard 2 x tp 2, generated planners; "
+        f"(logical). {res['world']} gloo ranks, mesh dp_shard {res['world'] // tp} x tp {tp}, "
+        "generated planners; "
         f"{res['rounds']} timed rounds after 1 untimed round, operations in alternating order.",
         "",
     ]
@@ -544,7 +548,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", default=",".join(LOADS), help="readers to time")
     ap.add_argument("--workdir", help="checkpoint folder (default: a new one under $TMPDIR)")
     ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument(
+        "--world",
+        type=int,
+        default=bc.IO_WORLD,
+        help=f"gloo ranks for the I/O part (default {bc.IO_WORLD}; 2 gives each rank a core here)",
+    )
+    ap.add_argument("--tp", type=int, default=bc.IO_SIZES["tp"], help="tp axis size (default 2)")
     args = ap.parse_args(argv)
+    if args.world < 1 or args.tp < 1 or args.world % args.tp:
+        ap.error(f"--tp {args.tp} must divide --world {args.world} (both at least 1)")
     args_text = argv if argv is not None else sys.argv[1:]
     started, load0 = time.time(), os.getloadavg()[0]
     workdir = args.workdir or tempfile.mkdtemp(prefix="shardspec-bench-integrity-")
@@ -572,7 +585,14 @@ def main(argv: list[str] | None = None) -> int:
                 base = kind.split("-")[0]
                 if (base if base != "plain" else "rowsum64") not in saves:
                     ap.error(f"loads of {kind!r} read what the {base!r} save writes: add it")
-            res = run_io(rounds=args.rounds, saves=saves, loads=loads, workdir=workdir)
+            res = run_io(
+                rounds=args.rounds,
+                saves=saves,
+                loads=loads,
+                workdir=workdir,
+                world=args.world,
+                sizes={"tp": args.tp},
+            )
             raw["io"] = res
             body += ["", "#### Save and load throughput, with checksums and without", ""]
             body += io_report(res)

@@ -8,6 +8,7 @@ gloo ranks, ``generated/llama.py``'s planners) is in ``integrity_scenarios.py``.
 from __future__ import annotations
 
 import copy
+import io
 import itertools
 import os
 import pickle
@@ -502,11 +503,15 @@ class Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch) -> None:
-    """Every reduction the checksums make is smaller than ATen's GRAIN_SIZE (32,768
-    elements), so it runs on the calling thread: split over torch's intra-op threads, which
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "torch"])
+def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch, numpy: bool) -> None:
+    """The row sums run on the calling thread: with numpy (whose reductions never use
+    threads; torch is not asked to reduce anything), or without it in torch calls smaller
+    than ATen's GRAIN_SIZE (32,768 elements). Split over torch's intra-op threads, which
     training shares and which stall on a busy core, 4 MiB reductions hashed at 0.25 GB/s
     instead of 12 (bench/RESULTS.md, "Checkpoint integrity")."""
+    if not numpy:
+        monkeypatch.setattr(ig, "_np", None)
     sizes: list[int] = []
     real_sum = torch.sum
 
@@ -522,5 +527,70 @@ def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch) -> Non
     reader = ChecksumReader(path)
     dcp.load(back, storage_reader=reader, no_dist=True)
     assert reader.verified == 2 and all(torch.equal(big[k], back[k]) for k in big)
+    if numpy:
+        assert sizes == []
+        return
     assert sizes and max(sizes) < 32768, max(sizes)
     assert sum(sizes) >= 0.95 * 2 * (16 << 20) // 8  # the words of both items, written and read
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.binary(min_size=0, max_size=20000),
+    start=st.integers(min_value=0, max_value=9),
+    cuts=st.lists(st.integers(min_value=0, max_value=20000), max_size=5),
+)
+def test_numpy_and_torch_row_sums_agree(data: bytes, start: int, cuts: list) -> None:
+    """numpy is optional: without it torch computes the same checksums, one shot (from an
+    unaligned start too) and as a stream."""
+    buf = bytearray(data)
+    start = min(start, len(buf))
+    bounds = sorted({max(start, min(c, len(buf))) for c in cuts} | {start, len(buf)})
+    digests = []
+    for np_module in (ig._np, None):
+        saved, ig._np = ig._np, np_module
+        try:
+            run = ig._Running()
+            for a, b in itertools.pairwise(bounds):
+                run.update(memoryview(buf)[a:b])
+            digests.append((checksum(buf, start=start), run.digest()))
+        finally:
+            ig._np = saved
+    assert ig._np is not None  # the tests' environment has numpy: both paths ran
+    assert digests[0] == digests[1]
+    assert digests[0][0] == digests[0][1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.integers(min_value=0, max_value=300), st.integers(min_value=60000, max_value=90000)
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    tells=st.sets(st.integers(min_value=0, max_value=30), max_size=4),
+)
+def test_writer_stream_gathers_small_writes_and_keeps_every_run(pieces: list, tells: set) -> None:
+    """The writer's stream gathers small writes (zip headers) before passing them on and
+    hashing them: the file gets every byte in order, and each run between two ``tell``
+    calls has the checksum of its bytes."""
+    raw = io.BytesIO()
+    stream = ig._SummingStream(raw)
+    starts, data = [0], bytearray()
+    stream.tell()
+    for i, n in enumerate(pieces):
+        chunk = os.urandom(n)
+        assert stream.write(memoryview(chunk)) == n
+        data += chunk
+        if i in tells:
+            assert stream.tell() == len(data)
+            starts.append(len(data))
+    stream.flush()
+    assert raw.getvalue() == data
+    stream.close()
+    ends = [*starts[1:], len(data)]
+    for a, b in zip(starts, ends, strict=True):
+        if b > a:
+            assert stream.runs[a] == (b - a, checksum(data[a:b]))

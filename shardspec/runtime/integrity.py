@@ -20,7 +20,8 @@ written atomically with the metadata.
 
 **The checksum** (``rowsum64``; ``bench/RESULTS.md``, "Checkpoint integrity", has the
 measurements that chose it): the stored bytes as little-endian 64-bit words in rows of 512
-words (4 KiB); the row sums modulo 2**64 (a vectorized torch reduction, tens of GB/s);
+words (4 KiB); the row sums modulo 2**64 (a vectorized reduction on the calling thread,
+numpy's where it is installed, tens of GB/s);
 CRC-32 over the row sums, then over the bytes after the last whole row; and the sum of all
 words modulo 2**64. A change confined to one 8-byte word (every single-byte flip) changes
 that sum, so it is always detected; a change in the last partial row is a change to CRC-32's
@@ -32,7 +33,8 @@ a third of a warm ``load()``'s own CPU time. Failures are :class:`ChecksumError`
 cache into the tensor ``torch.load`` builds. The reader hashes each block of that copy
 right after it lands (4 MiB at a time, while it is in cache), and reads back only the few
 rows ``torch.load`` never reads (parts of zip headers). Writing is the same: each block
-is hashed as the writer's stream writes it. The verdict on an item's bytes is reached when
+is hashed as the writer's stream writes it (the ~40 small writes of an item's zip headers
+are gathered and passed on together). The verdict on an item's bytes is reached when
 ``FileSystemReader.read_data`` closes the item's file, still inside ``read_data``: a
 mismatch raises there, so ``dcp.load`` fails, and shardspec's ``load`` (which stages what
 was read and commits only after every rank's reads succeeded) leaves the model unchanged.
@@ -61,6 +63,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+try:
+    import numpy as _np
+except ImportError:  # optional: see _Sums
+    _np = None  # type: ignore[assignment]
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.futures import Future
@@ -81,6 +88,7 @@ ALGORITHMS = (ALGORITHM, "crc32", "adler32", *_HASHLIB)
 _ROW = 512  # words per row
 _ROW_BYTES = 8 * _ROW  # 4 KiB
 _BLOCK = 4 << 20  # bytes hashed right after they are copied: in cache still
+_SMALL = 64 << 10  # writes smaller than this are gathered, then written and hashed at once
 _MASK = (1 << 64) - 1
 _LITTLE = sys.byteorder == "little"  # rowsum64's words are little-endian
 
@@ -107,44 +115,79 @@ def _words(buf: Any, offset: int, rows: int) -> torch.Tensor:
 _WARN_LOCK = threading.Lock()
 
 
-def _row_sums(buf: Any, offset: int, rows: int, out: torch.Tensor) -> None:
-    """Row sums (mod 2**64, as int64) of ``rows`` rows of ``buf`` from ``offset``, into
-    ``out``."""
-    if sys.byteorder != "little":  # the words are little-endian by definition
-        raise CheckpointError("rowsum64 checksums need a little-endian host")
-    done = 0
-    while done < rows:
-        n = min(rows - done, _BLOCK // _ROW_BYTES)
-        words = _words(buf, offset + done * _ROW_BYTES, n).view(n, _ROW)
-        for r in range(0, n, _SERIAL_ROWS):
-            torch.sum(
-                words[r : r + _SERIAL_ROWS], dim=1, out=out[done + r : done + r + _SERIAL_ROWS]
+class _Sums:
+    """Row sums (mod 2**64) of an item's rows, in a buffer of little-endian 64-bit words:
+    what CRC-32 reads. Computed with numpy where it is installed: its reductions run on
+    the calling thread, one call per block. Without numpy, torch sums the rows in calls
+    smaller than ATen's grain size, which also keeps them on the calling thread (see
+    ``_SERIAL_ROWS``) but costs a call per 32 rows."""
+
+    __slots__ = ("rows", "store", "view")
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.store = bytearray(8 * rows)
+        if _np is not None:
+            self.view: Any = _np.frombuffer(self.store, dtype="<u8")
+        else:
+            self.view = (
+                torch.frombuffer(self.store, dtype=torch.int64)
+                if rows
+                else torch.empty(0, dtype=torch.int64)
             )
-        del words
-        done += n
+
+    def fill(self, buf: Any, offset: int, r0: int, r1: int) -> None:
+        """Rows ``r0..r1`` are the rows of ``buf`` from byte ``offset``."""
+        if not _LITTLE:  # the words are little-endian by definition
+            raise CheckpointError("rowsum64 checksums need a little-endian host")
+        if r1 <= r0:
+            return
+        if _np is not None:
+            words = _np.frombuffer(buf, dtype="<u8", count=(r1 - r0) * _ROW, offset=offset)
+            _np.add.reduce(words.reshape(r1 - r0, _ROW), axis=1, out=self.view[r0:r1])
+            return
+        done, rows = 0, r1 - r0
+        while done < rows:
+            n = min(rows - done, _BLOCK // _ROW_BYTES)
+            words = _words(buf, offset + done * _ROW_BYTES, n).view(n, _ROW)
+            out = self.view[r0 + done : r0 + done + n]
+            for r in range(0, n, _SERIAL_ROWS):
+                torch.sum(words[r : r + _SERIAL_ROWS], dim=1, out=out[r : r + _SERIAL_ROWS])
+            del words
+            done += n
+
+    def total(self, r0: int = 0, r1: int | None = None) -> int:
+        """The sum of rows ``r0..r1`` (all by default), mod 2**64."""
+        r1 = self.rows if r1 is None else r1
+        if _np is not None:
+            return int(self.view[r0:r1].sum(dtype="<u8"))
+        step = _SERIAL_ROWS * _ROW
+        return sum(int(self.view[i : min(i + step, r1)].sum()) for i in range(r0, r1, step)) & _MASK
+
+    def crc(self, crc: int = 0, r0: int = 0, r1: int | None = None) -> int:
+        """CRC-32 of rows ``r0..r1``' sums, continuing ``crc``."""
+        r1 = self.rows if r1 is None else r1
+        return zlib.crc32(memoryview(self.store)[8 * r0 : 8 * r1], crc)
 
 
-def _total(sums: torch.Tensor) -> int:
-    """The sum of int64 ``sums`` (mod 2**64 as Python int), on the calling thread."""
-    step = _SERIAL_ROWS * _ROW
-    return sum(int(sums[i : i + step].sum()) for i in range(0, sums.numel(), step))
-
-
-# Rows summed per torch.sum call: 16,384 words, under ATen's GRAIN_SIZE (32,768 elements), so
-# each call runs on the calling thread. A larger call is split over torch's intra-op threads,
-# which a checkpoint thread shares with training (an asynchronous save) and which stall
-# whenever a core is busy elsewhere: on 2 busy cores, 4 MiB calls on 2 threads hashed at
-# 0.25 GB/s against 12 GB/s on one (bench/RESULTS.md, "Checkpoint integrity").
+# Rows summed per torch.sum call without numpy: 16,384 words, under ATen's GRAIN_SIZE
+# (32,768 elements), so each call runs on the calling thread. A larger call is split over
+# torch's intra-op threads, which a checkpoint thread shares with training (an asynchronous
+# save) and which stall whenever a core is busy elsewhere: on 2 busy cores, 4 MiB calls on 2
+# threads hashed at 0.25 GB/s against 12 GB/s on one (bench/RESULTS.md, "Checkpoint
+# integrity"). numpy does it in one call per block, 3x faster on 1.3 MB items.
 _SERIAL_ROWS = 32
+
+
+def _row_sum(row: bytearray) -> int:
+    """The sum of one row's words, mod 2**64."""
+    if _np is not None:
+        return int(_np.frombuffer(row, dtype="<u8").sum(dtype="<u8"))
+    return sum(struct.unpack(f"<{_ROW}q", row)) & _MASK
 
 
 def _digest(crc: int, total: int) -> str:
     return f"{ALGORITHM}:{crc & 0xFFFFFFFF:08x}:{total & _MASK:016x}"
-
-
-def _row_bytes(out: torch.Tensor, store: bytearray) -> memoryview:
-    """The bytes of int64 tensor ``out``, which is a view of ``store``."""
-    return memoryview(store)[: 8 * out.numel()]
 
 
 def checksum(
@@ -164,14 +207,10 @@ def checksum(
             return f"{algorithm}:{getattr(zlib, algorithm)(part):08x}"
         return f"{algorithm}:{hashlib.new(algorithm, part).hexdigest()}"
     rows = length // _ROW_BYTES
-    store = bytearray(8 * rows)
-    out = torch.frombuffer(store, dtype=torch.int64) if rows else torch.empty(0, dtype=torch.int64)
-    if rows:
-        _row_sums(view, start, rows, out)
-    total = _total(out)
-    crc = zlib.crc32(_row_bytes(out, store)) if rows else 0
-    crc = zlib.crc32(view[start + rows * _ROW_BYTES : start + length], crc)
-    return _digest(crc, total)
+    sums = _Sums(rows)
+    sums.fill(view, start, 0, rows)
+    crc = zlib.crc32(view[start + rows * _ROW_BYTES : start + length], sums.crc())
+    return _digest(crc, sums.total())
 
 
 class _Running:
@@ -201,22 +240,20 @@ class _Running:
             self.carry += mv[:i]
             if len(self.carry) < _ROW_BYTES:
                 return
-            s = sum(struct.unpack(f"<{_ROW}q", self.carry)) & _MASK
+            s = _row_sum(self.carry)
             self.total += s
             self.crc = zlib.crc32(s.to_bytes(8, "little"), self.crc)
             self.carry.clear()
         rows = (n - i) // _ROW_BYTES
         if rows:
-            store = bytearray(8 * min(rows, _BLOCK // _ROW_BYTES))
-            out = torch.frombuffer(store, dtype=torch.int64)
+            sums = _Sums(min(rows, _BLOCK // _ROW_BYTES))
             done = 0
             while done < rows:
-                k = min(rows - done, out.numel())
-                _row_sums(mv, i + done * _ROW_BYTES, k, out[:k])
-                self.total += int(out[:k].sum())
-                self.crc = zlib.crc32(memoryview(store)[: 8 * k], self.crc)
+                k = min(rows - done, sums.rows)
+                sums.fill(mv, i + done * _ROW_BYTES, 0, k)
+                self.total += sums.total(0, k)
+                self.crc = sums.crc(self.crc, 0, k)
                 done += k
-            del out
         self.carry += mv[i + rows * _ROW_BYTES :]
 
     def digest(self) -> str:
@@ -266,23 +303,42 @@ class _SummingStream(io.RawIOBase):
         self.runs: dict[int, tuple[int, str]] = {}  # start -> (length, digest)
         self._start = self.pos
         self._run = _Running()
+        self._small = bytearray()  # small writes not yet passed on
 
     def writable(self) -> bool:
         return True
 
     def write(self, b: Any) -> int:
-        mv = memoryview(b).cast("B")
+        small = self._small
+        k = len(small)
+        if k < _SMALL and len(b) < _ROW_BYTES:  # the ~40 headers of an item, gathered
+            small += b
+            n = len(small) - k
+            self.pos += n
+            return n
+        self._drain()
+        mv = memoryview(b)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
         n = len(mv)
         for i in range(0, n, _BLOCK):
-            part = mv[i : i + _BLOCK]
-            written = self.raw.write(part)
-            if written is not None and written != len(part):
-                raise CheckpointError(f"short write: {written} of {len(part)} bytes")
-            self._run.update(part)
+            self._put(mv[i : i + _BLOCK])
         self.pos += n
         return n
 
+    def _put(self, part: Any) -> None:
+        written = self.raw.write(part)
+        if written is not None and written != len(part):
+            raise CheckpointError(f"short write: {written} of {len(part)} bytes")
+        self._run.update(part)
+
+    def _drain(self) -> None:
+        if self._small:
+            self._put(self._small)
+            self._small = bytearray()
+
     def _cut(self) -> None:
+        self._drain()
         self.runs[self._start] = (self._run.length, self._run.digest())
         self._start, self._run = self.pos, _Running()
 
@@ -291,6 +347,7 @@ class _SummingStream(io.RawIOBase):
         return self.pos
 
     def flush(self) -> None:
+        self._drain()
         self.raw.flush()
 
     def fileno(self) -> int:
@@ -397,19 +454,14 @@ class ChecksumWriter(FileSystemWriter):
 class _Pending:
     """An item being read in fused mode: the row sums of what has been read so far."""
 
-    __slots__ = ("covered", "length", "out", "reader", "rows", "sinfo", "store")
+    __slots__ = ("covered", "length", "reader", "rows", "sinfo", "sums")
 
     def __init__(self, reader: ChecksumReader, sinfo: Any) -> None:
         self.reader = reader
         self.sinfo = sinfo
         self.length = int(sinfo.length)
         self.rows = self.length // _ROW_BYTES
-        self.store = bytearray(8 * self.rows)
-        self.out = (
-            torch.frombuffer(self.store, dtype=torch.int64)
-            if self.rows
-            else torch.empty(0, dtype=torch.int64)
-        )
+        self.sums = _Sums(self.rows)
         self.covered: list[tuple[int, int]] = []
 
     def saw(self, buf: Any, buf_offset: int, item_pos: int, n: int) -> None:
@@ -419,7 +471,7 @@ class _Pending:
         r1 = min((item_pos + n) // _ROW_BYTES, self.rows)
         if r1 > r0:  # buf: torch's own destination, writable (see _FusedSlice.readinto)
             at = buf_offset + r0 * _ROW_BYTES - item_pos
-            _row_sums(buf, at, r1 - r0, self.out[r0:r1])
+            self.sums.fill(buf, at, r0, r1)
             self.covered.append((r0, r1))
 
     def verdict(self, f: Any) -> str:
@@ -439,15 +491,14 @@ class _Pending:
             data = _read_at(f, base + r0 * _ROW_BYTES, end - r0 * _ROW_BYTES)
             if len(data) < end - r0 * _ROW_BYTES:
                 return "(short)"
-            _row_sums(data, 0, r1 - r0, self.out[r0:r1])
+            self.sums.fill(data, 0, r0, r1)
             if r1 == self.rows:
                 tail = data[tail_at - r0 * _ROW_BYTES :]
         if tail is None:
             tail = _read_at(f, base + tail_at, self.length - tail_at)
             if len(tail) < self.length - tail_at:
                 return "(short)"
-        crc = zlib.crc32(_row_bytes(self.out, self.store)) if self.rows else 0
-        return _digest(zlib.crc32(tail, crc), _total(self.out))
+        return _digest(zlib.crc32(tail, self.sums.crc()), self.sums.total())
 
 
 class _FusedSlice(io.RawIOBase):

@@ -494,7 +494,7 @@ def _clear_caches() -> None:
     """Empty shardspec's and DCP's process-wide caches (layouts, pieces, cached plans)."""
     from torch.distributed.checkpoint.planner import SavePlanner
 
-    from shardspec import layout
+    from shardspec.core import layout
     from shardspec.runtime import canonical, checkpoint
 
     for f in (
@@ -518,7 +518,7 @@ class _Sim:
     def __init__(self, spec, world: int, tp: int, exclude: str | None) -> None:
         import torch
 
-        from shardspec.layout import Mesh
+        from shardspec.core.layout import Mesh
 
         self.spec, self.world = spec, world
         sizes = spec.sizes(world=world, tp=tp)
@@ -539,7 +539,7 @@ class _Sim:
         """``(shape, DTensor mesh, placements as tuples, as torch objects, mesh positions)``."""
         hit = self._info.get(fqn)
         if hit is None:
-            from shardspec.layout import dtensor_mesh, dtensor_placements
+            from shardspec.core.layout import dtensor_mesh, dtensor_placements
             from shardspec.runtime.dtensor import to_torch
 
             layout = self.spec.layout(fqn, self.lm)
@@ -553,12 +553,13 @@ class _Sim:
     def default_chunks(self, rank: int, fast: bool = False) -> list[tuple[str, Any, Any]]:
         """``(fqn, sizes, offsets)`` of every parameter's DTensor chunk on ``rank``: by the
         function DCP's default planner calls (torch's ``_compute_local_shape_and_global_offset``)
-        or, ``fast``, by its pure-Python mirror ``shardspec.layout.torch_local_shape_and_offset``
+        or, ``fast``, by its pure-Python mirror
+        ``shardspec.core.layout.torch_local_shape_and_offset``
         (memoized per shape and placements; the caller checks both agree on sampled ranks)."""
         import torch
         from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-        from shardspec.layout import torch_local_shape_and_offset
+        from shardspec.core.layout import torch_local_shape_and_offset
 
         coord = self.lm.coord_of(rank)
         memo: dict = {}

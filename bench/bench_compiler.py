@@ -182,13 +182,13 @@ t = time.process_time()
 import shardspec.api  # noqa: F401  (every import lint makes)
 T["import shardspec.api"] = time.process_time() - t
 from pathlib import Path
-from shardspec import resolve as R
+from shardspec.resolve.params import params as R
 from shardspec.checks import run as run_mod
 from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.structure import STRUCTURE_CHECKS
-from shardspec.manifest import ManifestFile, load_manifest
-from shardspec.parse import parse_file
+from shardspec.inputs.manifest import ManifestFile, load_manifest
+from shardspec.frontend.parse import parse_file
 
 def timed(name, f, *a, **k):
     t = time.process_time()
@@ -208,7 +208,7 @@ manifest = timed("load_manifest (total)", load_manifest, mpath)
 text = timed("  manifest: read text", Path(mpath).read_text, encoding="utf-8")
 raw = timed("  manifest: json.loads", json.loads, text)
 timed("  manifest: ManifestFile.model_validate", ManifestFile.model_validate, raw)
-import shardspec.manifest as M
+import shardspec.inputs.manifest as M
 if hasattr(M, "entry_positions"):
     timed("  manifest: entry_positions", M.entry_positions, text)
 res = timed("resolve: mesh, globs, rule specs", R.resolve, spec, None, broken=broken)

@@ -99,7 +99,7 @@ def bench_hfmap(model_cfg: dict[str, int]) -> Any:
     (the spec file says 16, the tiny model's)."""
     import generated.llama as L
     from examples.models.llama import LlamaConfig
-    from shardspec.hfmap import HFMap, MapRule, Transform
+    from shardspec.core.hfmap import HFMap, MapRule, Transform
 
     head_dim = LlamaConfig(**model_cfg).head_dim
     rules = []

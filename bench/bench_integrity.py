@@ -35,7 +35,7 @@ Part ``hash``: each candidate checksum's speed, in this process on one thread, o
 256 MiB file read through a private memory map (no copy), and on two threads.
 
 Rank 0 also times unpickling the ``rowsum64`` checkpoint's ``.metadata`` with ``pickle``
-and with ``shardspec.runtime.trust.loads_metadata`` (the allowlisting unpickler).
+and with ``shardspec.runtime.checkpoint.trust.loads_metadata`` (the allowlisting unpickler).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _io_rank(rank: int, world: int, opts: dict) -> dict:
 
     from shardspec.runtime import checkpoint as ckpt
     from shardspec.runtime import dtensor as rt
-    from shardspec.runtime.integrity import ChecksumReader, ChecksumWriter
+    from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter
 
     torch.set_num_threads(1)  # 4 ranks share the cores
     t_setup = time.perf_counter()
@@ -311,10 +311,10 @@ def _io_rank(rank: int, world: int, opts: dict) -> dict:
 
 def _unpickle_times(path: str, repeat: int = 5) -> dict[str, float]:
     """Best-of times to unpickle ``path`` with ``pickle`` and with the allowlisting
-    unpickler of ``shardspec.runtime.trust``, and its size."""
+    unpickler of ``shardspec.runtime.checkpoint.trust``, and its size."""
     import pickle
 
-    from shardspec.runtime.trust import loads_metadata
+    from shardspec.runtime.checkpoint.trust import loads_metadata
 
     data = Path(path).read_bytes()
     return {
@@ -477,7 +477,7 @@ def run_hash(mib: int = HASH_MIB, repeat: int = 5, workdir: str | None = None) -
 
     import torch
 
-    from shardspec.runtime.integrity import ALGORITHMS, checksum
+    from shardspec.runtime.checkpoint.integrity import ALGORITHMS, checksum
 
     torch.set_num_threads(1)
     own = workdir is None

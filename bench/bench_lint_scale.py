@@ -1,5 +1,5 @@
 """Lint time against the world size: the layout checks sample the mesh (one rank per box of
-ranks that hold alike, ``shardspec.layout.sample_boxes``) instead of walking every rank.
+ranks that hold alike, ``shardspec.core.layout.sample_boxes``) instead of walking every rank.
 
 Lints every example spec (``specs/*.shard``) in this process at each world size
 (``-D world=N``: the ``*`` axis, usually ``dp_shard``, takes the rest), with the layout
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shardspec import api
-from shardspec import layout as L
+from shardspec.core import layout as L
 
 WORLDS = (64, 1024, 16384, 65536, 1 << 20)
 

@@ -300,7 +300,7 @@ def hf_config(cfg: Config) -> dict[str, int | str]:
 
 def hf_manifest_text(cfg: Config) -> str:
     """The HF manifest in ``shardspec hf-manifest``'s canonical form (sorted, one tensor a
-    line), as ``shardspec.hfmanifest.dump_hf_manifest`` writes it."""
+    line), as ``shardspec.inputs.hfmanifest.dump_hf_manifest`` writes it."""
     dtype = {"bfloat16": "BF16", "float32": "F32"}.get(cfg.dtype, "BF16")
     lines = [
         f"{json.dumps(k)}: "

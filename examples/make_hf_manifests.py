@@ -74,7 +74,7 @@ MANIFESTS = {
 
 def build(out_dir: str | Path) -> list[Path]:
     """Write every HF manifest into ``out_dir``; the paths written."""
-    from shardspec.hfmanifest import write_hf_manifest
+    from shardspec.inputs.hfmanifest import write_hf_manifest
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardspec.checks.run import check
-from shardspec.diagnostics import Diagnostic
-from shardspec.parse import parse, parse_file
-from shardspec.resolve import Resolved
-from shardspec.textfile import read_text
+from shardspec.findings.diagnostics import Diagnostic
+from shardspec.frontend.parse import parse, parse_file
+from shardspec.inputs.textfile import read_text
+from shardspec.resolve.params import Resolved
 
 __all__ = [
     "check",
@@ -156,8 +156,8 @@ def render_specs(
 
 def _colliding_outputs(shown: list[str], out_dir: str) -> list[Diagnostic]:
     """SS004 for specs that would write the same output file (same name, other folders)."""
-    from shardspec.checks.registry import diag
-    from shardspec.diagnostics import Span
+    from shardspec.findings.codes import diag
+    from shardspec.findings.diagnostics import Span
 
     first: dict[Path, str] = {}
     found = []

@@ -28,8 +28,8 @@ _JSON_OUTPUT = False
 def _bad_argument(message: str, hint: str) -> None:
     """Report a bad command line as an SS004 diagnostic (text on stderr, or JSON)."""
     if _JSON_OUTPUT:
-        from shardspec.checks.registry import diag
-        from shardspec.diagnostics import Span, render_json
+        from shardspec.findings.codes import diag
+        from shardspec.findings.diagnostics import Span, render_json
 
         sys.stdout.write(render_json([diag("SS004", message, Span("<command line>", 1, 1), hint)]))
         return
@@ -201,7 +201,7 @@ def _bad_define(spec_axes: dict[str, list[str]], sizes: dict[str, int]) -> str |
 
 
 def _print_diags(outcome, fmt: str = "text") -> None:
-    from shardspec.diagnostics import attach_sources, render_all_text, render_json
+    from shardspec.findings.diagnostics import attach_sources, render_all_text, render_json
 
     diags = attach_sources(outcome.diagnostics, outcome.sources)
     if fmt == "json":
@@ -224,7 +224,7 @@ def _check_defines(args, paths) -> int | None:
     sizes, _ = _split_defines(args.defines)
     if not sizes:
         return None
-    from shardspec.parse import parse_file
+    from shardspec.frontend.parse import parse_file
 
     axes = {}
     for p in paths:
@@ -340,7 +340,7 @@ def _rank_range(text: str) -> range | None:
 
 
 def cmd_manifest(args) -> int:
-    from shardspec.manifest_build import ManifestBuildError, write_manifest
+    from shardspec.inputs.manifest_build import ManifestBuildError, write_manifest
 
     try:
         n, hooks = write_manifest(args.factory, args.output, args.args)
@@ -361,9 +361,9 @@ def cmd_manifest(args) -> int:
 
 
 def cmd_hf_manifest(args) -> int:
-    from shardspec.checks.registry import diag
-    from shardspec.diagnostics import Span, render_text
-    from shardspec.hfmanifest import (
+    from shardspec.findings.codes import diag
+    from shardspec.findings.diagnostics import Span, render_text
+    from shardspec.inputs.hfmanifest import (
         HFManifestError,
         build_hf_manifest,
         dump_hf_manifest,

@@ -7,10 +7,8 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from shardspec import ir
 from shardspec.api import display_path, lint_specs
-from shardspec.diagnostics import attach_sources, render_all_text
-from shardspec.layout import (
+from shardspec.core.layout import (
     Mesh,
     ParamLayout,
     RankShard,
@@ -23,9 +21,11 @@ from shardspec.layout import (
     sampled_table,
     storage_units,
 )
-from shardspec.patterns import describe_key
-from shardspec.stages import claims
-from shardspec.stages import layer_of as stage_layer_of
+from shardspec.core.patterns import describe_key
+from shardspec.core.stages import claims
+from shardspec.core.stages import layer_of as stage_layer_of
+from shardspec.findings.diagnostics import attach_sources, render_all_text
+from shardspec.frontend import ir
 
 
 def _ptext(p: tuple) -> str:
@@ -290,7 +290,7 @@ def _heads_lines(res, rule_index: int, layout) -> list[str]:
     one (what SS034 checks)."""
     from shardspec.checks.heads import rule_heads
     from shardspec.checks.layouts import compute_axes, indivisible_heads
-    from shardspec.layout import head_cut
+    from shardspec.core.layout import head_cut
 
     heads = rule_heads(res)[0].get(rule_index)
     if heads is None or res.mesh is None:
@@ -394,8 +394,8 @@ def _hf_lines(
 ) -> list[str]:
     """Where each storage unit of ``fqn`` comes from in a Hugging Face checkpoint. A module
     indexed by name is the global indices in ``mine`` (one per rank)."""
-    from shardspec.hfmap import fused_of, unit_names
-    from shardspec.hfresolve import build_hfmap
+    from shardspec.core.hfmap import fused_of, unit_names
+    from shardspec.resolve.hf import build_hfmap
 
     hfmap = build_hfmap(block)
     units = unit_names(fqn, layout.dims, spans)

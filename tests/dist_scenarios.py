@@ -23,7 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from examples.models import llama, moe
-from shardspec.layout import dtensor_mesh
+from shardspec.core.layout import dtensor_mesh
 from shardspec.runtime import CompiledSpec, RuleSpec, SpecError
 from shardspec.runtime.dtensor import distribute, take, to_torch
 

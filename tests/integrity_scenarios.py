@@ -21,8 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import llama
 from shardspec.runtime import checkpoint as ck
-from shardspec.runtime.integrity import ChecksumReader
-from shardspec.runtime.trust import SafeChecksumReader
+from shardspec.runtime.checkpoint.integrity import ChecksumReader
+from shardspec.runtime.checkpoint.trust import SafeChecksumReader
 from shardspec.testing import Checks
 
 EXPECTED = {"round-trip": 4, "plain-dcp": 1, "corrupt": 5, "skip": 1, "safe": 4}

@@ -16,8 +16,8 @@ if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does 
 
 from bench import synth  # noqa: E402
 from shardspec.cli import main  # noqa: E402
-from shardspec.hfmanifest import dump_hf_manifest, load_hf_manifest  # noqa: E402
-from shardspec.manifest import load_manifest  # noqa: E402
+from shardspec.inputs.hfmanifest import dump_hf_manifest, load_hf_manifest  # noqa: E402
+from shardspec.inputs.manifest import load_manifest  # noqa: E402
 
 
 @pytest.fixture(scope="module")

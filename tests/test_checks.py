@@ -42,13 +42,13 @@ import pytest
 
 from shardspec import cli
 from shardspec.api import INPUT_CODES, lint_specs
-from shardspec.checks import catalogue
-from shardspec.checks.registry import BY_CODE, CHECKS, RETIRED
 from shardspec.checks.run import check
-from shardspec.diagnostics import Severity
-from shardspec.hfmanifest import dump_hf_manifest
-from shardspec.manifest import dump_manifest
-from shardspec.parse import parse
+from shardspec.findings import catalogue
+from shardspec.findings.codes import BY_CODE, CHECKS, RETIRED
+from shardspec.findings.diagnostics import Severity
+from shardspec.frontend.parse import parse
+from shardspec.inputs.hfmanifest import dump_hf_manifest
+from shardspec.inputs.manifest import dump_manifest
 
 CASE_DIR = Path(__file__).resolve().parent / "checks"
 REPO = Path(__file__).resolve().parents[1]
@@ -423,7 +423,7 @@ def test_example_specs_lint_clean() -> None:
 
 def test_catalogue_is_up_to_date() -> None:
     """docs/checks.md is exactly what the registry renders (regenerate with
-    `python -m shardspec.checks.catalogue`)."""
+    `python -m shardspec.findings.catalogue`)."""
     assert (REPO / "docs" / "checks.md").read_text(encoding="utf-8") == catalogue.render()
 
 

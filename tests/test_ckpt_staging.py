@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from shardspec.layout import Mesh
+from shardspec.core.layout import Mesh
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime.canonical import Unit
 

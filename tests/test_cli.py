@@ -19,7 +19,7 @@ import pytest
 
 from shardspec import __version__
 from shardspec.cli import main
-from shardspec.diagnostics import Diagnostic, Severity, Span, attach_sources, render_text
+from shardspec.findings.diagnostics import Diagnostic, Severity, Span, attach_sources, render_text
 
 REPO = Path(__file__).resolve().parents[1]
 DIAG_LINE = re.compile(
@@ -564,7 +564,7 @@ def two_entries(first: tuple[str, str], second: tuple[str, str]) -> str:
 def test_corrupted_manifest_is_a_diagnostic(
     capsys: pytest.CaptureFixture[str], work: Path, body: str, message: str, line: int
 ) -> None:
-    from shardspec.manifest import ManifestError, load_manifest
+    from shardspec.inputs.manifest import ManifestError, load_manifest
 
     (work / "specs" / "llama.manifest.json").write_text(body, encoding="utf-8")
     for command in ("lint", "compile"):

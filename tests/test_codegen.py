@@ -22,7 +22,7 @@ import pytest
 from shardspec import __version__
 from shardspec.api import check, compile_specs, emit, parse, render_specs
 from shardspec.codegen.render import LINE, Call, assign, comment, layout, py, py_str
-from shardspec.manifest import load_manifest
+from shardspec.inputs.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 CASES_DIR = REPO / "tests" / "cases"
@@ -127,7 +127,10 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
 def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     text = render_case("hf")
     assert "from typing import Any\n" in text
-    assert "from shardspec.hfmap import HFMap, MapRule, Transform\n" in text
+    assert (
+        "from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, Transform, "
+        "require\n"
+    ) in text
     assert "HF = HFMap(\n    rules=(\n" in text
     assert 'MapRule("model.embed_tokens.weight", "embed.weight", None, (), 29),' in text
     assert '"layers.{i}.moe.experts.w1",\n            "e",' in text
@@ -160,7 +163,7 @@ def test_generated_hf_table_is_the_compiled_map(
     import types
 
     import shardspec.runtime
-    from shardspec.hfresolve import build_hfmap
+    from shardspec.resolve.hf import build_hfmap
 
     path = CASES_DIR / "hf" / "expected.py"
     mod_spec = importlib.util.spec_from_file_location("golden_hf", path)
@@ -414,3 +417,25 @@ def test_repo_generated_files_are_fresh(in_repo: Path) -> None:
     outcome = compile_specs(specs, "generated", check_only=True)
     assert not outcome.errors, [str(d) for d in outcome.diagnostics]
     assert not outcome.stale, "\n".join(diff for _, diff in outcome.stale)
+
+
+def test_generated_modules_import_only_torch_and_the_runtime(in_repo: Path) -> None:
+    """README: a generated module imports torch and ``shardspec.runtime``, nothing else of
+    shardspec (the compiler's packages need lark, jinja2 and pydantic)."""
+    import ast
+
+    files = sorted((in_repo / "generated").glob("*.py"))
+    files += sorted((in_repo / "tests" / "cases").glob("*/expected.py"))
+    assert len(files) > 10
+    stdlib = {"__future__", "collections.abc", "typing", "importlib", "os", "sys"}
+    for path in files:
+        modules = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                modules.add(node.module or "")
+            elif isinstance(node, ast.Import):
+                modules.update(a.name for a in node.names)
+        assert modules, path
+        for m in modules:
+            ok = m in stdlib or m == "torch" or m.startswith("torch.") or m == "shardspec.runtime"
+            assert ok or m.startswith("shardspec.runtime."), f"{path}: imports {m}"

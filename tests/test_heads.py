@@ -1,9 +1,9 @@
-"""Heads: :func:`shardspec.layout.head_cut` against a walk over every rank's shard, and
+"""Heads: :func:`shardspec.core.layout.head_cut` against a walk over every rank's shard, and
 ``heads`` items end to end (a Mistral-like spec linted at tp=2, 3 and 4).
 
 The property test draws dimensions (plain, fused, grouped), head sizes per component and
 meshes of up to three axes on the dimension, walks every rank's indices with
-:func:`shardspec.layout.rank_table` (the per-rank table the compiler and the runtime use)
+:func:`shardspec.core.layout.rank_table` (the per-rank table the compiler and the runtime use)
 and checks each shard's ends against the heads, independently of ``head_cut``'s own
 segment arithmetic.
 """
@@ -20,7 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardspec import cli
-from shardspec.layout import Dim, Fusion, HeadCut, Mesh, ParamLayout, head_cut, rank_table
+from shardspec.core.layout import Dim, Fusion, HeadCut, Mesh, ParamLayout, head_cut, rank_table
 
 AXES = ("a", "b", "c")
 

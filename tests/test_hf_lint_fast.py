@@ -30,13 +30,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench import synth  # noqa: E402
-from shardspec import ir  # noqa: E402
 from shardspec.checks import hf as H  # noqa: E402
 from shardspec.checks import run as run_mod  # noqa: E402
-from shardspec.checks.registry import diag  # noqa: E402
-from shardspec.diagnostics import Diagnostic  # noqa: E402
-from shardspec.hfmanifest import HFManifest, dump_hf_manifest  # noqa: E402
-from shardspec.hfmap import (  # noqa: E402
+from shardspec.core.hfmap import (  # noqa: E402
     Fused,
     HFMap,
     MapRule,
@@ -50,10 +46,14 @@ from shardspec.hfmap import (  # noqa: E402
     transform_problem,
     unit_names,
 )
-from shardspec.hfresolve import build_hfmap, glob_problem  # noqa: E402
-from shardspec.manifest import dump_manifest  # noqa: E402
-from shardspec.parse import parse_file  # noqa: E402
-from shardspec.resolve import Resolved  # noqa: E402
+from shardspec.findings.codes import diag  # noqa: E402
+from shardspec.findings.diagnostics import Diagnostic  # noqa: E402
+from shardspec.frontend import ir  # noqa: E402
+from shardspec.frontend.parse import parse_file  # noqa: E402
+from shardspec.inputs.hfmanifest import HFManifest, dump_hf_manifest  # noqa: E402
+from shardspec.inputs.manifest import dump_manifest  # noqa: E402
+from shardspec.resolve.hf import build_hfmap, glob_problem  # noqa: E402
+from shardspec.resolve.params import Resolved  # noqa: E402
 
 # ------------------------------------------------------------- the reference (frozen copy)
 

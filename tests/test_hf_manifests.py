@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardspec import cli
-from shardspec.hfmanifest import (
+from shardspec.inputs.hfmanifest import (
     FORMAT,
     HFManifestError,
     build_hf_manifest,

@@ -1,4 +1,4 @@
-"""The hf mapping model (:mod:`shardspec.hfmap`) and the runtime's slice reads, in one
+"""The hf mapping model (:mod:`shardspec.core.hfmap`) and the runtime's slice reads, in one
 process: templates, sources and consumers, transforms against plain torch, and every box
 of a tensor read through safetensors slicing against the whole tensor converted."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from examples.models import hf as hfm
-from shardspec.hfmap import (
+from shardspec.core.hfmap import (
     Fused,
     HFMap,
     MapRule,
@@ -29,7 +29,7 @@ from shardspec.hfmap import (
     transform_problem,
     unit_names,
 )
-from shardspec.layout import Dim, Fusion
+from shardspec.core.layout import Dim, Fusion
 from shardspec.runtime.hf import _progress, _read_box, _to_hf, _written_twice
 
 ROPE8 = Transform("rope", 8)

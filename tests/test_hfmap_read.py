@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shardspec.hfmap import Transform, rope_row
+from shardspec.core.hfmap import Transform, rope_row
 from shardspec.runtime.hf import _read_box
 
 ROPE = Transform("rope", 4)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from shardspec.cli import main
+from shardspec.inputs.textfile import read_text
 from shardspec.runtime import hf as hfmod
 from shardspec.runtime.hf import HFError
-from shardspec.textfile import read_text
 
 RULES = "mesh over 8 ranks { dp: * }\nparam ** [a] {}\n"
 

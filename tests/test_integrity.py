@@ -1,4 +1,4 @@
-"""Checksums per stored chunk (``shardspec.runtime.integrity``): written by
+"""Checksums per stored chunk (``shardspec.runtime.checkpoint.integrity``): written by
 ``ChecksumWriter``, verified by ``ChecksumReader`` in shardspec's ``load``.
 
 One process, world 1, the tiny llama spec (fused q/k/v and gate/up units, so stored keys
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardspec.runtime import checkpoint as ck
-from shardspec.runtime import integrity as ig
-from shardspec.runtime.integrity import ChecksumReader, ChecksumWriter, checksum
+from shardspec.runtime.checkpoint import integrity as ig
+from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter, checksum
 from shardspec.testing import run_ranks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

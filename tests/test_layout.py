@@ -1,11 +1,11 @@
-"""Unit tests of ``shardspec.layout``: the shard arithmetic shared by compiler and runtime."""
+"""Unit tests of ``shardspec.core.layout``: the shard arithmetic shared by compiler and runtime."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,

@@ -1,4 +1,4 @@
-"""Property tests: ``shardspec.layout``'s shard arithmetic against torch's own.
+"""Property tests: ``shardspec.core.layout``'s shard arithmetic against torch's own.
 
 Single process, no process group: torch's placement arithmetic is exercised through the
 pieces that need no mesh (``_compute_local_shape_and_global_offset`` with a plain mesh shape
@@ -27,7 +27,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,
@@ -95,7 +95,7 @@ def chunk_of(idx: torch.Tensor, n: int, i: int) -> torch.Tensor:
 
 def physical_oracle(layout: ParamLayout, sizes: dict[str, int], coord: dict[str, int]):
     """Per dim, the global indices a rank holds, computed with torch.chunk directly from the
-    documented semantics (independent of ``shardspec.layout``'s range arithmetic)."""
+    documented semantics (independent of ``shardspec.core.layout``'s range arithmetic)."""
     out = []
     for dim in layout.dims:
         idx = torch.arange(dim.size)

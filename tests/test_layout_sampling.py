@@ -22,8 +22,8 @@ import itertools
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shardspec import layout as L
-from shardspec.layout import (
+from shardspec.core import layout as L
+from shardspec.core.layout import (
     Dim,
     Fusion,
     Mesh,

@@ -15,8 +15,8 @@ import torch
 
 from examples.models import llama, llama3_fused
 from shardspec.cli import main
-from shardspec.manifest import dump_manifest, load_manifest
-from shardspec.manifest_build import model_entries, state_dict_changes
+from shardspec.inputs.manifest import dump_manifest, load_manifest
+from shardspec.inputs.manifest_build import model_entries, state_dict_changes
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -1,5 +1,5 @@
-"""The parser (``shardspec.parse``): every statement into the right IR with the right spans,
-comments and suppressions, duplicate statements, and syntax errors that are diagnostics
+"""The parser (``shardspec.frontend.parse``): every statement into the right IR with the right
+spans, comments and suppressions, duplicate statements, and syntax errors that are diagnostics
 with helpful hints, never exceptions."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardspec import ir
-from shardspec.diagnostics import Diagnostic, Span, attach_sources, render_text
-from shardspec.parse import parse, parse_file
+from shardspec.findings.diagnostics import Diagnostic, Span, attach_sources, render_text
+from shardspec.frontend import ir
+from shardspec.frontend.parse import parse, parse_file
 
 FULL = """\
 # A spec that uses every statement and form.

@@ -1,4 +1,4 @@
-"""Parameter-name globs (``shardspec.patterns``): matching, captures, errors, precedence."""
+"""Parameter-name globs (``shardspec.core.patterns``): matching, captures, errors, precedence."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardspec.patterns import PatternError, compile_glob, describe_key
+from shardspec.core.patterns import PatternError, compile_glob, describe_key
 
 
 def matches(pattern: str, fqn: str) -> bool:

@@ -1,4 +1,4 @@
-"""Pipeline stage arithmetic (``shardspec.stages``): which stage holds each parameter, the
+"""Pipeline stage arithmetic (``shardspec.core.stages``): which stage holds each parameter, the
 layers per stage, and stage-local names, at any pipeline size. The compiler's checks and
 the runtime both use these functions, so they are tested here on plain names."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardspec.stages import (
+from shardspec.core.stages import (
     PipelineSpec,
     StageError,
     assignment_problems,

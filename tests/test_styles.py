@@ -1,4 +1,4 @@
-"""Tensor-parallel style derivation (shardspec/styles.py), and `style` lines fuzzed through
+"""Tensor-parallel style derivation (shardspec/core/styles.py), and `style` lines fuzzed through
 the whole checker with a manifest that records module kinds: never a traceback, every
 finding coded, and the generated STYLES table always agrees with the checks."""
 
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardspec.api import check, emit
-from shardspec.manifest import dump_manifest
-from shardspec.parse import parse_file
-from shardspec.styles import EMBEDDING, LINEAR, derive, mp_dims
+from shardspec.core.styles import EMBEDDING, LINEAR, derive, mp_dims
+from shardspec.frontend.parse import parse_file
+from shardspec.inputs.manifest import dump_manifest
 
 
 @pytest.mark.parametrize(

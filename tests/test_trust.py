@@ -1,4 +1,4 @@
-"""The trust boundary (``shardspec.runtime.trust``): DCP's ``.metadata`` is a pickle, and
+"""The trust boundary (``shardspec.runtime.checkpoint.trust``): DCP's ``.metadata`` is a pickle, and
 so are the checkpoint's non-tensor entries; ``SafeMetadata`` readers build only DCP's own
 metadata classes and refuse anything else, naming it, without running it.
 
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import Metadata
 
 from shardspec.runtime import checkpoint as ck
-from shardspec.runtime import trust
-from shardspec.runtime.integrity import ChecksumReader, ChecksumWriter
-from shardspec.runtime.trust import (
+from shardspec.runtime.checkpoint import trust
+from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter
+from shardspec.runtime.checkpoint.trust import (
     SafeChecksumReader,
     SafeFileSystemReader,
     load_metadata,

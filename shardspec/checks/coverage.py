@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import cached_property
 
-from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.patterns import Glob, describe_key
-from shardspec.resolve import Resolved
+from shardspec.core.patterns import Glob, describe_key
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.resolve.params import Resolved
 
 MAX_CLOSE = 20000  # distinct parameter names (layer numbers as *) a typo is compared with
 MAX_BUCKET = 1000  # of them, those differing from a pattern in one given segment

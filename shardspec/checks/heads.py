@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardspec import ir
-from shardspec.checks.registry import diag
 from shardspec.checks.structure import _did_you_mean
-from shardspec.diagnostics import Diagnostic
-from shardspec.patterns import PatternError, compile_glob
-from shardspec.resolve import Resolved
+from shardspec.core.patterns import PatternError, compile_glob
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic
+from shardspec.frontend import ir
+from shardspec.resolve.params import Resolved
 
 
 def _targets(rule: ir.Rule, item: ir.HeadSize) -> tuple[str, str | None] | None:
@@ -121,7 +121,7 @@ class RuleHeads:
     sizes: dict[str, dict[str | None, tuple[int, ir.HeadSize]]] = field(default_factory=dict)
 
     def of(self, dim: str) -> dict[str | None, int]:
-        """The head sizes of ``dim``, as :func:`shardspec.layout.head_cut` takes them."""
+        """The head sizes of ``dim``, as :func:`shardspec.core.layout.head_cut` takes them."""
         return {c: size for c, (size, _) in self.sizes.get(dim, {}).items()}
 
 

@@ -20,11 +20,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
-from shardspec import ir
-from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.hfmanifest import HFManifest, HFManifestError, load_hf_manifest
-from shardspec.hfmap import (
+from shardspec.core.hfmap import (
     Fused,
     HFMap,
     MapRule,
@@ -35,14 +31,18 @@ from shardspec.hfmap import (
     transform_problem,
     unit_names,
 )
-from shardspec.hfresolve import (
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.frontend import ir
+from shardspec.inputs.hfmanifest import HFManifest, HFManifestError, load_hf_manifest
+from shardspec.resolve.hf import (
     build_hfmap,
     glob_problem,
     hf_manifest_path,
     key_problem,
     template_problem,
 )
-from shardspec.resolve import Resolved
+from shardspec.resolve.params import Resolved
 
 MAX_GROUPS = 20  # findings of one kind before the rest is summed up in one more
 _DIGITS = re.compile(r"[0-9]+")

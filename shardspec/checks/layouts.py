@@ -11,11 +11,8 @@ import heapq
 import itertools
 from collections import defaultdict
 
-from shardspec import ir
 from shardspec.checks.heads import RuleHeads, rule_heads
-from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.layout import (
+from shardspec.core.layout import (
     Dim,
     HeadCut,
     Mesh,
@@ -26,7 +23,10 @@ from shardspec.layout import (
     sampled_table,
     storage_units,
 )
-from shardspec.resolve import Resolved
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.frontend import ir
+from shardspec.resolve.params import Resolved
 
 
 def _groups(res: Resolved) -> dict[tuple[int, ParamLayout], list[str]]:
@@ -466,7 +466,7 @@ def _unequal_components_hint(dim: Dim, mesh: Mesh) -> str:
 def rule_styles(res: Resolved) -> dict[int, tuple[str, str, str | None, str | None]]:
     """Per rule, from its first parameter in the manifest: (fqn, the derived style or
     "?" or "", the module kind, the sharded dimension's name)."""
-    from shardspec.styles import derive
+    from shardspec.core.styles import derive
 
     fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     out: dict[int, tuple[str, str, str | None, str | None]] = {}
@@ -498,7 +498,7 @@ def rule_styles(res: Resolved) -> dict[int, tuple[str, str, str | None, str | No
 def check_module_styles(res: Resolved) -> list[Diagnostic]:
     """SS032: a stated style contradicts the module's kind and placements; SS033: no style
     derives for a module sharded over a model-parallel axis."""
-    from shardspec.styles import why_not
+    from shardspec.core.styles import why_not
 
     out = []
     rules = {r.index: r for r in res.spec.rules}

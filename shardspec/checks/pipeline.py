@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import re
 
-from shardspec import ir
 from shardspec.checks.coverage import _entry_span, _more
-from shardspec.checks.registry import diag
 from shardspec.checks.structure import _PATTERN_SYNTAX, _did_you_mean
-from shardspec.diagnostics import Diagnostic
-from shardspec.layout import Mesh, ParamLayout, first_difference, local_indices
-from shardspec.patterns import PatternError
-from shardspec.resolve import Resolved
-from shardspec.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
+from shardspec.core.layout import Mesh, ParamLayout, first_difference, local_indices
+from shardspec.core.patterns import PatternError
+from shardspec.core.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic
+from shardspec.frontend import ir
+from shardspec.resolve.params import Resolved
 
 _GLOB_CHARS = re.compile(r"[*?{}\[\]]")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from shardspec import ir
 from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.heads import check_heads_items
 from shardspec.checks.hf import (
@@ -15,11 +14,12 @@ from shardspec.checks.hf import (
 )
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
-from shardspec.checks.registry import BY_CODE, RETIRED, diag
 from shardspec.checks.structure import STRUCTURE_CHECKS
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.manifest import Manifest, ManifestError, load_manifest
-from shardspec.resolve import Resolved, resolve
+from shardspec.findings.codes import BY_CODE, RETIRED, diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.frontend import ir
+from shardspec.inputs.manifest import Manifest, ManifestError, load_manifest
+from shardspec.resolve.params import Resolved, resolve
 
 
 def manifest_path(spec: ir.Spec) -> str | None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shardspec import ir
-from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.patterns import PatternError, compile_glob
+from shardspec.core.patterns import PatternError, compile_glob
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.frontend import ir
 
 
 def _did_you_mean(name: str, choices: list[str]) -> str:
@@ -248,7 +248,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
 def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS020, SS052: fused dimensions exist, are fused once, and name their components well.
 
-    Component sizes against the tensor need shapes; :mod:`shardspec.layout` checks those
+    Component sizes against the tensor need shapes; :mod:`shardspec.core.layout` checks those
     (SS050, SS051).
     """
     out: list[Diagnostic] = []
@@ -410,7 +410,7 @@ STRUCTURE_CHECKS_BASE = (
 def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """``checkpoint shard DIM over AXIS``: only over axes the parameter is replicated on at
     run time (the FSDP default counts), never a local axis or a name-indexed dimension."""
-    from shardspec.resolve import rule_spec
+    from shardspec.resolve.params import rule_spec
 
     out: list[Diagnostic] = []
     axes = _axes(spec)
@@ -503,8 +503,8 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
 def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS029: a `style` line names known styles and layouts, once per rule, and fits the
     rule's placements (colwise/rowwise: one dimension over a model-parallel axis)."""
-    from shardspec.resolve import rule_spec
-    from shardspec.styles import KINDS, LAYOUTS, mp_dims
+    from shardspec.core.styles import KINDS, LAYOUTS, mp_dims
+    from shardspec.resolve.params import rule_spec
 
     out: list[Diagnostic] = []
     axes = _axes(spec)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import jinja2
 
-from shardspec import RUNTIME_API, __version__, ir
-from shardspec.hfmap import MapRule, Transform
-from shardspec.hfresolve import build_hfmap
-from shardspec.layout import RuleSpec, dtensor_placements
-from shardspec.resolve import Resolved, rule_spec
+from shardspec import RUNTIME_API, __version__
+from shardspec.core.hfmap import MapRule, Transform
+from shardspec.core.layout import RuleSpec, dtensor_placements
+from shardspec.frontend import ir
+from shardspec.resolve.hf import build_hfmap
+from shardspec.resolve.params import Resolved, rule_spec
 
 LINE = 100
 INDENT = 4
@@ -383,7 +384,7 @@ def render_module(
     """The text of ``generated/<name>.py`` for a spec that passed its checks.
 
     ``overrides`` and ``world`` are the ``-D`` values the spec was checked with (the same
-    that :func:`shardspec.resolve.resolve` got): they become the module's default sizes,
+    that :func:`shardspec.resolve.params.resolve` got): they become the module's default sizes,
     and the header records them.
     """
     raw_path = spec_path
@@ -483,4 +484,16 @@ def render_module(
         "hf": _hf_context(spec, spec_path),
         "pipeline": _pipeline_context(res),
     }
+    ctx["runtime_imports"] = _runtime_imports(ctx)
     return _env().get_template("module.py.j2").render(**ctx)
+
+
+def _runtime_imports(ctx: dict) -> str:
+    """The names a generated module takes from ``shardspec.runtime`` (its only import besides
+    torch), in isort's order: classes, then functions."""
+    names = ["CompiledSpec", "Param", "RuleSpec"]
+    if ctx["hf"] is not None:
+        names += ctx["hf"]["imports"].split(", ")
+    if ctx["pipeline"] is not None:
+        names.append("PipelineSpec")
+    return ", ".join([*sorted(names), "require"])

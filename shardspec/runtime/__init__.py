@@ -1,20 +1,29 @@
 """What generated modules import at train time. Needs torch; never lark, jinja2 or pydantic.
 
-The layout arithmetic comes from :mod:`shardspec.layout`, shared with the compiler.
+The layout arithmetic and the Hugging Face map model come from :mod:`shardspec.core`, shared
+with the compiler; they are re-exported here so that a generated module imports only torch and
+``shardspec.runtime``.
 """
 
-from shardspec.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
+from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
+from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
+from shardspec.core.stages import PipelineSpec
 from shardspec.runtime.spec import CompiledSpec, Param, SpecError, require
 
 __all__ = [
     "CompiledSpec",
     "Dim",
     "Fusion",
+    "HFMap",
     "LayoutError",
+    "MapRule",
     "Mesh",
     "Param",
     "ParamLayout",
+    "Part",
+    "PipelineSpec",
     "RuleSpec",
     "SpecError",
+    "Transform",
     "require",
 ]

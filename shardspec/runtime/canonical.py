@@ -6,7 +6,7 @@ data-parallel mesh only). Fused dimensions are stored as their components
 (``<fqn>.<component>``), so the bytes do not depend on the TP degree; per-expert modules
 indexed by a name capture (``local_experts.{expert}``) are stored under their global index.
 
-This module is pure computation over :mod:`shardspec.layout`: for one rank and one
+This module is pure computation over :mod:`shardspec.core.layout`: for one rank and one
 state-dict entry it yields :class:`Unit` objects (a key, a global shape, this rank's chunk,
 how to cut it from the local tensor, and the replicas that hold the same chunk). Writers are
 chosen statically from these, balanced by bytes, so no rank needs to ask another.
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Mesh,
     ParamLayout,
     Ranges,

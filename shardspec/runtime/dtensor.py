@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Mesh,
     ParamLayout,
     _dtensor_view,

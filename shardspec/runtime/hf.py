@@ -1,5 +1,5 @@
 """Hugging Face safetensors checkpoints in and out of a sharded model, from the spec's
-``hf`` block (see :mod:`shardspec.hfmap`).
+``hf`` block (see :mod:`shardspec.core.hfmap`).
 
 ``load_hf`` reads, on each rank, exactly the bytes of that rank's shards: it cuts the
 model's state into canonical storage units (the same units checkpoints use, see
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardspec.hfmap import (
+from shardspec.core.hfmap import (
     Fused,
     HFMap,
     Source,
@@ -51,7 +51,7 @@ from shardspec.hfmap import (
     source_indices,
     unit_names,
 )
-from shardspec.layout import Mesh, ParamLayout
+from shardspec.core.layout import Mesh, ParamLayout
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (

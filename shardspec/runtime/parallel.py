@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Mesh,
     ParamLayout,
     dtensor_mesh,
@@ -44,9 +44,9 @@ from shardspec.layout import (
     same_layout,
     torch_placement_indices,
 )
+from shardspec.core.styles import EMBEDDING, LINEAR, derive
 from shardspec.runtime.dtensor import _contiguous_stride, layout_of, submesh, take, to_torch
 from shardspec.runtime.spec import CompiledSpec, SpecError
-from shardspec.styles import EMBEDDING, LINEAR, derive
 
 # --------------------------------------------------------------------------- placements
 
@@ -687,7 +687,7 @@ def tp_plan(spec: CompiledSpec, mesh: DeviceMesh, model: nn.Module | None = None
 
 
 def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
-    from shardspec.layout import build_layout
+    from shardspec.core.layout import build_layout
 
     if spec.params is None:
         raise SpecError("the spec has no manifest: pass model= to tp_plan")

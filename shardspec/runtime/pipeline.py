@@ -1,7 +1,7 @@
 """Pipeline stages at train time: which stage this rank is, what it holds, and cutting a
 whole model down to one stage (torchtitan's way: drop what other stages hold, keep names).
 
-The stage arithmetic is :mod:`shardspec.stages`, the very code the compiler checked the
+The stage arithmetic is :mod:`shardspec.core.stages`, the very code the compiler checked the
 spec's ``pipeline`` block with. A stage model then goes through ``parallelize`` (its
 DTensors span the mesh without the pipeline axis) and into
 ``torch.distributed.pipelining.PipelineStage`` with the pipeline axis's process group.
@@ -14,8 +14,8 @@ import weakref
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from shardspec.core.stages import StagePlan, layer_of
 from shardspec.runtime.spec import CompiledSpec, SpecError
-from shardspec.stages import StagePlan, layer_of
 
 
 def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
@@ -192,7 +192,7 @@ def _check_ties(sp: StagePlan, every: dict[str, nn.Parameter]) -> None:
 
 def _layer_prefix(fqn: str, value: str, sp: StagePlan) -> str:
     """The container of the split family in ``fqn`` (``layers`` of ``layers.3.w``)."""
-    from shardspec.stages import prefix_glob
+    from shardspec.core.stages import prefix_glob
 
     g = prefix_glob(sp.spec.split or "")
     m = g.regex.match(fqn)

@@ -2,7 +2,7 @@
 
 A generated module holds plain tables (axes, rules, parameters); it builds one
 ``CompiledSpec`` from them and delegates to it. Layout arithmetic is
-:mod:`shardspec.layout`, the very code the compiler checked the spec with.
+:mod:`shardspec.core.layout`, the very code the compiler checked the spec with.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shardspec import RUNTIME_API, __version__
-from shardspec.layout import (
+from shardspec.core.layout import (
     LayoutError,
     Mesh,
     ParamLayout,
@@ -26,9 +26,9 @@ from shardspec.layout import (
     representable,
     resolve_sizes,
 )
-from shardspec.patterns import compile_glob
-from shardspec.stages import PipelineSpec, StageError, StagePlan
-from shardspec.stages import plan as stage_plan
+from shardspec.core.patterns import compile_glob
+from shardspec.core.stages import PipelineSpec, StageError, StagePlan
+from shardspec.core.stages import plan as stage_plan
 
 
 class SpecError(LayoutError):
@@ -121,7 +121,7 @@ class CompiledSpec:
         shutdown, where those threads can abort the process (issue 8). The model's DTensors
         hold their mesh, so it lives as long as the distributed model; this is None once
         nothing else refers to it. Objects without weak references (a dict of sizes, a
-        :class:`shardspec.layout.Mesh`) hold no process group and are kept as they are.
+        :class:`shardspec.core.layout.Mesh`) hold no process group and are kept as they are.
         """
         ref = self._last_mesh
         return ref() if isinstance(ref, weakref.ref) else ref
@@ -152,7 +152,7 @@ class CompiledSpec:
         return dict(zip(self.axes, resolved, strict=True))
 
     def layout_mesh(self, mesh: object) -> Mesh:
-        """A :class:`shardspec.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes."""
+        """A :class:`shardspec.core.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes."""
         if isinstance(mesh, Mesh):
             lm = mesh
         elif isinstance(mesh, Mapping):
@@ -395,7 +395,7 @@ class CompiledSpec:
         return layout
 
     def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):
-        """Every rank's global indices of ``fqn`` (see :func:`shardspec.layout.rank_table`)."""
+        """Every rank's global indices of ``fqn`` (see :func:`shardspec.core.layout.rank_table`)."""
         lm = self.layout_mesh(mesh)
         return rank_table(self.layout(fqn, lm, shape), lm)
 

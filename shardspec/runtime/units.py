@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from shardspec.layout import (
+from shardspec.core.layout import (
     Mesh,
     ParamLayout,
     dtensor_mesh,

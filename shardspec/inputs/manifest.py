@@ -1,7 +1,7 @@
 """The model manifest: every parameter, persistent buffer and extra state of a model, with
 shapes and dtypes, read without torch.
 
-``shardspec manifest pkg.module:factory`` writes one (see :mod:`shardspec.manifest_build`);
+``shardspec manifest pkg.module:factory`` writes one (see :mod:`shardspec.inputs.manifest_build`);
 lint and compile read it here. The format::
 
     {
@@ -45,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardspec.textfile import read_text
+from shardspec.inputs.textfile import read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads

@@ -1,15 +1,15 @@
 """The IR: what a ``.shard`` file says, as typed objects that keep their source spans.
 
 The parser builds these; resolution, checks and code generation read them. Nothing here
-computes layouts (that is :mod:`shardspec.layout`) or knows about parameters (that is
-:mod:`shardspec.resolve`).
+computes layouts (that is :mod:`shardspec.core.layout`) or knows about parameters (that is
+:mod:`shardspec.resolve.params`).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from shardspec.diagnostics import Span
+from shardspec.findings.diagnostics import Span
 
 
 class Node(BaseModel):

@@ -1,7 +1,7 @@
 """The one registry of finding codes.
 
 Each entry is documentation as much as code: ``docs/checks.md`` is generated from it
-(``python -m shardspec.checks.catalogue``) and a test keeps the two in step. Codes never
+(``python -m shardspec.findings.catalogue``) and a test keeps the two in step. Codes never
 change meaning; retired codes (``RETIRED``) are not reused.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardspec.diagnostics import Diagnostic, Severity, Span
+from shardspec.findings.diagnostics import Diagnostic, Severity, Span
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""IR ``hf { ... }`` block -> :class:`shardspec.hfmap.HFMap`, plus the small syntax checks
+"""IR ``hf { ... }`` block -> :class:`shardspec.core.hfmap.HFMap`, plus the small syntax checks
 that the mapping model itself does not make (glob syntax where only captures belong).
 
 The compiler builds the map here; the generated module writes the same map out as a table,
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 
-from shardspec import ir
-from shardspec.hfmap import HFMap, MapRule, Part, Transform
+from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
+from shardspec.frontend import ir
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -14,8 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from shardspec import ir
-from shardspec.layout import (
+from shardspec.core.layout import (
     MAX_WORLD,
     LayoutError,
     Mesh,
@@ -24,9 +23,10 @@ from shardspec.layout import (
     build_layout,
     resolve_sizes,
 )
-from shardspec.manifest import Entry, Manifest
-from shardspec.patterns import Glob, PatternError, compile_glob
-from shardspec.stages import PipelineSpec, StageError, StagePlan, plan
+from shardspec.core.patterns import Glob, PatternError, compile_glob
+from shardspec.core.stages import PipelineSpec, StageError, StagePlan, plan
+from shardspec.frontend import ir
+from shardspec.inputs.manifest import Entry, Manifest
 
 
 @dataclass

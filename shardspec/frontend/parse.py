@@ -1,5 +1,5 @@
 """Text -> IR. A lark LALR parser over ``grammars/shardspec.lark`` and a transformer that
-turns the tree into :mod:`shardspec.ir` objects with source spans.
+turns the tree into :mod:`shardspec.frontend.ir` objects with source spans.
 
 Syntax errors come back as ``SS001`` diagnostics (with the tokens that were expected),
 never as exceptions.
@@ -15,17 +15,21 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from shardspec import ir
-from shardspec.checks.registry import diag
-from shardspec.diagnostics import Diagnostic, Span
-from shardspec.textfile import read_text
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.frontend import ir
+from shardspec.inputs.textfile import read_text
 
 GRAMMAR_NAME = "shardspec.lark"
 
 
 def _grammar_path() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "grammars" / GRAMMAR_NAME, here.parent / "grammars" / GRAMMAR_NAME):
+    package = Path(__file__).resolve().parent.parent  # shardspec/
+    # installed: the package data shardspec/grammars/; from a checkout: grammars/ beside it
+    for candidate in (
+        package / "grammars" / GRAMMAR_NAME,
+        package.parent / "grammars" / GRAMMAR_NAME,
+    ):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(GRAMMAR_NAME)  # pragma: no cover - packaging error

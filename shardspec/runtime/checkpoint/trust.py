@@ -23,7 +23,7 @@ them (objects of other classes are refused; ``torch.serialization.add_safe_globa
 admits more).
 
 :class:`SafeFileSystemReader` is DCP's ``FileSystemReader`` with it, and
-:class:`SafeChecksumReader` adds the checksums of :mod:`shardspec.runtime.integrity`::
+:class:`SafeChecksumReader` adds the checksums of :mod:`shardspec.runtime.checkpoint.integrity`::
 
     load(spec, state, path, storage_reader=SafeChecksumReader(path))
 
@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from shardspec.runtime.integrity import ChecksumReader
+from shardspec.runtime.checkpoint.integrity import ChecksumReader
 from shardspec.runtime.units import CheckpointError
 
 _METADATA_CLASSES = (
@@ -483,5 +483,5 @@ class SafeFileSystemReader(SafeMetadata, FileSystemReader):
 
 
 class SafeChecksumReader(SafeMetadata, ChecksumReader):
-    """:class:`~shardspec.runtime.integrity.ChecksumReader` within the trust boundary of
+    """:class:`~shardspec.runtime.checkpoint.integrity.ChecksumReader` within the trust boundary of
     :class:`SafeMetadata` (checksums verified first, then pickled entries checked)."""

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from shardspec.api import file_mode
-from shardspec.manifest import dump_manifest
+from shardspec.inputs.manifest import dump_manifest
 
 
 class ManifestBuildError(Exception):

@@ -65,8 +65,8 @@ from shardspec.runtime.canonical import (
     CanonicalPlan,
     Unit,
 )
-from shardspec.runtime.global_plan import validate_global_plan
-from shardspec.runtime.integrity import ChecksumError, ChecksumReader, ChecksumWriter
+from shardspec.runtime.checkpoint.global_plan import validate_global_plan
+from shardspec.runtime.checkpoint.integrity import ChecksumError, ChecksumReader, ChecksumWriter
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (  # noqa: F401  (re-exported: the checkpoint API)
     CheckpointError,
@@ -1277,7 +1277,8 @@ def save(
     failure at any step is a :class:`CheckpointError` on every surviving rank.
 
     Every stored item's checksum is kept in the checkpoint's ``.metadata``
-    (:class:`~shardspec.runtime.integrity.ChecksumWriter`); :func:`load` verifies them, and
+    (:class:`~shardspec.runtime.checkpoint.integrity.ChecksumWriter`); :func:`load` verifies
+    them, and
     plain ``dcp.load`` reads the checkpoint as any other.
 
     ``process_group``: the group DCP and the protocol use (every rank of the job, in rank
@@ -1458,7 +1459,7 @@ def load(
 
     With ``locality`` (the default), a checkpoint saved on this very mesh with this very
     structure is read file-locally: each rank opens only the files it wrote, and replicas
-    receive their copies from the writer (see :mod:`shardspec.runtime.locality`).
+    receive their copies from the writer (see :mod:`shardspec.runtime.checkpoint.locality`).
 
     ``atomic=False`` trades the guarantee for speed: after the same validation, DCP reads
     straight into the live tensors (no staging memory, no file locality), as fast as the
@@ -1466,13 +1467,14 @@ def load(
     I/O error) leaves the tensors it had reached loaded and the others as they were.
 
     Every stored item is checked against the checksum ``save`` wrote for it
-    (:mod:`shardspec.runtime.integrity`); a mismatch or a truncated file is a
-    :class:`~shardspec.runtime.integrity.ChecksumError` naming the file, the key and the
+    (:mod:`shardspec.runtime.checkpoint.integrity`); a mismatch or a truncated file is a
+    :class:`~shardspec.runtime.checkpoint.integrity.ChecksumError` naming the file, the key and the
     chunk, and the model is not changed. ``verify=False`` skips the checks. A checkpoint
     without checksums (written by ``dcp.save``) loads unverified.
 
     ``trusted=False`` loads a checkpoint you did not write within a trust boundary
-    (:mod:`shardspec.runtime.trust`): ``.metadata`` through an allowlisting unpickler, and
+    (:mod:`shardspec.runtime.checkpoint.trust`): ``.metadata`` through an allowlisting
+    unpickler, and
     pickled entries checked by torch's ``weights_only`` unpickler before they are parsed.
     ``storage_reader`` replaces the reader (``verify`` and ``trusted`` then do nothing)."""
     path = os.fspath(path)
@@ -1494,7 +1496,7 @@ def load(
     if not atomic:
         planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=False)
     elif marker is not None:
-        from shardspec.runtime.locality import LocalityLoadPlanner
+        from shardspec.runtime.checkpoint.locality import LocalityLoadPlanner
 
         planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial)
     else:
@@ -1528,18 +1530,18 @@ def load(
 
 def _reader(path: str, verify: bool, trusted: bool) -> Any:
     """``load``'s storage reader: DCP's ``FileSystemReader`` that verifies the checksums
-    ``save`` stored (:class:`~shardspec.runtime.integrity.ChecksumReader`), within the
-    trust boundary of :mod:`shardspec.runtime.trust` unless ``trusted``."""
+    ``save`` stored (:class:`~shardspec.runtime.checkpoint.integrity.ChecksumReader`), within the
+    trust boundary of :mod:`shardspec.runtime.checkpoint.trust` unless ``trusted``."""
     if trusted:
         return ChecksumReader(path, verify=verify)
-    from shardspec.runtime.trust import SafeChecksumReader
+    from shardspec.runtime.checkpoint.trust import SafeChecksumReader
 
     return SafeChecksumReader(path, verify=verify)
 
 
 def _marker(spec: CompiledSpec, planner: ShardspecSavePlanner) -> dict[str, Any]:
     """The ``.shardspec.json`` of a complete checkpoint: the spec, the mesh, and the
-    structure fingerprint a file-local load (:mod:`shardspec.runtime.locality`) compares
+    structure fingerprint a file-local load (:mod:`shardspec.runtime.checkpoint.locality`) compares
     with its own.
 
     Pipeline stages hold different structures, so no single fingerprint describes the

@@ -1,6 +1,6 @@
 """Pipeline stages: which stage holds each parameter, and stage-local names.
 
-Pure Python (``re`` via :mod:`shardspec.patterns`, nothing else): the compiler checks a
+Pure Python (``re`` via :mod:`shardspec.core.patterns`, nothing else): the compiler checks a
 spec's ``pipeline`` block with these functions and the runtime places parameters on stages
 with the very same ones, at whatever pipeline size the mesh has.
 
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from shardspec.patterns import Glob, compile_glob
+from shardspec.core.patterns import Glob, compile_glob
 
 
 class StageError(ValueError):

@@ -1,0 +1,6 @@
+"""The language: ``.shard`` text to the IR.
+
+* :mod:`~shardspec.frontend.parse`: the lark LALR parser over ``grammars/shardspec.lark``
+  (package data ``shardspec.grammars``) and the transformer into IR.
+* :mod:`~shardspec.frontend.ir`: the IR, pydantic models with a source span on every node.
+"""

@@ -357,10 +357,10 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
         start += n
     stage: dict[str, int] = {}
     for fqn in names:
-        (what,) = claims(spec, fqn)
-        if what == "first":
+        (claim,) = claims(spec, fqn)
+        if claim == "first":
             stage[fqn] = 0
-        elif what == "last":
+        elif claim == "last":
             stage[fqn] = n_stages - 1
         else:
             value = layer_of(spec, fqn)

@@ -153,6 +153,7 @@ def split_stage(
     for parent, attr in drops.values():
         setattr(parent, attr, None)
     for head, container in family.items():
+        assert isinstance(container, (nn.ModuleDict, nn.ModuleList))  # checked above
         layers = [
             container[v] if isinstance(container, nn.ModuleDict) else container[int(v)]
             for v in kept

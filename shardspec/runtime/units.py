@@ -196,7 +196,7 @@ def _signature(flat: Mapping[str, Any]) -> tuple:
     """Everything of a flat state dict that the canonical plan depends on: keys in order,
     and per value whether it is a DTensor or another tensor, its shape and dtype, or else
     its type. Values themselves (tensor data, placements) are bound anew on every call."""
-    out = []
+    out: list[tuple[Any, ...]] = []
     for key, value in flat.items():
         if isinstance(value, torch.Tensor):
             out.append((key, isinstance(value, DTensor), tuple(value.shape), value.dtype))

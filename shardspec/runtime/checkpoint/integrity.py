@@ -371,8 +371,8 @@ class _WriterFileSystem(FileSystem):
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         if "w" not in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
+            with super().create_stream(path, mode) as plain:
+                yield plain
             return
         with super().create_stream(path, mode) as raw:
             stream = _SummingStream(raw)
@@ -411,7 +411,8 @@ class ChecksumWriter(FileSystemWriter):
             )
         self.algorithm = algorithm
         self.fused = fused
-        self.fs = _WriterFileSystem()
+        self.summing = _WriterFileSystem()
+        self.fs = self.summing
         self.read_back = 0  # items whose checksum was computed by reading the file
 
     def write_data(self, plan: Any, planner: Any) -> Future:
@@ -419,7 +420,7 @@ class ChecksumWriter(FileSystemWriter):
         by_file: dict[str, list[Any]] = {}
         for result in results:
             info = result.storage_data
-            runs = self.fs.runs.get(info.relative_path, {})
+            runs = self.summing.runs.get(info.relative_path, {})
             run = runs.get(info.offset)
             if (
                 self.fused
@@ -442,7 +443,7 @@ class ChecksumWriter(FileSystemWriter):
                         )
                     info.checksum = checksum(data, algorithm=self.algorithm)
                     self.read_back += 1
-        self.fs.runs.clear()
+        self.summing.runs.clear()
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -594,8 +595,8 @@ class _ReaderFileSystem(FileSystem):
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         if "r" not in mode or "+" in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
+            with super().create_stream(path, mode) as plain:
+                yield plain
             return
         with super().create_stream(path, mode) as raw:
             stream = _VerifyingStream(raw, os.fspath(path))

@@ -39,7 +39,8 @@ import os
 import pathlib
 import pickle
 import re
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeGuard
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -90,6 +91,7 @@ def _tables() -> tuple[dict[tuple[str, str], Any], frozenset[type]]:
                 fill.add(cls)
     table[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
     fill.add(filesystem._StorageInfo)
+    sharded: Any
     try:  # where TensorProperties lived before DCP had its own (torch 2.0 checkpoints)
         from torch.distributed._shard.sharded_tensor import metadata as sharded
     except ImportError:  # pragma: no cover - depends on the torch build
@@ -140,6 +142,9 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     else (``INST``, ``OBJ``, persistent ids and the extension registry are refused)."""
 
     dispatch: ClassVar[dict[int, Any]] = {}
+    # pickle._Unpickler's own state (the pure-Python unpickler; not in typeshed's stubs)
+    stack: list[Any]
+    pop_mark: Callable[[], list[Any]]
 
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
@@ -327,7 +332,7 @@ def _short(e: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _is_size(value: Any) -> bool:
+def _is_size(value: Any) -> TypeGuard[torch.Size]:
     return isinstance(value, torch.Size) and all(isinstance(x, int) and x >= 0 for x in value)
 
 
@@ -415,6 +420,8 @@ class SafeMetadata:
     ``class R(SafeMetadata, FileSystemReader)``."""
 
     _refused: CheckpointError | None = None
+    path: Any  # FileSystemReader's, which this class is mixed into
+    fs: Any
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         rank = kwargs.get("rank")

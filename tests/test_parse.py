@@ -943,3 +943,52 @@ def test_hf_split_syntax_errors_say_how(line: str, hint: str) -> None:
     spec, diags = parse(f"hf {{\n    {line}\n}}\n", "t.shard")
     assert spec is None and diags[0].code == "SS001"
     assert hint in diags[0].hint, diags[0].hint
+
+
+_LAYERS_PROBE = """\
+import sys
+from shardspec.findings import catalogue, suggest
+from shardspec.frontend.parse import parse
+spec, diags = parse("mesh { tp: 2 }\\nparam w [a] { shard a over tp }\\n", "ok.shard")
+assert spec is not None and not diags, diags
+spec, diags = parse("mesh { tp: 2 }\\nparma w [a] { shard a over tp }\\n", "bad.shard")
+assert spec is None and "did you mean `param`?" in diags[0].hint, diags
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_the_parser_and_findings_load_neither_checks_nor_torch() -> None:
+    """The front end and the findings stand below the checks (and the compiler never imports
+    torch): parsing, a syntax error's hint included, loads neither."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _LAYERS_PROBE],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    loaded = run.stdout.split()
+    assert "shardspec.frontend.parse" in loaded and "shardspec.findings.suggest" in loaded
+    below = [m for m in loaded if m == "torch" or m.startswith(("torch.", "shardspec.checks"))]
+    assert below == [], below
+
+
+def test_a_value_of_no_known_kind_raises_rather_than_vanish() -> None:
+    """The transformer sorts a block's lines by their class: one it has no place for is a bug
+    that must show, not a line silently dropped; IR nodes refuse fields they do not have."""
+    from pydantic import ValidationError
+
+    from shardspec.frontend.parse import _RULE_LISTS, _sort
+
+    with pytest.raises(TypeError, match="ShardItem"):
+        _sort([ir.ShardItem(span=Span("t.shard", 1, 1), dim=_name("x"), axes=[])], {})
+    assert _sort([], _RULE_LISTS)["shards"] == []
+    with pytest.raises(ValidationError):
+        ir.Name(span=Span("t.shard", 1, 1), text="x", txet="y")  # type: ignore[call-arg]
+
+
+def _name(text: str) -> ir.Name:
+    return ir.Name(span=Span("t.shard", 1, 1), text=text)

@@ -8,6 +8,7 @@ from functools import cached_property
 from shardspec.core.patterns import Glob, describe_key
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.suggest import CUTOFF, likeness
 from shardspec.resolve.params import Resolved
 
 MAX_CLOSE = 20000  # distinct parameter names (layer numbers as *) a typo is compared with
@@ -220,18 +221,17 @@ class _Names:
 
 def _closest(pattern: str, by_rest: dict[tuple[int, tuple[str, ...]], list[str]]) -> list[str]:
     """The parameter names (layer numbers written ``*``) that differ from ``pattern`` in
-    one segment only, that segment close to the pattern's (difflib's ratio at least 0.6):
-    the closest, and a second only when it is about as close. ``by_rest`` indexes the
-    names by (position, the other segments), so each pattern costs a lookup per segment."""
-    import difflib
-
+    one segment only, that segment close to the pattern's (:func:`likeness` at least
+    :data:`CUTOFF`): the closest, and a second only when it is about as close. ``by_rest``
+    indexes the names by (position, the other segments), so each pattern costs a lookup per
+    segment."""
     segs = tuple(pattern.split("."))
     scored = []
     for i, seg in enumerate(segs):
         for name in by_rest.get((i, segs[:i] + segs[i + 1 :]), [])[:MAX_BUCKET]:
             other = name.split(".")[i]
-            ratio = difflib.SequenceMatcher(a=seg, b=other).ratio()
-            if ratio >= 0.6:
+            ratio = likeness(seg, other)
+            if ratio >= CUTOFF:
                 scored.append((-ratio, name))
     scored.sort()
     return [n for r, n in scored[:2] if -r >= -scored[0][0] - 0.03]

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardspec.checks.structure import _did_you_mean
 from shardspec.core.patterns import PatternError, compile_glob
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
+from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
 from shardspec.resolve.params import Resolved
 
@@ -61,7 +61,7 @@ def _sorted_items(
                     f"heads: {item.target.text!r} is no dimension of the rule, nor a "
                     "component of its fused dimension",
                     item.target.span,
-                    _did_you_mean(item.target.text, names),
+                    did_you_mean(item.target.text, names),
                 )
             )
             continue

@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 
 from shardspec.checks.coverage import _entry_span, _more
-from shardspec.checks.structure import _PATTERN_SYNTAX, _did_you_mean
+from shardspec.checks.structure import _PATTERN_SYNTAX
 from shardspec.core.layout import Mesh, ParamLayout, first_difference, local_indices
 from shardspec.core.patterns import PatternError
 from shardspec.core.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
+from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
 from shardspec.resolve.params import Resolved
 
@@ -44,7 +45,7 @@ def check_pipeline_block(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 "SS090",
                 f"pipeline axis {axis!r} is not a mesh axis",
                 p.axis.span,
-                _did_you_mean(axis, axes) or f"declare it in the mesh, e.g. `{axis}: 2`",
+                did_you_mean(axis, axes) or f"declare it in the mesh, e.g. `{axis}: 2`",
             )
         )
     if spec.fsdp is not None and spec.fsdp.text == axis:

@@ -11,17 +11,8 @@ from collections import Counter
 from shardspec.core.patterns import PatternError, compile_glob
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
-
-
-def _did_you_mean(name: str, choices: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, choices, n=1)
-    listed = ", ".join(choices) if choices else "(none)"
-    if close:
-        return f"did you mean {close[0]!r}? declared: {listed}"
-    return f"declared: {listed}"
 
 
 def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
@@ -83,7 +74,7 @@ def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
 
 def _unknown_axis(a: ir.Name, axes: list[str]) -> Diagnostic:
     """SS011 for an axis name the mesh does not declare, with the closest declared one."""
-    return diag("SS011", f"unknown mesh axis {a.text!r}", a.span, _did_you_mean(a.text, axes))
+    return diag("SS011", f"unknown mesh axis {a.text!r}", a.span, did_you_mean(a.text, axes))
 
 
 def _axes(spec: ir.Spec) -> list[str]:
@@ -99,7 +90,7 @@ def check_fsdp(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 "SS011",
                 f"fsdp axis {spec.fsdp.text!r} is not a mesh axis",
                 spec.fsdp.span,
-                _did_you_mean(spec.fsdp.text, axes),
+                did_you_mean(spec.fsdp.text, axes),
             )
         ]
     return []
@@ -167,7 +158,7 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         "SS020",
                         f"unknown dimension {s.dim.text!r}",
                         s.dim.span,
-                        _did_you_mean(s.dim.text, dims),
+                        did_you_mean(s.dim.text, dims),
                     )
                 )
             if s.dim.text in sharded_dims:
@@ -263,7 +254,7 @@ def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         "SS020",
                         f"unknown dimension {f.dim.text!r}",
                         f.dim.span,
-                        _did_you_mean(f.dim.text, dims),
+                        did_you_mean(f.dim.text, dims),
                     )
                 )
             if f.dim.text in fused:
@@ -443,7 +434,7 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
                         "SS020",
                         f"unknown dimension {s.dim.text!r}",
                         s.dim.span,
-                        _did_you_mean(s.dim.text, dims),
+                        did_you_mean(s.dim.text, dims),
                     )
                 )
             elif s.dim.text in runtime.virtual:
@@ -524,7 +515,7 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     "SS029",
                     f"unknown style {kind!r}",
                     st.kind.span,
-                    _did_you_mean(kind, list(KINDS)).replace("declared:", "styles:"),
+                    did_you_mean(kind, list(KINDS), listed_as="styles"),
                 )
             )
             continue
@@ -546,7 +537,7 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         "SS029",
                         f"unknown activation layout {name.text!r}",
                         name.span,
-                        _did_you_mean(name.text, list(LAYOUTS)).replace("declared:", "layouts:"),
+                        did_you_mean(name.text, list(LAYOUTS), listed_as="layouts"),
                     )
                 )
         if kind == "none" or not rule.dims_given:

@@ -704,9 +704,3 @@ def diag(code: str, message: str, span: Span, hint: str = "") -> Diagnostic:
     """A diagnostic for ``code`` with the registry's name and severity."""
     c = BY_CODE[code]
     return Diagnostic(code, c.name, c.severity, message, span, hint)
-
-
-def diag_as(code: str, severity: Severity, message: str, span: Span, hint: str = "") -> Diagnostic:
-    """Like :func:`diag` with an explicit severity (for checks whose severity depends)."""
-    c = BY_CODE[code]
-    return Diagnostic(code, c.name, severity, message, span, hint)

@@ -13,7 +13,10 @@ from shardspec.findings.diagnostics import Span
 
 
 class Node(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    """A piece of the spec and where it is written. Nodes are frozen, and their fields exact:
+    a field that a node does not have is an error, never silently dropped."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
 
     span: Span
 
@@ -212,7 +215,7 @@ class Suppression(Node):
 class Spec(BaseModel):
     """A whole ``.shard`` file."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
 
     path: str
     source: str

@@ -9,7 +9,7 @@ import difflib
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from shardspec.api import display_path, lint_specs
@@ -62,7 +62,7 @@ class Refusal:
     the exit status (2: the input cannot be processed; 1: no such parameter)."""
 
     diagnostics: tuple[Diagnostic, ...]
-    sources: dict[str, str]
+    sources: dict[str, str] = field(repr=False)
     status: int
 
 
@@ -244,7 +244,7 @@ class Explanation:
     table: RankTable | None = None
     hf: HFFacts | None = None
     findings: tuple[Diagnostic, ...] = ()  # the spec's errors
-    sources: dict[str, str] | None = None
+    sources: dict[str, str] | None = field(default=None, repr=False)
 
     @property
     def status(self) -> int:

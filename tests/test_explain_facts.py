@@ -229,3 +229,48 @@ def test_ignored_and_unmatched_parameters(tmp_path: Path, monkeypatch: pytest.Mo
     assert x.ignored is None and x.rules is None and x.layout is None and x.status == 1
     x = facts("s.shard", "a.w")
     assert x.status == 0 and x.table is not None and len(x.table.rows) == 2
+
+
+def _check_case(code: str, name: str, tmp: Path) -> None:
+    """Write the case ``name`` of tests/checks/``code``.py (a spec lint rejects) under
+    ``tmp``, the current directory."""
+    import importlib.util
+
+    from tests.test_checks import CASE_DIR, _write_case
+
+    spec = importlib.util.spec_from_file_location(code, CASE_DIR / f"{code}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (case,) = [c for c in module.CASES if c["name"] == name]
+    _write_case(case, tmp)
+
+
+def test_specs_with_errors_explain_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rule over the pipeline axis (SS090) has no DTensor; a map line with a capture on
+    one side only (SS070) names no HF tensor: explain says so, and lists the findings."""
+    from shardspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _check_case("SS090", "a rule shards over the pipeline axis", Path("."))
+    x = facts("spec.shard", "output.weight")
+    assert x.layout is not None and x.layout.placements is None
+    assert [d.code for d in x.findings] == ["SS090"]
+    assert main(["explain", "spec.shard", "output.weight"]) == 0
+    out = capsys.readouterr().out
+    assert "  DTensor: none (a rule shards it over the pipeline axis: SS090)\n" in out
+    assert "error SS090 [bad-pipeline]" in out
+    _check_case(
+        "SS070", "a capture on one side only, and a stack index that is no capture", Path(".")
+    )
+    x = facts("spec.shard", "layers.0.w13")
+    assert x.hf is not None
+    gate, up = x.hf.units
+    assert gate.name == "layers.0.w13.gate" and gate.sources == ()
+    assert gate.error is not None and "capture {j} is not on the other side" in gate.error
+    assert up.error is None and up.sources[0].source.keys == ("model.layers.0.up",)
+    assert main(["explain", "spec.shard", "layers.0.w13"]) == 0
+    out = capsys.readouterr().out
+    assert "    layers.0.w13.gate: model.layers.{i}.{j}.gate: capture {j}" in out

@@ -154,7 +154,7 @@ class LayoutFacts:
     heads: tuple[Heads, ...]
     local: tuple[str, ...]  # axes whose shard the module holds
     dtensor_mesh: tuple[str, ...]
-    placements: tuple[Placement, ...]
+    placements: tuple[Placement, ...] | None  # None: a rule shards it over the stage axis
     style: Style
 
 
@@ -218,6 +218,7 @@ class HFUnit:
     shape: tuple[int, ...]
     kept: bool
     sources: tuple[HFSource, ...] = ()
+    error: str | None = None  # a map line that cannot name its HF tensor (lint: SS070)
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,8 @@ def layout_facts(res: Resolved, m: Match, mesh: Mesh, layout: ParamLayout) -> La
         heads_facts(res, m.winner, mesh, layout),
         tuple(res.rule_specs[m.winner].local),
         dtensor_mesh(layout, mesh).names,
-        dtensor_placements(layout, mesh),
+        # Over the pipeline axis (SS090) a parameter has no DTensor: its stage holds it.
+        None if layout.stage_axis in layout.axes else dtensor_placements(layout, mesh),
         style_facts(res, m.winner),
     )
 
@@ -575,7 +577,11 @@ def _hf_units(
         if hfmap.kept(name):
             out.append(HFUnit(name, shape, True))
             continue
-        found = hfmap.sources(name, shape, fused)
+        try:
+            found = hfmap.sources(name, shape, fused)
+        except ValueError as e:  # a capture only one side of a map line has (SS070)
+            out.append(HFUnit(name, shape, False, error=str(e)))
+            continue
         sources = tuple(HFSource(s, hfmap.rules[s.rule].line) for s in found)
         out.append(HFUnit(name, shape, False, sources))
     return HFFacts(tuple(out), max(0, len(units) - HF_UNITS))

@@ -94,10 +94,13 @@ def _layout_lines(shown: str, f: LayoutFacts) -> list[str]:
     lines += [_heads_line(h) for h in f.heads]
     if f.local:
         lines.append(f"  local axes (the module holds its shard): {', '.join(f.local)}")
-    lines.append(
-        f"  DTensor: mesh ({', '.join(f.dtensor_mesh)}), "
-        f"placements ({', '.join(map(_placement_text, f.placements))})"
-    )
+    if f.placements is None:
+        lines.append("  DTensor: none (a rule shards it over the pipeline axis: SS090)")
+    else:
+        lines.append(
+            f"  DTensor: mesh ({', '.join(f.dtensor_mesh)}), "
+            f"placements ({', '.join(map(_placement_text, f.placements))})"
+        )
     lines.append(f"  tensor-parallel style: {_style_text(shown, f.style)}")
     return lines
 
@@ -223,6 +226,8 @@ def _hf_lines(shown: str, hf: HFFacts) -> list[str]:
     for unit in hf.units:
         if unit.kept:
             lines.append(f"    {unit.name}: kept (not in the checkpoint)")
+        elif unit.error is not None:
+            lines.append(f"    {unit.name}: {unit.error}")
         elif not unit.sources:
             lines.append(f"    {unit.name}: produced by no map line (SS071)")
         for src in unit.sources:

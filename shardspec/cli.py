@@ -310,7 +310,7 @@ def _compile_command(args) -> str:
 
 
 def cmd_explain(args) -> int:
-    from shardspec.explain import explain
+    from shardspec.explain import explain_facts, render_text
 
     bad = _check_defines(args, [args.spec])
     if bad is not None:
@@ -320,14 +320,14 @@ def cmd_explain(args) -> int:
     if args.ranks is not None:
         ranks = _rank_range(args.ranks)
         if ranks is None:
-            sys.stderr.write(
-                f"<command line>:1:1: error SS004 [bad-argument]: --ranks {args.ranks!r} is "
-                "not a rank or a range of ranks\n  hint: write --ranks 128 or --ranks 0-255\n"
+            _bad_argument(
+                f"--ranks {args.ranks!r} is not a rank or a range of ranks",
+                "write --ranks 128 or --ranks 0-255",
             )
             return 2
-    text, status = explain(args.spec, args.fqn, sizes, world, ranks)
-    (sys.stdout if status == 0 else sys.stderr).write(text)
-    return status
+    facts = explain_facts(args.spec, args.fqn, sizes, world, ranks)
+    (sys.stdout if facts.status == 0 else sys.stderr).write(render_text(facts))
+    return facts.status
 
 
 def _rank_range(text: str) -> range | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from shardspec.checks.run import check
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend.parse import parse, parse_file
-from shardspec.inputs.textfile import read_text
+from shardspec.frontend.textfile import read_text
 from shardspec.resolve.params import Resolved
 
 __all__ = [
@@ -238,10 +238,3 @@ def _write_all(rendered: list[tuple[Path, str]], out: CompileOutcome) -> None:
         for tmp, _ in temps:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-
-
-def file_mode() -> int:
-    """The mode a plain ``open(..., "w")`` would give a new file (``mkstemp`` gives 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shardspec.cli import main
-from shardspec.inputs.textfile import read_text
+from shardspec.frontend.textfile import read_text
 from shardspec.runtime import hf as hfmod
 from shardspec.runtime.hf import HFError
 

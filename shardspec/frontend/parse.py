@@ -22,7 +22,7 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
 from shardspec.frontend.syntax_errors import comment_start, syntax_error
-from shardspec.inputs.textfile import read_text
+from shardspec.frontend.textfile import read_text
 
 GRAMMAR_NAME = "shardspec.lark"
 

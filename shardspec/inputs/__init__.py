@@ -4,5 +4,5 @@
 * :mod:`~shardspec.inputs.manifest_build`: ``shardspec manifest``, a manifest from a model.
 * :mod:`~shardspec.inputs.hfmanifest`: the Hugging Face manifest (checkpoint names,
   shapes, config).
-* :mod:`~shardspec.inputs.textfile`: reading text files with errors for people.
+* :mod:`~shardspec.frontend.textfile`: reading text files with errors for people.
 """

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shardspec.inputs.textfile import read_text
+from shardspec.frontend.textfile import read_text
 
 FORMAT = "shardspec-hf-manifest/1"
 INDEX = "model.safetensors.index.json"

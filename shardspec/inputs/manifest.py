@@ -45,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardspec.inputs.textfile import read_text
+from shardspec.frontend.textfile import read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads

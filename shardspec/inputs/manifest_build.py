@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shardspec.api import file_mode
+from shardspec.frontend.textfile import file_mode
 from shardspec.inputs.manifest import dump_manifest
 
 

@@ -36,3 +36,10 @@ def read_text(path: str | os.PathLike, *, limit: int = MAX_TEXT_BYTES) -> str:
     if len(data) > limit:  # grew while being read
         raise OSError(errno.EFBIG, f"more than the {limit} bytes a text file may have")
     return data.decode("utf-8-sig")
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(..., "w")`` would give a new file (``mkstemp`` gives 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -22,7 +22,7 @@ from pathlib import Path
 from shardspec.checks.run import check
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend.parse import parse, parse_file
-from shardspec.frontend.textfile import read_text
+from shardspec.frontend.textfile import file_mode, read_text
 from shardspec.resolve.params import Resolved
 
 __all__ = [

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 from torch.distributed.tensor import DTensor
 
-from shardspec.runtime.checkpoint import ShardspecLoadPlanner
+from shardspec.runtime.checkpoint.planners import ShardspecLoadPlanner
 
 _FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 

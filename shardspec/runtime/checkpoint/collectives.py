@@ -16,11 +16,6 @@ import torch.distributed as dist
 from shardspec.runtime.checkpoint.failures import _clear_frames
 from shardspec.runtime.units import CheckpointError
 
-
-def _rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 # ----------------------------------------------------------------------------- groups
 
 
@@ -52,6 +47,11 @@ def _distributed(group: Any) -> bool:
 def _coordinator(group: Any) -> bool:
     """DCP's coordinator: rank 0 of the process group."""
     return not dist.is_initialized() or dist.get_rank(group) == 0
+
+
+def _rank0() -> bool:
+    """Rank 0 of the job (or a single process)."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 # ----------------------------------------------------------------------------- collectives

@@ -18,8 +18,9 @@ from typing import Any
 
 from shardspec.runtime.units import CheckpointError
 
+# A complete checkpoint: written into it (the spec, the mesh, the structure fingerprint)
+# once every rank's data and DCP's .metadata are there, before it moves into place.
 MARKER = ".shardspec.json"
-
 
 # A save in progress: written into ``<path>.partial`` before any data, removed once the
 # completion marker is there. A folder that has it is never loaded as a checkpoint.

@@ -822,7 +822,7 @@ def _plan_world(spec, world: int, tp: int, rep: int, with_full: bool) -> dict:
 
 
 def _check_same(real, simulated, rank: int) -> None:
-    from shardspec.runtime.checkpoint import _CHECK
+    from shardspec.runtime.checkpoint.planners import _CHECK
 
     # The real plan also carries the rank's structure check (compared by the coordinator).
     data = {k: v for k, v in (real.planner_data or {}).items() if k != _CHECK}

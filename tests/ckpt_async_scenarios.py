@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import llama
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime.checkpoint import folders
 from shardspec.testing import Checks
 
 VOCAB = 256
@@ -141,7 +142,7 @@ def scenario_train(c: Checks, root: str) -> None:
     at_call = _snapshot(state)
     path = os.path.join(root, "async")
     gate = _Gate()
-    ck._fault_point = gate
+    folders._fault_point = gate
     try:
         future = layout.save(state, path, mesh=mesh, asynchronous=True)
         c.check(tag, hasattr(future, "result") and hasattr(future, "done"), f"{future!r}")
@@ -160,7 +161,7 @@ def scenario_train(c: Checks, root: str) -> None:
             pass  # training goes on while the save writes
     finally:
         gate.opened.set()
-        ck._fault_point = None
+        folders._fault_point = None
     planner = future.result(timeout=120)
     c.check(tag, isinstance(planner, ck.ShardspecSavePlanner), f"result {planner!r}")
     _no_debris(c, tag, path)

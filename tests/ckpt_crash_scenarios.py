@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import llama
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime.checkpoint import folders
 from shardspec.testing import Checks
 
 WORLD = 3
@@ -85,7 +86,7 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
     planner = _DiesWriting(layout.SPEC, mesh)
     planner.victim = rank == victim and point == "writing"
     if rank == victim:
-        ck._fault_point = lambda where: os._exit(0) if where == point else None
+        folders._fault_point = lambda where: os._exit(0) if where == point else None
     out: dict[str, Any] = {"rank": rank}
     try:
         ck.save(
@@ -103,7 +104,7 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
     else:
         out["error"] = None
     finally:
-        ck._fault_point = None
+        folders._fault_point = None
     # Every survivor stays until all have their answer: rank 0 hosts the job's store, which
     # a survivor still blocked in a collective reads once it fails (under torchrun, the
     # store lives in the agent and outlives the ranks).
@@ -117,7 +118,7 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
 
 
 def folder_state(path: str) -> str:
-    return ck._folder_state(path)
+    return folders._folder_state(path)
 
 
 def verify(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]]:

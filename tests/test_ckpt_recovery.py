@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime.checkpoint import folders
 
 
 def folder(path: Path, *names: str, tag: str = "") -> str:
@@ -31,7 +32,7 @@ COMPLETE = (".metadata", ck.MARKER, "__0_0.distcp")
 def test_a_complete_partial_is_moved_into_place(tmp_path: Path) -> None:
     path = folder(tmp_path / "c", *COMPLETE, tag="A")
     folder(tmp_path / "c.partial", *COMPLETE, tag="B")
-    done = ck._recover(path)
+    done = folders._recover(path)
     assert len(done) == 1 and "moved it to" in done[0] and "removed" in done[0]
     assert content(path) == {n: "B" for n in COMPLETE}
     assert sorted(os.listdir(tmp_path)) == ["c"]
@@ -41,7 +42,7 @@ def test_between_the_renames_the_new_checkpoint_wins(tmp_path: Path) -> None:
     path = str(tmp_path / "c")
     folder(tmp_path / "c.old", *COMPLETE, ck.REPLACED, tag="A")
     folder(tmp_path / "c.partial", *COMPLETE, tag="B")
-    done = ck._recover(path)
+    done = folders._recover(path)
     assert len(done) == 1 and "moved it to" in done[0]
     assert content(path) == {n: "B" for n in COMPLETE}
     assert sorted(os.listdir(tmp_path)) == ["c"]
@@ -50,11 +51,11 @@ def test_between_the_renames_the_new_checkpoint_wins(tmp_path: Path) -> None:
 def test_a_set_aside_checkpoint_is_restored_or_removed(tmp_path: Path) -> None:
     path = str(tmp_path / "c")
     folder(tmp_path / "c.old", ".metadata", ck.REPLACED, tag="A")  # a plain DCP one, set aside
-    done = ck._recover(path)
+    done = folders._recover(path)
     assert len(done) == 1 and "restored it to" in done[0]
     assert content(path) == {".metadata": "A"}  # the set-aside note is gone
     folder(tmp_path / "c.old", *COMPLETE, tag="old")
-    done = ck._recover(path)
+    done = folders._recover(path)
     assert len(done) == 1 and "removed" in done[0]
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
@@ -62,29 +63,29 @@ def test_a_set_aside_checkpoint_is_restored_or_removed(tmp_path: Path) -> None:
 def test_someone_elses_folders_are_never_touched(tmp_path: Path) -> None:
     path = folder(tmp_path / "c", *COMPLETE, tag="A")
     mine = folder(tmp_path / "c.old", ".metadata", "notes.txt", tag="user")  # a DCP backup
-    assert ck._recover(path) == []
+    assert folders._recover(path) == []
     with pytest.raises(ck.CheckpointError, match="no save set it aside"):
-        ck._prepare(path)
+        folders._prepare(path)
     assert content(mine) == {".metadata": "user", "notes.txt": "user"}
     assert not os.path.exists(path + ".partial")
     # Without a checkpoint at path, the save needs no <path>.old: it goes ahead, leaving it.
     other = str(tmp_path / "d")
     folder(tmp_path / "d.old", ".metadata", tag="user")
-    assert ck._recover(other) == []
+    assert folders._recover(other) == []
     assert not os.path.exists(other)  # not "restored"
-    ck._prepare(other)
+    folders._prepare(other)
     (Path(other + ".partial") / ".metadata").write_text("B")
-    ck._commit(other, {"format": "test"})
+    folders._commit(other, {"format": "test"})
     assert content(other + ".old") == {".metadata": "user"}
     assert sorted(content(other)) == [".metadata", ck.MARKER]
     # A user's folder named <path>.partial, and a path that is no checkpoint: refused.
     folder(tmp_path / "e.partial", "notes.txt")
     with pytest.raises(ck.CheckpointError, match="not a save in progress"):
-        ck._prepare(str(tmp_path / "e"))
+        folders._prepare(str(tmp_path / "e"))
     assert content(str(tmp_path / "e.partial")) == {"notes.txt": "notes.txt"}
     folder(tmp_path / "f", "notes.txt")
     with pytest.raises(ck.CheckpointError, match="is not a checkpoint"):
-        ck._prepare(str(tmp_path / "f"))
+        folders._prepare(str(tmp_path / "f"))
     assert not os.path.exists(str(tmp_path / "f.partial"))
 
 
@@ -93,20 +94,20 @@ def test_an_unfinished_save_is_removed_by_the_next_save_and_never_loaded(
 ) -> None:
     path = folder(tmp_path / "c", *COMPLETE, tag="A")
     tmp = folder(tmp_path / "c.partial", ".metadata", ck.SAVING, "__0_0.distcp")
-    assert ck._recover(path) == []  # a load leaves it
+    assert folders._recover(path) == []  # a load leaves it
     with pytest.raises(ck.CheckpointError, match="unfinished save"):
-        ck._refuse_unfinished(tmp)
-    done = ck._prepare(path)
+        folders._refuse_unfinished(tmp)
+    done = folders._prepare(path)
     assert done == [f"removed {tmp}, an unfinished save"]
     assert sorted(os.listdir(tmp)) == [ck.SAVING]  # a fresh one
     # The complete protocol: marked, moved, the previous one removed.
     (Path(tmp) / ".metadata").write_text("B")
-    ck._commit(path, {"format": "test"})
+    folders._commit(path, {"format": "test"})
     assert sorted(content(path)) == [".metadata", ck.MARKER]
     assert sorted(os.listdir(tmp_path)) == ["c"]
     # Names: an unmarked '.partial' folder is refused, a plain DCP checkpoint is not.
     plain = folder(tmp_path / "p.partial", ".metadata")
     with pytest.raises(ck.CheckpointError, match="not marked complete"):
-        ck._refuse_unfinished(plain)
-    ck._refuse_unfinished(folder(tmp_path / "dcp", ".metadata"))
-    ck._refuse_unfinished(path)
+        folders._refuse_unfinished(plain)
+    folders._refuse_unfinished(folder(tmp_path / "dcp", ".metadata"))
+    folders._refuse_unfinished(path)

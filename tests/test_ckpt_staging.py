@@ -18,7 +18,9 @@ from torch.futures import Future
 
 from shardspec.core.layout import Mesh
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime import units
 from shardspec.runtime.canonical import Unit
+from shardspec.runtime.checkpoint import staging
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -49,8 +51,8 @@ def _lm() -> Mesh:
 
 
 def _equal(a: dict, b: dict) -> list[str]:
-    fa, _ = ck._flat(a)
-    fb, _ = ck._flat(b)
+    fa, _ = units._flat(a)
+    fb, _ = units._flat(b)
     return [k for k in fa if not torch.equal(fa[k], fb[k])]
 
 
@@ -64,7 +66,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
 
 def test_some_units_are_cut_in_runs(saved: tuple[str, dict]) -> None:
     _, state = saved
-    flat, _ = ck._flat(state)
+    flat, _ = units._flat(state)
     plan, _, _ = ck.canonical_plan(SPEC, _lm(), 0, flat, saving=False)
     assert any(u.runs is not None and len(u.runs[0][1]) > 1 for u in plan.units)
 
@@ -123,17 +125,17 @@ class _FailingReader(dcp.FileSystemReader):
 def test_a_failed_read_changes_nothing(saved: tuple[str, dict], n: int) -> None:
     path, _ = saved
     target = _state(5)
-    before = {k: v.clone() for k, v in ck._flat(target)[0].items()}
+    before = {k: v.clone() for k, v in units._flat(target)[0].items()}
     reader = _FailingReader(path, n)
     assert ck.reader_fills_sinks(reader)
     with pytest.raises(ck.CheckpointError, match="the model was not changed"):
         ck.load(SPEC, target, path, mesh=_mesh(), storage_reader=reader)
-    after = ck._flat(target)[0]
+    after = units._flat(target)[0]
     assert [k for k in before if not torch.equal(before[k], after[k])] == []
 
 
 def test_sink_refuses_anything_but_detach_and_copy() -> None:
-    sink = ck._Sink((2, 3), torch.float32)
+    sink = staging._Sink((2, 3), torch.float32)
     assert sink.detach() is sink and sink.size() == (2, 3)
     src = torch.ones(4, 3).narrow(0, 1, 2)
     sink.copy_(src)
@@ -193,11 +195,11 @@ def test_a_failed_load_leaves_non_tensor_entries_too(tmp_path: Path) -> None:
     ck.save(SPEC, state, path, mesh=_mesh())
     target = _state(6)
     target["extra"]["groups"] = [{"lr": 0.6, "betas": (0.5, 0.5)}]
-    before = {k: v.clone() for k, v in ck._flat(target)[0].items() if torch.is_tensor(v)}
+    before = {k: v.clone() for k, v in units._flat(target)[0].items() if torch.is_tensor(v)}
     with pytest.raises(ck.CheckpointError, match="the model was not changed"):
         ck.load(SPEC, target, path, mesh=_mesh(), storage_reader=_FailsAfterReading(path))
     assert target["extra"]["groups"] == [{"lr": 0.6, "betas": (0.5, 0.5)}]
-    after = ck._flat(target)[0]
+    after = units._flat(target)[0]
     assert [k for k in before if not torch.equal(before[k], after[k])] == []
     # and a load that succeeds sets them
     ck.load(SPEC, target, path, mesh=_mesh())

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime import units
 from shardspec.runtime.checkpoint import integrity as ig
 from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter, checksum
 from shardspec.testing import run_ranks
@@ -59,7 +60,7 @@ def _state(seed: int) -> dict[str, Any]:
 
 
 def _flat(state: dict) -> dict[str, Any]:
-    return ck._flat(state)[0]
+    return units._flat(state)[0]
 
 
 def _snapshot(state: dict) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import Metadata
 
 from shardspec.runtime import checkpoint as ck
+from shardspec.runtime import units
 from shardspec.runtime.checkpoint import trust
 from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter
 from shardspec.runtime.checkpoint.trust import (
@@ -96,7 +97,7 @@ def _spec_state(spec: Any, seed: int) -> dict[str, Any]:
 
 
 def _equal(a: dict, b: dict) -> bool:
-    fa, fb = ck._flat(a)[0], ck._flat(b)[0]
+    fa, fb = units._flat(a)[0], units._flat(b)[0]
     return all(
         torch.equal(v, fb[k]) if isinstance(v, torch.Tensor) else v == fb[k] for k, v in fa.items()
     )
@@ -154,7 +155,7 @@ def test_real_checkpoints_load_through_the_safe_readers(checkpoints: dict) -> No
             assert ck.reader_fills_sinks(reader)  # shardspec's load keeps its staging
             if spec is None:
                 target = pickle.loads(pickle.dumps(state))
-                for t in ck._flat(target)[0].values():
+                for t in units._flat(target)[0].values():
                     if isinstance(t, torch.Tensor):
                         t.zero_()
                 dcp.load(target, storage_reader=reader)

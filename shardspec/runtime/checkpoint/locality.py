@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 from torch.distributed.tensor import DTensor
 
-from shardspec.runtime.checkpoint import ShardspecLoadPlanner
+from shardspec.runtime.checkpoint.planners import ShardspecLoadPlanner
 
 _FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 
@@ -174,15 +174,5 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
             if kind == "tensor":
                 self.lookup_tensor(MetadataIndex(key)).copy_(value)
             else:
-                self._set_bytes(key, value)
+                self._set_object(key, value)
         return received
-
-    def _set_bytes(self, stored: str, obj: Any) -> None:
-        from torch.distributed.checkpoint._nested_dict import set_element
-
-        own = self.stored_to_own.get(stored, stored)
-        path = self.flat_mappings.get(own)
-        if path is None:
-            self.state_dict[stored] = obj
-        else:
-            set_element(self.original_state_dict, path, obj)

@@ -187,6 +187,7 @@ from shardspec.checks import run as run_mod
 from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.structure import STRUCTURE_CHECKS
+from shardspec.inputs.load import manifest_path
 from shardspec.inputs.manifest import ManifestFile, load_manifest
 from shardspec.frontend.parse import parse_file
 
@@ -203,7 +204,7 @@ t = time.process_time()
 for c in STRUCTURE_CHECKS:
     c(spec, broken)
 T["structure checks"] = time.process_time() - t
-mpath = run_mod.manifest_path(spec)
+mpath = manifest_path(spec)
 manifest = timed("load_manifest (total)", load_manifest, mpath)
 text = timed("  manifest: read text", Path(mpath).read_text, encoding="utf-8")
 raw = timed("  manifest: json.loads", json.loads, text)

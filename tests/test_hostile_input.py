@@ -180,3 +180,22 @@ def test_a_mesh_named_otherwise_than_the_spec_is_refused(names) -> None:
     else:
         assert str(names) in str(e.value) and "('dp_shard', 'tp')" in str(e.value)
         assert "build_mesh()" in str(e.value)
+
+
+@pytest.mark.parametrize("fn", ["load_hf", "export_hf"])
+def test_hf_without_a_mesh_names_its_own_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fn: str
+) -> None:
+    """With no mesh given and none built, load_hf said "pass mesh=... to the planner" (the
+    checkpoint planner's words): it names its own argument now."""
+    import generated.llama as layout
+    from examples.models import llama
+
+    monkeypatch.setattr(layout.SPEC, "last_mesh", None)
+    with pytest.raises(HFError) as info:
+        getattr(layout, fn)(llama.tiny(), tmp_path / "hf")
+    assert str(info.value) == (
+        f"{fn}: no mesh: pass mesh=... to {fn}, or build the model's mesh with "
+        "build_mesh()/distribute() first"
+    )
+    assert not (tmp_path / "hf").exists()

@@ -34,11 +34,10 @@ from shardspec.core.hfmap import (
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
-from shardspec.inputs.hfmanifest import HFManifest, HFManifestError, load_hf_manifest
+from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import (
     build_hfmap,
     glob_problem,
-    hf_manifest_path,
     key_problem,
     template_problem,
 )
@@ -50,30 +49,6 @@ _DIGITS = re.compile(r"[0-9]+")
 
 def _shape(shape: tuple[int, ...]) -> str:
     return str(list(shape))
-
-
-# ------------------------------------------------------------------------ the HF manifest
-
-
-def load_spec_hf_manifest(spec: ir.Spec) -> tuple[HFManifest | None, list[Diagnostic]]:
-    """The HF manifest an ``hf "FILE"`` block names, or ``None`` with an SS002 (cannot be
-    read) or SS003 (malformed) finding at the file name."""
-    path = hf_manifest_path(spec)
-    if path is None or spec.hf is None:
-        return None, []
-    span = spec.hf.manifest_span or spec.hf.span
-    try:
-        return load_hf_manifest(path), []
-    except HFManifestError as e:
-        if e.code == "SS002":
-            hint = (
-                "the path is relative to the spec's folder; create it with "
-                "`shardspec hf-manifest HF_DIR -o FILE`"
-            )
-            return None, [diag("SS002", str(e), span, hint)]
-        where = path if (e.line, e.col) == (1, 1) else f"{path}:{e.line}:{e.col}"
-        hint = "regenerate it with `shardspec hf-manifest HF_DIR -o FILE`"
-        return None, [diag("SS003", f"{where}: {e}", span, hint)]
 
 
 # ------------------------------------------------------------------------ SS070: the items

@@ -2,65 +2,18 @@
 
 from __future__ import annotations
 
-import os
-
 from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.heads import check_heads_items
-from shardspec.checks.hf import (
-    check_hf_items,
-    check_hf_units,
-    load_spec_hf_manifest,
-    no_hf_manifest,
-)
+from shardspec.checks.hf import check_hf_items, check_hf_units, no_hf_manifest
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.structure import STRUCTURE_CHECKS
 from shardspec.findings.codes import BY_CODE, RETIRED, diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
-from shardspec.inputs.manifest import Manifest, ManifestError, load_manifest
+from shardspec.inputs.load import load_spec_hf_manifest, load_spec_manifest
+from shardspec.inputs.manifest import Manifest
 from shardspec.resolve.params import Resolved, resolve
-
-
-def manifest_path(spec: ir.Spec) -> str | None:
-    """The manifest's path, relative to the spec's folder."""
-    if spec.manifest is None:
-        return None
-    if os.path.isabs(spec.manifest):
-        return spec.manifest
-    return os.path.normpath(os.path.join(os.path.dirname(spec.path) or ".", spec.manifest))
-
-
-def load_spec_manifest(spec: ir.Spec) -> tuple[Manifest | None, list[Diagnostic]]:
-    """The spec's manifest, or ``None`` with an SS002 (unreadable) or SS003 (malformed)
-    diagnostic at the ``manifest`` statement."""
-    path = manifest_path(spec)
-    if path is None:
-        return None, []
-    try:
-        return load_manifest(path), []
-    except ManifestError as e:
-        span = spec.manifest_span or Span(spec.path, 1, 1)
-        msg = str(e)
-        if "cannot read" in msg:
-            return None, [
-                diag(
-                    "SS002",
-                    msg,
-                    span,
-                    "the path is relative to the spec's folder; "
-                    "create it with `shardspec manifest pkg.module:factory -o FILE`",
-                )
-            ]
-        where = path if (e.line, e.col) == (1, 1) else f"{path}:{e.line}:{e.col}"
-        return None, [
-            diag(
-                "SS003",
-                f"{where}: {msg}",
-                span,
-                "regenerate it with `shardspec manifest MODULE:FUNCTION -o FILE`",
-            )
-        ]
 
 
 def check(
@@ -79,10 +32,9 @@ def check(
         diags.extend(c(spec, broken))
     diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:
-        manifest, mdiags = load_spec_manifest(spec)
-        diags.extend(mdiags)
-        if mdiags:
-            use_manifest = False
+        loaded = load_spec_manifest(spec)
+        manifest = loaded.manifest
+        diags.extend(loaded.findings)
     hf_bad: set[int] = set()
     hf_manifest = None
     if spec.hf is not None:
@@ -90,8 +42,9 @@ def check(
         diags.extend(found)
         diags.extend(no_hf_manifest(spec))
         if use_hf_manifest:
-            hf_manifest, found = load_spec_hf_manifest(spec)
-            diags.extend(found)
+            hf_loaded = load_spec_hf_manifest(spec)
+            hf_manifest = hf_loaded.manifest
+            diags.extend(hf_loaded.findings)
     res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
     res.hf_manifest = hf_manifest
     if res.mesh_error and res.mesh_error_code == "SS004":

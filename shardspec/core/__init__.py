@@ -6,6 +6,8 @@
 * :mod:`~shardspec.core.hfmap`: the Hugging Face map model (rules, transforms, parts).
 * :mod:`~shardspec.core.stages`: pipeline stages (which layers each stage holds).
 * :mod:`~shardspec.core.styles`: tensor-parallel styles (which placements a style implies).
+* :mod:`~shardspec.core.paths`: which file names a checkpoint's index may use (inside the
+  folder, symlinks followed).
 
 Standard library only: nothing here imports torch, lark, jinja2 or pydantic.
 """

@@ -4,5 +4,6 @@
 * :mod:`~shardspec.inputs.manifest_build`: ``shardspec manifest``, a manifest from a model.
 * :mod:`~shardspec.inputs.hfmanifest`: the Hugging Face manifest (checkpoint names,
   shapes, config).
-* :mod:`~shardspec.frontend.textfile`: reading text files with errors for people.
+* :mod:`~shardspec.inputs.load`: the manifests a spec names, loaded for the checks (or the
+  SS002/SS003 finding).
 """

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shardspec.core.paths import Escape, escape
 from shardspec.frontend.textfile import read_text
 
 FORMAT = "shardspec-hf-manifest/1"
@@ -189,16 +190,29 @@ def _read_json(path: Path, what: str) -> Any:
         raise HFManifestError(f"{path}: {what} is not valid JSON: nested too deeply") from None
 
 
+_LINK_HINT = (
+    "a Hugging Face cache snapshot links its files into ../../blobs: copy the folder with "
+    "`cp -rL` and run hf-manifest on the copy"
+)
+
+
 def _inside(root: Path, name: object) -> str:
-    """``name`` (a weight_map file) if it is a relative path that stays inside ``root``."""
-    if not isinstance(name, str) or not name:
+    """``name`` (a weight_map file) if it is a file inside ``root`` (the rule of
+    :mod:`shardspec.core.paths`, which load_hf applies too)."""
+    why = escape(root, name)
+    if why is Escape.NO_NAME:
         raise HFManifestError(f"{root / INDEX}: weight_map names a file that is not a string")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        raise HFManifestError(f"{root / INDEX}: weight_map file {name!r} is an absolute path")
-    parts = re.split(r"[\\/]", name)
-    if ".." in parts:
-        raise HFManifestError(f"{root / INDEX}: weight_map file {name!r} escapes the directory")
-    return "/".join(p for p in parts if p not in ("", "."))
+    if why is not None:
+        hint = _LINK_HINT if why is Escape.LINK_OUT else ""
+        raise HFManifestError(f"{root / INDEX}: weight_map file {name!r} {why.value}", hint=hint)
+    assert isinstance(name, str)
+    return name
+
+
+def _fixed_inside(root: Path, name: str) -> None:
+    """Refuse the index or the single file when it links out of ``root`` (as load_hf does)."""
+    if escape(root, name) is not None:
+        raise HFManifestError(f"{root / name} {Escape.LINK_OUT.value}", hint=_LINK_HINT)
 
 
 def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
@@ -216,6 +230,7 @@ def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
     index_path = root / INDEX
     files: dict[str, list[str] | None] = {}
     if index_path.is_file():
+        _fixed_inside(root, INDEX)
         index = _read_json(index_path, INDEX)
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict):
@@ -223,6 +238,7 @@ def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
         for key, name in wmap.items():
             files.setdefault(_inside(root, name), []).append(key)  # type: ignore[union-attr]
     elif (root / SINGLE).is_file():
+        _fixed_inside(root, SINGLE)
         files[SINGLE] = None
     else:
         raise HFManifestError(

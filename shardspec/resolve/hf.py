@@ -7,7 +7,6 @@ and the runtime reads that table. No torch, no lark.
 
 from __future__ import annotations
 
-import os
 import re
 
 from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
@@ -77,12 +76,3 @@ def _segments_problem(text: str) -> str | None:
     if text.startswith(".") or text.endswith(".") or ".." in text:
         return "a name has an empty segment (a leading, trailing or doubled `.`)"
     return None
-
-
-def hf_manifest_path(spec: ir.Spec) -> str | None:
-    """The HF manifest's path, relative to the spec's folder (like ``manifest``)."""
-    if spec.hf is None or spec.hf.manifest is None:
-        return None
-    if os.path.isabs(spec.hf.manifest):
-        return spec.hf.manifest
-    return os.path.normpath(os.path.join(os.path.dirname(spec.path) or ".", spec.hf.manifest))

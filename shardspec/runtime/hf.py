@@ -52,6 +52,7 @@ from shardspec.core.hfmap import (
     unit_names,
 )
 from shardspec.core.layout import Mesh, ParamLayout
+from shardspec.core.paths import inside
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
@@ -116,34 +117,111 @@ class _GlobalUnit:
     fused: Fused | None = None  # the parameter's fused dimension, for a component
 
 
+@dataclass(frozen=True)
+class _Param:
+    """A parameter's layout, and where its name-indexed captures are in its name."""
+
+    layout: ParamLayout
+    spans: list[tuple[int, int]]
+
+
+@dataclass
+class _Model:
+    """One rank's model in the whole model's terms: its own units and tensors (``local``,
+    under its save or load ``plan``), and every parameter of the whole model by global
+    name, with its layout and dtype, and every storage unit (the same on every rank)."""
+
+    plan: CanonicalPlan
+    local: dict[str, tuple[Unit, torch.Tensor]]
+    names: Names
+    params: dict[str, _Param]
+    dtypes: dict[str, torch.dtype]
+    units: dict[str, _GlobalUnit]
+
+
 def _model_state(model: Any) -> dict[str, Any]:
     if isinstance(model, Mapping):
         return dict(model)
     return dict(model.state_dict(keep_vars=True))
 
 
-def _layouts(
+def _mesh_and_rank(spec: CompiledSpec, mesh: Any, caller: str) -> tuple[Mesh, int]:
+    """The layout mesh and this rank, for ``caller`` (``load_hf``, ``export_hf``): its own
+    error, naming its own ``mesh=`` argument, when there is no mesh."""
+    mesh = mesh if mesh is not None else spec.last_mesh
+    if mesh is None:
+        raise HFError(
+            f"{caller}: no mesh: pass mesh=... to {caller}, or build the model's mesh with "
+            "build_mesh()/distribute() first"
+        )
+    return mesh_and_rank(spec, mesh)
+
+
+def _model(spec: CompiledSpec, lm: Mesh, rank: int, model: Any, *, saving: bool) -> _Model:
+    """Cut the model into this rank's units and describe the whole model, the same on every
+    rank. Without a pipeline the whole model's parameters are the model's own (every rank
+    holds a part of each). With one, a rank's model holds only its stage's: the whole
+    model's parameters come from the manifest, other stages' dtypes from its dtype strings."""
+    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
+    plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=saving)
+    names = Names(spec, lm, rank)
+    dtypes = {names.global_of(u.source): t.dtype for u, t in local.values()}
+    if names.stages is None:
+        params = _params(spec, names, lm, flat, {u.source for u, _ in local.values()})
+    else:
+        params = _stage_params(spec, names, lm)
+        dtypes |= _manifest_dtypes(names, params, dtypes)
+    return _Model(plan, local, names, params, dtypes, _global_units(params, dtypes))
+
+
+def _params(
     spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], keys: Iterable[str]
-) -> dict[str, tuple[ParamLayout, list[tuple[int, int]]]]:
+) -> dict[str, _Param]:
     """The layout of each parameter in ``keys``, and where its name-indexed captures are."""
     counts = virtual_counts(spec, names, flat)
     out = {}
     for key in sorted(keys):
         shape = tuple(flat[key].shape) if names.table is None else None
         layout = spec.layout(key, lm, shape, counts.get(key))
-        out[key] = (layout, names.virtual_spans(key, layout))
+        out[key] = _Param(layout, names.virtual_spans(key, layout))
     return out
 
 
+def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, _Param]:
+    """Pipeline stages: every parameter of the whole model, from the manifest."""
+    assert names.stages is not None
+    if names.table is None:
+        raise HFError(
+            f"spec {spec.name!r} has pipeline stages, but its manifest does not describe the "
+            f"model on mesh {dict(zip(lm.names, lm.sizes, strict=True))} (its local axes were "
+            f"built at {spec.built_sizes}): load_hf/export_hf of a stage need the other "
+            "stages' parameters from the manifest"
+        )
+    out = {}
+    for fqn in sorted(names.stages.stage):
+        if spec.is_ignored(fqn):
+            continue
+        layout = spec.layout(fqn, lm)
+        out[fqn] = _Param(layout, names.virtual_spans(fqn, layout))
+    return out
+
+
+def _manifest_dtypes(
+    names: Names, params: Iterable[str], held: Mapping[str, torch.dtype]
+) -> dict[str, torch.dtype]:
+    """The manifest's dtypes of the parameters this rank does not hold."""
+    assert names.table is not None
+    return {f: _torch_dtype(names.table[f].dtype, f) for f in params if f not in held}
+
+
 def _global_units(
-    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]],
-    dtypes: Mapping[str, torch.dtype],
+    params: Mapping[str, _Param], dtypes: Mapping[str, torch.dtype]
 ) -> dict[str, _GlobalUnit]:
     """Every storage unit of every rank (the same on every rank), by name."""
     out: dict[str, _GlobalUnit] = {}
-    for key, (layout, spans) in layouts.items():
-        fused = fused_of(layout.dims)
-        for name, shape in unit_names(key, layout.dims, spans):
+    for key, p in params.items():
+        fused = fused_of(p.layout.dims)
+        for name, shape in unit_names(key, p.layout.dims, p.spans):
             out.setdefault(name, _GlobalUnit(name, shape, dtypes[key], fused))
     return out
 
@@ -156,82 +234,23 @@ def _torch_dtype(name: str, fqn: str) -> torch.dtype:
     return dt
 
 
-def _whole_model(
-    spec: CompiledSpec,
-    lm: Mesh,
-    rank: int,
-    flat: Mapping[str, Any],
-    local: Mapping[str, tuple[Unit, torch.Tensor]],
-) -> tuple[Names, dict[str, tuple[ParamLayout, list[tuple[int, int]]]], dict[str, torch.dtype]]:
-    """The names, the layout of every parameter (by global name, with its name-indexed
-    captures' spans) and every parameter's dtype, the same on every rank.
-
-    Without a pipeline these are the model's own parameters (every rank holds a part of
-    each). With one, a rank's model holds only its stage's: the whole model's parameters
-    come from the manifest, other stages' dtypes from its dtype strings."""
-    names = Names(spec, lm, rank)
-    dtypes = {names.global_of(u.source): t.dtype for u, t in local.values()}
-    if names.stages is None:
-        keys = {u.source for u, _ in local.values()}
-        return names, _layouts(spec, names, lm, flat, keys), dtypes
-    table = names.table
-    if table is None:
-        raise HFError(
-            f"spec {spec.name!r} has pipeline stages, but its manifest does not describe the "
-            f"model on mesh {dict(zip(lm.names, lm.sizes, strict=True))} (its local axes were "
-            f"built at {spec.built_sizes}): load_hf/export_hf of a stage need the other "
-            "stages' parameters from the manifest"
-        )
-    layouts = {}
-    for fqn in sorted(names.stages.stage):
-        if spec.is_ignored(fqn):
-            continue
-        layout = spec.layout(fqn, lm)
-        layouts[fqn] = (layout, names.virtual_spans(fqn, layout))
-        if fqn not in dtypes:
-            dtypes[fqn] = _torch_dtype(table[fqn].dtype, fqn)
-    return names, layouts, dtypes
-
-
 # ----------------------------------------------------------------------------- the files
-
-
-def _inside(root: str, rel: str) -> str | None:
-    """``root/rel`` if ``rel`` is a plain relative path that stays inside ``root``."""
-    if not rel or os.path.isabs(rel) or "\\" in rel:
-        return None
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return None
-    full = os.path.join(root, rel)
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([os.path.realpath(full), real_root]) != real_root:
-        return None  # a symlink pointing out of the checkpoint
-    return full
 
 
 def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """``key -> file`` of the checkpoint at ``path`` and the problems found on the way
-    (a single-file checkpoint is opened here, into ``handles``)."""
+    (a single-file checkpoint is opened here, into ``handles``). Every file must be inside
+    the folder (:mod:`shardspec.core.paths`)."""
     if not os.path.isdir(path):
         raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
-        if _inside(path, INDEX) is None:
+        if not inside(path, INDEX):
             raise HFError(f"{index} points outside the checkpoint directory {path}")
-        try:
-            with open(index, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError) as e:
-            raise HFError(f"{index}: not readable JSON ({e})") from None
-        wm = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(wm, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
-        ):
-            raise HFError(f"{index}: no 'weight_map' object of key -> file name")
+        wm = _read_index(index)
         problems = []
         for key, rel in sorted(wm.items()):
-            if _inside(path, rel) is None:
+            if not inside(path, rel):
                 problems.append(
                     f"{key}: weight_map points to {rel!r}, outside the checkpoint directory {path}"
                 )
@@ -239,13 +258,28 @@ def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], lis
                 problems.append(
                     f"{key}: weight_map points to {rel!r}, which does not exist in {path}"
                 )
-        return dict(wm), problems
+        return wm, problems
     single = os.path.join(path, SINGLE)
     if not os.path.isfile(single):
         raise HFError(f"{path}: neither {INDEX} nor {SINGLE} is there")
-    if _inside(path, SINGLE) is None:  # as index entries are: no link out of the folder
+    if not inside(path, SINGLE):  # as index entries are: no link out of the folder
         raise HFError(f"{single} points outside the checkpoint directory {path}")
     return {key: SINGLE for key in _open(path, SINGLE, handles).keys()}, []
+
+
+def _read_index(index: str) -> dict[str, str]:
+    """The ``weight_map`` of the index file ``index``."""
+    try:
+        with open(index, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise HFError(f"{index}: not readable JSON ({e})") from None
+    wm = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wm, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
+    ):
+        raise HFError(f"{index}: no 'weight_map' object of key -> file name")
+    return dict(wm)
 
 
 def _open(root: str, rel: str, handles: dict[str, Any]) -> Any:
@@ -375,6 +409,60 @@ def _progress(total: int, enabled: bool | None, rank: int) -> Any:
     return tqdm(total=total, unit="B", unit_scale=True, desc="load_hf")
 
 
+@dataclass
+class _Checkpoint:
+    """The checkpoint folder: which file holds each key, and its files' safetensors
+    handles (each opened once)."""
+
+    path: str
+    weight_map: dict[str, str]
+    handles: dict[str, Any]
+
+    def handle(self, key: str) -> Any:
+        return self.handles[self.weight_map[key]]
+
+
+@dataclass
+class _Keys:
+    """The Hugging Face keys the mapping reads, against the checkpoint's index."""
+
+    # needed key -> the key read for it (itself, or the source of the tie it aliases)
+    read_from: dict[str, str] = field(default_factory=dict)
+    # needed key -> its shape by the mapping (read or missing)
+    expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # missing and unexpected keys
+
+
+@dataclass(frozen=True)
+class _Box:
+    """One slice read: the box ``offsets``/``sizes`` (in the model's coordinates) of the
+    tensor that the Hugging Face key ``key`` maps to."""
+
+    key: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _UnitRead:
+    """What fills one of this rank's storage-unit chunks: one box, or with a stacked
+    source one box per stacked entry (stacked along the unit's first dimension)."""
+
+    unit: Unit
+    tensor: torch.Tensor
+    source: Source
+    boxes: tuple[_Box, ...]
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A chunk read, cast to its tensor's dtype and device, not yet in the model."""
+
+    unit: Unit
+    tensor: torch.Tensor
+    data: torch.Tensor
+
+
 def load_hf(
     spec: CompiledSpec,
     hfmap: HFMap,
@@ -401,116 +489,149 @@ def load_hf(
     ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
     """
     path = os.fspath(path)
-    lm, rank = mesh_and_rank(spec, mesh)
-    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
-    _plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=False)
-    _names, layouts, dtypes = _whole_model(spec, lm, rank, flat, local)
-    units = _global_units(layouts, dtypes)
-    sources, problems = _resolve_sources(hfmap, units, strict)
+    lm, rank = _mesh_and_rank(spec, mesh, "load_hf")
+    m = _model(spec, lm, rank, model, saving=False)
+    sources, problems = _resolve_sources(hfmap, m.units, strict)
     handles: dict[str, Any] = {}
     weight_map, file_problems = _weight_map(path, handles)
-    problems += file_problems
+    keys = _needed_keys(hfmap, sources, weight_map)
+    _raise(problems + file_problems + keys.problems, path)
 
-    # Which HF key each needed key is read from (itself, or a tie's source).
-    read_from: dict[str, str] = {}
-    expected: dict[str, tuple[int, ...]] = {}
+    ckpt = _Checkpoint(path, weight_map, handles)
+    report = HFLoadReport()
+    _open_files(ckpt, report)
+    _raise(_shape_problems(ckpt, keys), path)
+    reads = _rank_reads(m.local, sources, keys.read_from)
+    _place(_stage(ckpt, reads, report, _progress(_nbytes(reads), progress, rank)))
+    return report
+
+
+def _needed_keys(
+    hfmap: HFMap, sources: Mapping[str, Source], weight_map: Mapping[str, str]
+) -> _Keys:
+    """Which key each needed Hugging Face key is read from, the shape it must have, and
+    the index's missing and unexpected keys."""
+    out = _Keys()
     for name, src in sources.items():
         for key in src.keys:
-            expected[key] = src.shape
+            out.expected[key] = src.shape
             if key in weight_map:
-                read_from[key] = key
+                out.read_from[key] = key
             elif (tied := hfmap.tie_of(key)) is not None and tied in weight_map:
-                read_from[key] = tied
+                out.read_from[key] = tied
             else:
-                problems.append(f"{key}: missing from the checkpoint (needed for {name})")
+                out.problems.append(f"{key}: missing from the checkpoint (needed for {name})")
     aliases = {a for a, _ in hfmap.ties}
     for key in sorted(weight_map):
-        if key not in expected and key not in aliases and not hfmap.dropped(key):
-            problems.append(f"{key}: unexpected key (the hf mapping neither reads nor drops it)")
-    _raise(problems, path)
+        if key not in out.expected and key not in aliases and not hfmap.dropped(key):
+            out.problems.append(
+                f"{key}: unexpected key (the hf mapping neither reads nor drops it)"
+            )
+    return out
 
-    # Open every file once, on every rank, and check every needed key's shape there, so
-    # all ranks agree on whether the checkpoint is good without talking to each other.
-    report = HFLoadReport()
+
+def _open_files(ckpt: _Checkpoint, report: HFLoadReport) -> None:
+    """Open every file of the index once, on every rank, so all ranks agree on whether the
+    checkpoint is good without talking to each other."""
     bad_files = []
-    for rel in sorted(set(weight_map.values())):
+    for rel in sorted(set(ckpt.weight_map.values())):
         try:
-            _open(path, rel, handles)
+            _open(ckpt.path, rel, ckpt.handles)
         except HFError as e:
             bad_files.append(str(e))
-    report.files_opened = {rel: 1 for rel in handles}
-    _raise(bad_files, path)
-    file_keys = {rel: set(h.keys()) for rel, h in handles.items()}
-    for key, source_key in sorted(read_from.items()):
-        rel = weight_map[source_key]
+    report.files_opened = {rel: 1 for rel in ckpt.handles}
+    _raise(bad_files, ckpt.path)
+
+
+def _shape_problems(ckpt: _Checkpoint, keys: _Keys) -> list[str]:
+    """Every needed key's presence and shape in the file the index puts it in."""
+    file_keys = {rel: set(h.keys()) for rel, h in ckpt.handles.items()}
+    problems = []
+    for key, source_key in sorted(keys.read_from.items()):
+        rel = ckpt.weight_map[source_key]
         if source_key not in file_keys[rel]:
             problems.append(f"{source_key}: the index puts it in {rel}, which does not hold it")
             continue
-        got = tuple(handles[rel].get_slice(source_key).get_shape())
-        if got != expected[key]:
+        got = tuple(ckpt.handles[rel].get_slice(source_key).get_shape())
+        if got != keys.expected[key]:
             problems.append(
                 f"{source_key}: shape {list(got)} in {rel}, the mapping expects "
-                f"{list(expected[key])}"
+                f"{list(keys.expected[key])}"
             )
-    _raise(problems, path)
+    return problems
 
-    # Read this rank's chunks into staging buffers.
-    todo: list[tuple[Unit, torch.Tensor, Source]] = []
+
+def _rank_reads(
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
+    sources: Mapping[str, Source],
+    read_from: Mapping[str, str],
+) -> list[_UnitRead]:
+    """The slices that fill this rank's (non-empty, mapped) storage-unit chunks."""
+    out = []
     for unit, tensor in local.values():
         src = sources.get(unit.key)
         if src is None or unit.empty:
             continue
-        todo.append((unit, tensor, src))
-    total = sum(math.prod(u.sizes) * t.element_size() for u, t, _ in todo)
-    bar = _progress(total, progress, rank)
-    staged: list[tuple[Unit, torch.Tensor, torch.Tensor]] = []
+        if src.stacked:
+            first, count = unit.offsets[0], unit.sizes[0]
+            boxes = tuple(
+                _Box(read_from[src.keys[e]], unit.offsets[1:], unit.sizes[1:])
+                for e in range(first, first + count)
+            )
+        else:
+            boxes = (_Box(read_from[src.keys[0]], unit.offsets, unit.sizes),)
+        out.append(_UnitRead(unit, tensor, src, boxes))
+    return out
+
+
+def _nbytes(reads: Sequence[_UnitRead]) -> int:
+    """The bytes the reads fill, in the model's dtypes."""
+    return sum(math.prod(r.unit.sizes) * r.tensor.element_size() for r in reads)
+
+
+def _stage(
+    ckpt: _Checkpoint, reads: Sequence[_UnitRead], report: HFLoadReport, bar: Any
+) -> list[_Staged]:
+    """Read every chunk into a staging buffer (the model is not touched); any failure is
+    an :class:`HFError` that says so."""
+    staged = []
     try:
-        for unit, tensor, src in todo:
-            if src.stacked:
-                first, count = unit.offsets[0], unit.sizes[0]
-                parts = []
-                for e in range(first, first + count):
-                    key = read_from[src.keys[e]]
-                    parts.append(
-                        _read_box(
-                            handles[weight_map[key]],
-                            key,
-                            src.transforms,
-                            unit.offsets[1:],
-                            unit.sizes[1:],
-                            src.split,
-                        )
-                    )
-                    report.reads += 1
-                box = torch.stack(parts)
-            else:
-                key = read_from[src.keys[0]]
-                box = _read_box(
-                    handles[weight_map[key]],
-                    key,
-                    src.transforms,
-                    unit.offsets,
-                    unit.sizes,
-                    src.split,
-                )
-                report.reads += 1
+        for r in reads:
+            box = _read_unit(ckpt, r)
+            report.reads += len(r.boxes)
             report.bytes_read += box.numel() * box.element_size()
-            report.bytes_owned += math.prod(unit.sizes) * box.element_size()
-            staged.append((unit, tensor, box.to(dtype=tensor.dtype, device=tensor.device)))
+            report.bytes_owned += math.prod(r.unit.sizes) * box.element_size()
+            data = box.to(dtype=r.tensor.dtype, device=r.tensor.device)
+            staged.append(_Staged(r.unit, r.tensor, data))
             report.units += 1
             if bar is not None:
-                bar.update(math.prod(unit.sizes) * tensor.element_size())
+                bar.update(math.prod(r.unit.sizes) * r.tensor.element_size())
     except HFError:
         raise
     except Exception as e:
-        raise HFError(f"reading {path} failed; the model was not changed: {e}") from e
+        raise HFError(f"reading {ckpt.path} failed; the model was not changed: {e}") from e
     finally:
         if bar is not None:
             bar.close()
+    return staged
+
+
+def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> torch.Tensor:
+    """One chunk's boxes, read (and stacked for a stacked source)."""
+    src = r.source
+    parts = [
+        _read_box(ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split)
+        for b in r.boxes
+    ]
+    return torch.stack(parts) if src.stacked else parts[0]
+
+
+def _place(staged: Sequence[_Staged]) -> None:
+    """Copy the staged chunks into the model."""
     with torch.no_grad():
-        for unit, tensor, box in staged:
-            unit_commit(unit, tensor, box.reshape(unit.sizes) if box.shape != unit.sizes else box)
-    return report
+        for s in staged:
+            data = s.data.reshape(s.unit.sizes) if s.data.shape != s.unit.sizes else s.data
+            unit_commit(s.unit, s.tensor, data)
 
 
 # -------------------------------------------------------------------------------- export
@@ -518,34 +639,70 @@ def load_hf(
 
 @dataclass
 class _Chunk:
+    """A stored chunk of a unit, and the one rank that sends it to the unit's writer."""
+
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-    writer: int
+    sender: int
+
+
+@dataclass
+class _ExportPlan:
+    """Who sends and who writes what, the same on every rank."""
+
+    units: list[_GlobalUnit]  # the units written, by name
+    sources: dict[str, Source]  # unit name -> the Hugging Face tensor(s) it is written as
+    writer: dict[str, int]  # unit name -> the rank that writes its tensor(s)
+    chunks: dict[str, list[_Chunk]]  # unit name -> its stored chunks, each with its sender
+
+
+def _export_plan(
+    spec: CompiledSpec,
+    hfmap: HFMap,
+    lm: Mesh,
+    m: _Model,
+    sources: dict[str, Source],
+    path: str,
+) -> _ExportPlan:
+    """The writer of every unit (balanced by bytes, tie aliases with their sources) and the
+    sender of every stored chunk."""
+    units = m.units
+    plan_of: Callable[[str], CanonicalPlan] = lambda _fqn: m.plan  # noqa: E731
+    if m.names.stages is not None:
+        # Each rank's plan knows only its stage's senders: every rank computes every
+        # stage's, from the stage's structure, with the dtypes every rank really holds.
+        dtypes = _stage_dtypes(spec, m.names, m.local, m.dtypes, path)
+        units = _global_units(m.params, dtypes)
+        plan_of = _stage_plans(spec, lm, m.names, dtypes)
+    chunks = _global_chunks(m.names, lm, m.params, plan_of)
+    todo = [units[n] for n in sorted(sources)]
+    writer = _colocate_ties(hfmap, sources, _assign(_bundles(todo, sources), lm.world))
+    return _ExportPlan(todo, sources, writer, chunks)
 
 
 def _global_chunks(
     names: Names,
     lm: Mesh,
-    layouts: Mapping[str, tuple[ParamLayout, list[tuple[int, int]]]],
+    params: Mapping[str, _Param],
     plan_of: Callable[[str], CanonicalPlan],
 ) -> dict[str, list[_Chunk]]:
     """Every stored chunk of every unit, with the one rank that sends it (``plan_of``: the
     save plan whose writer choice holds for a parameter, by global name)."""
     out: dict[str, list[_Chunk]] = {}
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    for key, (layout, spans) in layouts.items():
-        pieces = rank_pieces(layout, lm)
-        groups = replica_groups(layout, lm)
+    for key, p in params.items():
+        pieces = rank_pieces(p.layout, lm)
+        groups = replica_groups(p.layout, lm)
         for r, row in enumerate(pieces):
             for k, piece in enumerate(row):
-                name = names.canonical(key, layout, piece.virtual_start, spans)
+                name = names.canonical(key, p.layout, piece.virtual_start, p.spans)
                 if piece.component is not None:
                     name = f"{name}.{piece.component}"
                 if any(s == 0 for s in piece.sizes) or (name, piece.offsets) in seen:
                     continue
                 seen.add((name, piece.offsets))
-                writer = plan_of(key).writer_of(name, piece.offsets, groups[r][k])
-                out.setdefault(name, []).append(_Chunk(piece.offsets, piece.sizes, writer))
+                sender = plan_of(key).writer_of(name, piece.offsets, groups[r][k])
+                out.setdefault(name, []).append(_Chunk(piece.offsets, piece.sizes, sender))
     return out
 
 
@@ -937,146 +1094,64 @@ def _export_hf(
     overwrite: bool,
     dtype: torch.dtype | None,
 ) -> HFExportReport:
-    lm, rank = mesh_and_rank(spec, mesh)
-    world = lm.world
-    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
-    plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=True)
-    names, layouts, dtypes = _whole_model(spec, lm, rank, flat, local)
-    units = _global_units(layouts, dtypes)
-    sources, problems = _resolve_sources(hfmap, units, strict=True)
-    problems += _written_twice(sources)
-    _raise(problems, path)
+    lm, rank = _mesh_and_rank(spec, mesh, "export_hf")
+    m = _model(spec, lm, rank, model, saving=True)
+    sources, problems = _resolve_sources(hfmap, m.units, strict=True)
+    _raise(problems + _written_twice(sources), path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
     _check_config(config)
-    plan_of: Callable[[str], CanonicalPlan] = lambda _fqn: plan  # noqa: E731
-    if names.stages is not None:
-        # Each rank's plan knows only its stage's writers: every rank computes every
-        # stage's, from the stage's structure, with the dtypes every rank really holds.
-        dtypes = _stage_dtypes(spec, names, local, dtypes, path)
-        units = _global_units(layouts, dtypes)
-        plan_of = _stage_plans(spec, lm, names, dtypes)
-    chunks = _global_chunks(names, lm, layouts, plan_of)
-    todo = [units[n] for n in sorted(sources)]
-    dest = _colocate_ties(hfmap, sources, _assign(_bundles(todo, sources), world))
+    plan = _export_plan(spec, hfmap, lm, m, sources, path)
+    return _export(hfmap, plan, m.local, rank, path, config, dtype)
 
-    partial = path + ".partial"
-    return _export(
-        hfmap,
-        lm,
-        rank,
-        world,
-        path,
-        partial,
-        todo,
-        dest,
-        chunks,
-        units,
-        sources,
-        local,
-        config,
-        dtype,
-    )
+
+@dataclass
+class _Transfers:
+    """This rank's part of the chunk exchange: what it sends to each writer, and what it
+    receives (unit name, chunk, bytes, in order) from each sender."""
+
+    outgoing: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    incoming: dict[int, list[tuple[str, _Chunk, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _RankTensors:
+    """The Hugging Face tensors this rank writes, and which rank writes every key."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    writer_of: dict[str, int] = field(default_factory=dict)
 
 
 def _export(
     hfmap: HFMap,
-    lm: Mesh,
+    plan: _ExportPlan,
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
     rank: int,
-    world: int,
     path: str,
-    partial: str,
-    todo: list,
-    dest: dict,
-    chunks: dict,
-    units: dict,
-    sources: dict,
-    local: Mapping,
     config: Any,
     dtype: torch.dtype | None,
 ) -> HFExportReport:
     """export_hf's collective part: every failure on one rank ends in an exchange of
     errors, so all ranks raise together instead of leaving the others waiting."""
+    partial = path + ".partial"
     _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
-    mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
-
-    # Send every chunk to its unit's writer: one message per (sender, receiver) pair.
     report = HFExportReport()
+    transfers = _transfers(plan, local, rank)
     device = next((t.device for _, t in local.values()), torch.device("cpu"))
-    outgoing: dict[int, list[torch.Tensor]] = {}
-    incoming: dict[int, list[tuple[str, _Chunk, int]]] = {}
-    for u in todo:
-        for c in chunks.get(u.name, []):
-            nbytes = math.prod(c.sizes) * u.dtype.itemsize
-            if c.writer == rank:
-                unit, tensor = mine[(u.name, c.offsets)]
-                data = unit_data(unit, tensor).contiguous()
-                outgoing.setdefault(dest[u.name], []).append(data.reshape(-1).view(torch.uint8))
-            if dest[u.name] == rank:
-                incoming.setdefault(c.writer, []).append((u.name, c, nbytes))
-    recv_bufs: dict[int, torch.Tensor] = {}
-    ops = []
-    for peer, parts in sorted(outgoing.items()):
-        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if peer == rank:
-            recv_bufs[rank] = buf
-            continue
-        report.bytes_sent += buf.numel()
-        ops.append(dist.P2POp(dist.isend, buf, peer))
-    for peer, parts in sorted(incoming.items()):
-        if peer == rank:
-            continue
-        n = sum(nb for _, _, nb in parts)
-        buf = torch.empty(n, dtype=torch.uint8, device=device)
-        report.bytes_received += n
-        recv_bufs[peer] = buf
-        ops.append(dist.P2POp(dist.irecv, buf, peer))
-    # One batch: NCCL would deadlock on separate sends and receives between two ranks
-    # that both send first. (The collective in _agree above makes this not the group's
-    # first communication, as NCCL requires of a batch that not every rank joins.)
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-
-    # Assemble this rank's tensors and write them.
-    fulls = {u.name: torch.empty(u.shape, dtype=u.dtype) for u in todo if dest[u.name] == rank}
-    for peer, parts in incoming.items():
-        buf, pos = recv_bufs[peer].cpu(), 0
-        for name, c, nb in parts:
-            piece = buf[pos : pos + nb].view(units[name].dtype).view(c.sizes)
-            fulls[name][tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))] = (
-                piece
-            )
-            pos += nb
-    tensors: dict[str, torch.Tensor] = {}
-    weight_map: dict[str, int] = {}
-    writers = sorted({dest[u.name] for u in todo})
-    for u in todo:
-        src = sources[u.name]
-        for k, key in enumerate(src.keys):
-            weight_map[key] = dest[u.name]
-            if dest[u.name] != rank:
-                continue
-            part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
-            if dtype is not None:
-                part = part.to(dtype)
-            if src.split is None:
-                tensors[key] = part
-                continue
-            # A part of a split tensor: its place along the split dimension.
-            whole = tensors.get(key)
-            if whole is None:
-                whole = tensors[key] = torch.empty(src.shape, dtype=part.dtype)
-            whole.narrow(src.split.dim, src.split.start, src.split.size).copy_(part)
-    ties = _tie_decisions(hfmap, tensors, _config_ties(config))
+    received = _exchange(transfers, rank, device, report)
+    fulls = _assemble(plan, transfers, received, rank)
+    out = _hf_tensors(plan, fulls, rank, dtype)
+    ties = _tie_decisions(hfmap, out.tensors, _config_ties(config))
     tie_error = ties.pop(None, None)
     for key in _gather_keys(set(ties)):  # aliases not written, from every writer
-        tensors.pop(key, None)
-        weight_map.pop(key, None)
+        out.tensors.pop(key, None)
+        out.writer_of.pop(key, None)
         report.aliases_not_written.append(key)
+    writers = sorted(set(plan.writer.values()))
     file_of = {
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
     }
+    tensors = out.tensors
     if tensors:
         report.file = file_of[rank]
         report.tensors = len(tensors)
@@ -1087,17 +1162,124 @@ def _export(
     _agree(mine, path, partial)
     error = None
     if rank == 0:
-        skipped = set(report.aliases_not_written)
-        total = sum(
-            math.prod(u.shape) // len(sources[u.name].keys) * (dtype or u.dtype).itemsize
-            for u in todo
-            for key in sources[u.name].keys
-            if key not in skipped
-        )
-        index = {
-            "metadata": {"total_size": total},
-            "weight_map": {k: file_of[r] for k, r in sorted(weight_map.items())},
-        }
+        index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), dtype)
         error = _attempt(lambda: _finish(partial, path, index, config))
     _agree(error, path, partial)
     return report
+
+
+def _transfers(
+    plan: _ExportPlan, local: Mapping[str, tuple[Unit, torch.Tensor]], rank: int
+) -> _Transfers:
+    """Every chunk this rank sends (its bytes, by writer) and receives (by sender): one
+    message per (sender, writer) pair."""
+    mine = {(u.key, u.offsets): (u, t) for u, t in local.values()}
+    out = _Transfers()
+    for u in plan.units:
+        writer = plan.writer[u.name]
+        for c in plan.chunks.get(u.name, []):
+            nbytes = math.prod(c.sizes) * u.dtype.itemsize
+            if c.sender == rank:
+                unit, tensor = mine[(u.name, c.offsets)]
+                data = unit_data(unit, tensor).contiguous()
+                out.outgoing.setdefault(writer, []).append(data.reshape(-1).view(torch.uint8))
+            if writer == rank:
+                out.incoming.setdefault(c.sender, []).append((u.name, c, nbytes))
+    return out
+
+
+def _exchange(
+    transfers: _Transfers, rank: int, device: torch.device, report: HFExportReport
+) -> dict[int, torch.Tensor]:
+    """Send and receive every message in one batch; the bytes received, by sender (this
+    rank's own chunks included, not sent)."""
+    received: dict[int, torch.Tensor] = {}
+    ops = []
+    for peer, parts in sorted(transfers.outgoing.items()):
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if peer == rank:
+            received[rank] = buf
+            continue
+        report.bytes_sent += buf.numel()
+        ops.append(dist.P2POp(dist.isend, buf, peer))
+    for peer, parts in sorted(transfers.incoming.items()):
+        if peer == rank:
+            continue
+        n = sum(nb for _, _, nb in parts)
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        report.bytes_received += n
+        received[peer] = buf
+        ops.append(dist.P2POp(dist.irecv, buf, peer))
+    # One batch: NCCL would deadlock on separate sends and receives between two ranks
+    # that both send first. (The collective in _agree before it makes this not the group's
+    # first communication, as NCCL requires of a batch that not every rank joins.)
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    return received
+
+
+def _assemble(
+    plan: _ExportPlan, transfers: _Transfers, received: Mapping[int, torch.Tensor], rank: int
+) -> dict[str, torch.Tensor]:
+    """The whole tensor of every unit this rank writes, from the chunks received."""
+    dtype_of = {u.name: u.dtype for u in plan.units}
+    fulls = {
+        u.name: torch.empty(u.shape, dtype=u.dtype)
+        for u in plan.units
+        if plan.writer[u.name] == rank
+    }
+    for peer, parts in transfers.incoming.items():
+        buf, pos = received[peer].cpu(), 0
+        for name, c, nb in parts:
+            piece = buf[pos : pos + nb].view(dtype_of[name]).view(c.sizes)
+            box = tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))
+            fulls[name][box] = piece
+            pos += nb
+    return fulls
+
+
+def _hf_tensors(
+    plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, dtype: torch.dtype | None
+) -> _RankTensors:
+    """The Hugging Face tensors this rank writes (its units through the mapping's
+    transforms, split parts placed in their tensor), and every key's writer."""
+    out = _RankTensors()
+    for u in plan.units:
+        src, writer = plan.sources[u.name], plan.writer[u.name]
+        for k, key in enumerate(src.keys):
+            out.writer_of[key] = writer
+            if writer != rank:
+                continue
+            part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
+            if dtype is not None:
+                part = part.to(dtype)
+            if src.split is None:
+                out.tensors[key] = part
+                continue
+            # A part of a split tensor: its place along the split dimension.
+            whole = out.tensors.get(key)
+            if whole is None:
+                whole = out.tensors[key] = torch.empty(src.shape, dtype=part.dtype)
+            whole.narrow(src.split.dim, src.split.start, src.split.size).copy_(part)
+    return out
+
+
+def _index(
+    plan: _ExportPlan,
+    writer_of: Mapping[str, int],
+    file_of: Mapping[int, str],
+    skipped: set[str],
+    dtype: torch.dtype | None,
+) -> dict[str, Any]:
+    """The checkpoint's ``model.safetensors.index.json``."""
+    total = sum(
+        math.prod(u.shape) // len(plan.sources[u.name].keys) * (dtype or u.dtype).itemsize
+        for u in plan.units
+        for key in plan.sources[u.name].keys
+        if key not in skipped
+    )
+    return {
+        "metadata": {"total_size": total},
+        "weight_map": {k: file_of[r] for k, r in sorted(writer_of.items())},
+    }

@@ -62,30 +62,34 @@ def _safetensors(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", [hfmod.SINGLE, hfmod.INDEX])
-def test_checkpoint_files_linked_out_of_the_folder_are_refused(tmp_path: Path, name: str) -> None:
-    """Index entries pointing outside were refused, but a single-file checkpoint (or the
-    index itself) linked out of the folder was read."""
+def test_checkpoint_files_linked_from_elsewhere_are_read_but_not_through_linked_folders(
+    tmp_path: Path, name: str
+) -> None:
+    """One rule for the index, the single file and index entries (core/paths.py): a file may
+    be a link to anywhere (Hugging Face's cache links every file into ../../blobs); a name
+    may not leave the folder through a linked folder. (Before, the index and the single file
+    linked out were read while index entries linked out were refused.)"""
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     if name == hfmod.SINGLE:
-        _safetensors(outside / "secret.safetensors")
-        (ckpt / name).symlink_to(outside / "secret.safetensors")
-    else:
-        _safetensors(ckpt / "model-1.safetensors")
-        (outside / "index.json").write_text('{"weight_map": {"w": "model-1.safetensors"}}')
-        (ckpt / name).symlink_to(outside / "index.json")
-    with pytest.raises(HFError, match="points outside the checkpoint directory"):
-        hfmod._weight_map(str(ckpt), {})
-    # the same files inside the folder are read
-    (ckpt / name).unlink()
-    if name == hfmod.SINGLE:
-        _safetensors(ckpt / name)
+        _safetensors(outside / "weights.safetensors")
+        (ckpt / name).symlink_to(outside / "weights.safetensors")
         assert hfmod._weight_map(str(ckpt), {})[0] == {"w": hfmod.SINGLE}
-    else:
-        (ckpt / name).write_text('{"weight_map": {"w": "model-1.safetensors"}}')
-        assert hfmod._weight_map(str(ckpt), {}) == ({"w": "model-1.safetensors"}, [])
+        return
+    _safetensors(outside / "model-1.safetensors")
+    (ckpt / "model-1.safetensors").symlink_to(outside / "model-1.safetensors")
+    (ckpt / "out").symlink_to(outside)
+    index = '{"weight_map": {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}}'
+    (outside / "index.json").write_text(index)
+    (ckpt / name).symlink_to(outside / "index.json")
+    wm, problems = hfmod._weight_map(str(ckpt), {})
+    assert wm == {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}
+    assert problems == [
+        f"v: weight_map points to 'out/model-1.safetensors', outside the checkpoint "
+        f"directory {ckpt}"
+    ]
 
 
 def _compile(capsys: pytest.CaptureFixture[str], spec: Path, out: Path) -> tuple[int, str]:

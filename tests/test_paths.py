@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ def _safetensors(path: Path) -> None:
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     """A checkpoint folder with a file, a file in a subfolder, a link to each of them, and
-    links out of the folder (to a file, and to a folder)."""
+    links out of the folder (to a file, which is read, and to a folder, which is not)."""
     root = tmp_path / "ckpt"
     _safetensors(root / "a.safetensors")
     _safetensors(root / "sub" / "b.safetensors")
@@ -44,7 +43,7 @@ CASES = [
     ("sub/b.safetensors", None),
     ("link.safetensors", None),  # a link that stays inside
     ("linkdir/b.safetensors", None),
-    ("out.safetensors", Escape.LINK_OUT),
+    ("out.safetensors", None),  # a linked file, anywhere (as Hugging Face's cache links)
     ("outdir/secret.safetensors", Escape.LINK_OUT),
     ("", Escape.NO_NAME),
     ("/etc/passwd", Escape.ABSOLUTE),
@@ -97,29 +96,24 @@ def test_load_hf_and_hf_manifest_agree(folder: Path, name: str, why: Escape | No
 
 
 @pytest.mark.parametrize("fixed", [SINGLE, INDEX])
-def test_the_index_or_single_file_linked_out_is_refused_by_both(
-    folder: Path, tmp_path: Path, fixed: str
-) -> None:
+def test_a_hugging_face_cache_snapshot_is_read_where_it_is(tmp_path: Path, fixed: str) -> None:
+    """Hugging Face's cache keeps every file of a snapshot as a link into ../../blobs: the
+    index or the single file, the shards and config.json. Both readers accept it."""
+    repo = tmp_path / "models--tiny"
+    snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    _safetensors(blobs / "b1")
+    (blobs / "c1").write_text("{}")
+    (snap / "config.json").symlink_to("../../blobs/c1")
     if fixed == INDEX:
-        target = tmp_path / "elsewhere" / "index.json"
-        target.write_text(json.dumps({"weight_map": {"w": "a.safetensors"}}))
+        (blobs / "i1").write_text(json.dumps({"weight_map": {"w": "model-1.safetensors"}}))
+        (snap / INDEX).symlink_to("../../blobs/i1")
+        (snap / "model-1.safetensors").symlink_to("../../blobs/b1")
+        name = "model-1.safetensors"
     else:
-        target = tmp_path / "elsewhere" / "secret.safetensors"
-    (folder / fixed).symlink_to(target)
-    with pytest.raises(hfmod.HFError, match="points outside the checkpoint directory"):
-        hfmod._weight_map(str(folder), {})
-    with pytest.raises(HFManifestError) as info:
-        build_hf_manifest(folder)
-    assert str(info.value) == f"{folder / fixed} links outside the directory"
-    assert "cp -rL" in info.value.hint
-    # linked inside the folder: read by both
-    os.unlink(folder / fixed)
-    if fixed == INDEX:
-        (folder / "sub" / "index.json").write_text(target.read_text())
-        (folder / fixed).symlink_to("sub/index.json")
-        assert hfmod._weight_map(str(folder), {}) == ({"w": "a.safetensors"}, [])
-        assert build_hf_manifest(folder)["tensors"]["w"]["file"] == "a.safetensors"
-    else:
-        (folder / fixed).symlink_to("sub/b.safetensors")
-        assert hfmod._weight_map(str(folder), {})[0] == {"w": SINGLE}
-        assert build_hf_manifest(folder)["tensors"]["w"]["file"] == SINGLE
+        (snap / SINGLE).symlink_to("../../blobs/b1")
+        name = SINGLE
+    assert hfmod._weight_map(str(snap), {})[0] == {"w": name}
+    manifest = build_hf_manifest(snap)
+    assert manifest["tensors"] == {"w": {"dtype": "F32", "shape": [2], "file": name}}

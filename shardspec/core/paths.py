@@ -1,12 +1,13 @@
 """The one rule for a file that a Hugging Face checkpoint's index (or the checkpoint
 folder's fixed names, ``model.safetensors`` and its index) names: it is a plain relative
-path that stays inside the checkpoint folder, symlinks followed.
+path whose folders stay inside the checkpoint folder, symlinks followed.
 
 A plain relative path is ``/``-separated, with no empty, ``.`` or ``..`` part and no
-backslash, and is not absolute (``/x``, ``\\x``, ``C:x``). A symlink inside the folder is
-fine as long as it resolves inside the folder; one that resolves outside is refused (so a
-Hugging Face cache snapshot, whose files link into ``../../blobs``, must be copied with
-``cp -rL`` first).
+backslash, and is not absolute (``/x``, ``\\x``, ``C:x``). The folders on the way may be
+symlinks as long as they resolve inside the checkpoint folder. The file itself may be a
+symlink to a file anywhere: a Hugging Face cache snapshot links every file into
+``../../blobs``, and the folder's owner made those links. A name cannot reach outside by its
+text, and a linked folder cannot lead it out.
 
 Both ``load_hf`` (:mod:`shardspec.runtime.hf`, which reads the bytes) and ``shardspec
 hf-manifest`` (:mod:`shardspec.inputs.hfmanifest`, which reads the headers) apply it.
@@ -31,7 +32,7 @@ class Escape(Enum):
     ABSOLUTE = "is an absolute path"
     PARENT = "escapes the directory"
     NOT_PLAIN = "is not a plain relative path (empty, '.' or backslash parts)"
-    LINK_OUT = "links outside the directory"
+    LINK_OUT = "is in a folder that links outside the directory"
 
 
 def escape(root: str | os.PathLike[str], name: object) -> Escape | None:
@@ -47,7 +48,8 @@ def escape(root: str | os.PathLike[str], name: object) -> Escape | None:
     if "\\" in name or any(p in ("", ".") for p in parts):
         return Escape.NOT_PLAIN
     real_root = os.path.realpath(root)
-    if os.path.commonpath([os.path.realpath(os.path.join(root, name)), real_root]) != real_root:
+    folder = os.path.realpath(os.path.dirname(os.path.join(root, name)))
+    if os.path.commonpath([folder, real_root]) != real_root:
         return Escape.LINK_OUT
     return None
 

@@ -191,8 +191,8 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 _LINK_HINT = (
-    "a Hugging Face cache snapshot links its files into ../../blobs: copy the folder with "
-    "`cp -rL` and run hf-manifest on the copy"
+    "a folder inside the checkpoint links outside it (linked files are fine): copy the "
+    "folder with `cp -rL` and run hf-manifest on the copy"
 )
 
 
@@ -207,12 +207,6 @@ def _inside(root: Path, name: object) -> str:
         raise HFManifestError(f"{root / INDEX}: weight_map file {name!r} {why.value}", hint=hint)
     assert isinstance(name, str)
     return name
-
-
-def _fixed_inside(root: Path, name: str) -> None:
-    """Refuse the index or the single file when it links out of ``root`` (as load_hf does)."""
-    if escape(root, name) is not None:
-        raise HFManifestError(f"{root / name} {Escape.LINK_OUT.value}", hint=_LINK_HINT)
 
 
 def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
@@ -230,7 +224,6 @@ def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
     index_path = root / INDEX
     files: dict[str, list[str] | None] = {}
     if index_path.is_file():
-        _fixed_inside(root, INDEX)
         index = _read_json(index_path, INDEX)
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict):
@@ -238,7 +231,6 @@ def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
         for key, name in wmap.items():
             files.setdefault(_inside(root, name), []).append(key)  # type: ignore[union-attr]
     elif (root / SINGLE).is_file():
-        _fixed_inside(root, SINGLE)
         files[SINGLE] = None
     else:
         raise HFManifestError(

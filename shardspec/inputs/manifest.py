@@ -186,12 +186,12 @@ def load_manifest(path: str | Path) -> Manifest:
         msg = f"manifest field {where or '(root)'}: {first['msg']}"
         raise ManifestError(msg, line, col) from None
     seen: set[str] = set()
-    for i, e in enumerate(mf.entries):
-        if e.fqn in seen:
-            raise ManifestError(f"manifest lists {e.fqn!r} twice", *at(i))
-        seen.add(e.fqn)
-        if e.kind != "extra_state" and any(s < 0 for s in e.shape):
-            raise ManifestError(f"manifest entry {e.fqn!r} has a negative size", *at(i))
+    for i, entry in enumerate(mf.entries):
+        if entry.fqn in seen:
+            raise ManifestError(f"manifest lists {entry.fqn!r} twice", *at(i))
+        seen.add(entry.fqn)
+        if entry.kind != "extra_state" and any(s < 0 for s in entry.shape):
+            raise ManifestError(f"manifest entry {entry.fqn!r} has a negative size", *at(i))
     if mf.state_dict is not None:
         _check_state_dict(mf, text, seen)
     return Manifest(

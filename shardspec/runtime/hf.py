@@ -1139,7 +1139,9 @@ def _export(
     out = _hf_tensors(plan, fulls, rank, dtype)
     ties = _tie_decisions(hfmap, out.tensors, _config_ties(config))
     tie_error = ties.pop(None, None)
-    for key in _gather_keys(set(ties)):  # aliases not written, from every writer
+    for key in _gather_keys(
+        {k for k in ties if k is not None}
+    ):  # aliases not written, from every writer
         out.tensors.pop(key, None)
         out.writer_of.pop(key, None)
         report.aliases_not_written.append(key)
@@ -1198,10 +1200,10 @@ def _exchange(
             continue
         report.bytes_sent += buf.numel()
         ops.append(dist.P2POp(dist.isend, buf, peer))
-    for peer, parts in sorted(transfers.incoming.items()):
+    for peer, expected in sorted(transfers.incoming.items()):
         if peer == rank:
             continue
-        n = sum(nb for _, _, nb in parts)
+        n = sum(nb for _, _, nb in expected)
         buf = torch.empty(n, dtype=torch.uint8, device=device)
         report.bytes_received += n
         received[peer] = buf

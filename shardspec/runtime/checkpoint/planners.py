@@ -28,7 +28,7 @@ import functools
 import gc
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.default_planner import (
@@ -282,6 +282,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         # Each pipeline stage's structure fingerprint (one entry, under None, without
         # stages): this rank's own once planned, every rank's once the coordinator compared.
         self.stage_fingerprints: dict[int | None, str] = {}
+        self.recovered: list[str] = []  # what save() finished or undid of an interrupted save
 
     def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
         self.is_coordinator = is_coordinator
@@ -476,6 +477,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         staging: bool = False,
     ) -> None:
         super().__init__(allow_partial_load=partial)
+        self.recovered: list[str] = []  # what load() finished or undid of an interrupted save
         self.spec = spec
         self._mesh_arg = mesh
         self.partial = partial
@@ -518,7 +520,9 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
                 continue
             chunk = ChunkStorageMetadata(torch.Size(unit.offsets), torch.Size(unit.sizes))
             if unit.key in md:
-                items.extend(create_read_items_for_chunk_list(unit.key, md[unit.key], [chunk]))
+                # validate() found a tensor's metadata under every unit's key
+                meta = cast(TensorStorageMetadata, md[unit.key])
+                items.extend(create_read_items_for_chunk_list(unit.key, meta, [chunk]))
             else:
                 items.extend(self._legacy_reads(unit))
         present = {k: v for k, v in self.state_dict.items() if k in md}
@@ -530,7 +534,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         under the parameter's own key: one read per group the chunk touches."""
         assert unit.fused is not None and self.metadata is not None
         source = self._legacy[unit.key]
-        md = self.metadata.state_dict_metadata[source]
+        md = cast(TensorStorageMetadata, self.metadata.state_dict_metadata[source])  # see _legacy
         dim, where, _ = unit.fused
         items = []
         pos = 0  # position in the component's own numbering

@@ -31,12 +31,14 @@ class _Sink(torch.Tensor):
 
     @staticmethod
     def __new__(cls, shape: tuple[int, ...], dtype: torch.dtype) -> _Sink:
-        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu")
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=torch.device("cpu"))
         t.source = None
         return t
 
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    @classmethod  # torch's stub types Tensor's as a staticmethod; subclasses write it so
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         if func is torch.ops.aten.detach.default:
             return args[0]
         if func is torch.ops.aten.copy_.default and isinstance(args[1], torch.Tensor):

@@ -29,3 +29,14 @@ def test_did_you_mean_names_the_closest_and_lists_every_choice() -> None:
     assert did_you_mean("colwis", ["colwise", "rowwise"], listed_as="styles") == (
         "did you mean 'colwise'? styles: colwise, rowwise"
     )
+
+
+def test_closest_few_offers_several_best_first() -> None:
+    from shardspec.findings.suggest import closest_few
+
+    names = ["layers.0.wq.weight", "layers.0.wk.weight", "layers.1.wq.weight", "norm.weight"]
+    assert closest_few("layers.0.wq.weigth", names, n=2, cutoff=0.5) == [
+        "layers.0.wq.weight",
+        "layers.1.wq.weight",
+    ]
+    assert closest_few("zzz", names) == []

@@ -5,7 +5,6 @@ them into text; nothing here formats output."""
 
 from __future__ import annotations
 
-import difflib
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator
@@ -34,6 +33,7 @@ from shardspec.core.stages import claims
 from shardspec.core.stages import layer_of as stage_layer_of
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.suggest import closest_few
 from shardspec.frontend import ir
 from shardspec.inputs.manifest import Entry
 from shardspec.resolve.params import Match, Resolved
@@ -314,7 +314,7 @@ def find_parameter(res: Resolved, fqn: str) -> tuple[str, Match] | Diagnostic:
     if m is not None:
         return fqn, m
     where = display_path(res.manifest.path)
-    close = difflib.get_close_matches(fqn, list(res.matches), n=3, cutoff=0.5)
+    close = closest_few(fqn, list(res.matches), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"the manifest's names are in {where}"
     return diag(
         "SS004", f"{fqn!r} is not in the manifest {where}", Span("<command line>", 1, 1), hint

@@ -22,8 +22,14 @@ def likeness(a: str, b: str) -> float:
 
 def closest(word: str, choices: Sequence[str]) -> str | None:
     """The choice most like ``word`` (at least :data:`CUTOFF` alike), ``None`` if none is."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=CUTOFF)
+    close = closest_few(word, choices, n=1)
     return close[0] if close else None
+
+
+def closest_few(word: str, choices: Sequence[str], n: int = 3, cutoff: float = CUTOFF) -> list[str]:
+    """Up to ``n`` choices most like ``word``, best first (at least ``cutoff`` alike): for a
+    hint that offers several (explain's unknown parameter names)."""
+    return difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
 
 
 def did_you_mean(word: str, choices: Sequence[str], listed_as: str = "declared") -> str:

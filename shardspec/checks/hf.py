@@ -12,6 +12,7 @@ capped, so a checkpoint with thousands of unexpected keys prints a screenful, no
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from shardspec.checks.coverage import entry_span
 from shardspec.core.hfmap import (
     Fused,
     HFMap,
@@ -231,7 +233,7 @@ class _Group:
     _names: list[str] | None = None
 
     def values(self) -> list[tuple[int, ...]]:
-        return list(_product(self.counts))
+        return list(itertools.product(*map(range, self.counts)))
 
     def names(self) -> list[str]:
         if self._names is None:
@@ -245,7 +247,7 @@ class _Group:
         if len(parts) == 2:
             a, b = parts
             return [f"{a}{v}{b}" for v in range(self.counts[0])]
-        return [_join(parts, v) for v in _product(self.counts)]
+        return [_join(parts, v) for v in itertools.product(*map(range, self.counts))]
 
     def unit(self, name: str) -> _Unit:
         return _Unit(name, self.shape, self.fqn, self.rule, self.fused)
@@ -256,13 +258,6 @@ def _join(parts: tuple[str, ...], values: tuple[int, ...]) -> str:
     for v, p in zip(values, parts[1:], strict=True):
         out += [str(v), p]
     return "".join(out)
-
-
-def _product(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for c in counts:
-        out = [(*v, i) for v in out for i in range(c)]
-    return out
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
@@ -536,12 +531,6 @@ def _group_key(name: str) -> str:
     return _DIGITS.sub("N", name)
 
 
-def _entry_span(res: Resolved, fqn: str) -> Span:
-    assert res.manifest is not None
-    line, col = res.manifest.position(fqn)
-    return Span(res.manifest.path, line, col, line, col + len(fqn) + 2)
-
-
 def check_hf_units(
     res: Resolved, hf_manifest: HFManifest | None, bad: set[int]
 ) -> list[Diagnostic]:
@@ -662,7 +651,7 @@ def _report_not_produced(
                 "SS071",
                 f"storage unit {first.name!r} {_shape(first.shape)} is produced by no hf map "
                 f"line{more}",
-                _entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 _not_produced_hint(first, hfm),
             )
         )
@@ -674,7 +663,7 @@ def _report_not_produced(
             diag(
                 "SS071",
                 f"{n} more storage units are produced by no hf map line, such as {first.name!r}",
-                _entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 "map them, or `keep` them",
             )
         )

@@ -27,6 +27,7 @@ the names and slices they compute cannot disagree. No torch here.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -553,7 +554,7 @@ def unit_names(
         spans = sorted(zip(virtual_spans, (d.size for d in virtual), strict=True))
         bases = []
         ranges = [range(n) for _, n in spans]
-        for combo in _product(ranges):
+        for combo in itertools.product(*ranges):
             out, last = [], 0
             for ((s, e), _), g in zip(spans, combo, strict=True):
                 out += [fqn[last:s], str(g)]
@@ -572,12 +573,3 @@ def unit_names(
         else:
             result.append((base, tuple(shape)))
     return result
-
-
-def _product(ranges: Sequence[range]) -> Iterable[tuple[int, ...]]:
-    if not ranges:
-        yield ()
-        return
-    for i in ranges[0]:
-        for rest in _product(ranges[1:]):
-            yield (i, *rest)

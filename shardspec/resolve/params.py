@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -166,9 +165,6 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
             (s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards
         ),
     )
-
-
-_INT = re.compile(r"^[0-9]+$")
 
 
 def resolve(
@@ -358,13 +354,3 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
             m.layout_error = got
         else:
             m.layout = got
-
-
-def virtual_index(res: Resolved, rule_index: int, dim: str) -> list[str]:
-    """The capture values behind a virtual dim, in index order (numeric when numeric)."""
-    vals = {
-        m.captures.get(dim, "")
-        for m in res.matches.values()
-        if m.winner == rule_index and m.ignored_by is None
-    }
-    return sorted(vals, key=lambda v: (0, int(v), "") if _INT.match(v) else (1, 0, v))

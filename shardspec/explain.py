@@ -11,7 +11,10 @@ from shardspec.api import display_path, lint_specs
 from shardspec.core.layout import (
     Mesh,
     ParamLayout,
+    Placement,
     RankShard,
+    Shard,
+    StridedShard,
     component_indices,
     dim_indices,
     dtensor_mesh,
@@ -28,14 +31,14 @@ from shardspec.findings.diagnostics import attach_sources, render_all_text
 from shardspec.frontend import ir
 
 
-def _ptext(p: tuple) -> str:
+def _ptext(p: Placement) -> str:
     """A placement as DTensor writes it: ``Replicate()``, ``Shard(0)``,
     ``_StridedShard(0, sf=2)``."""
-    if p[0] == "R":
-        return "Replicate()"
-    if p[0] == "S":
-        return f"Shard({p[1]})"
-    return f"_StridedShard({p[1]}, sf={p[2]})"
+    if isinstance(p, Shard):
+        return f"Shard({p.dim})"
+    if isinstance(p, StridedShard):
+        return f"_StridedShard({p.dim}, sf={p.split_factor})"
+    return "Replicate()"
 
 
 def _ranges(r) -> str:

@@ -11,7 +11,10 @@ from shardspec.core.layout import (
     LayoutError,
     Mesh,
     ParamLayout,
+    Replicate,
     RuleSpec,
+    Shard,
+    StridedShard,
     box,
     build_layout,
     chunk_bounds,
@@ -188,7 +191,7 @@ def test_build_layout_local_axes_scale_up() -> None:
     assert layout.shape == (96, 64)
     assert module_shape(layout, DP_TP) == (48, 64)
     assert dtensor_mesh(layout, DP_TP).names == ("dp_shard",)
-    assert dtensor_placements(layout, DP_TP) == (("S", 0),)
+    assert dtensor_placements(layout, DP_TP) == (Shard(0),)
     assert representable(layout, DP_TP) is None
     # Rank (dp 1, tp 1) holds global rows 72..96 = rows 24..48 of its module tensor.
     assert local_indices(layout, DP_TP, (1, 1)) == (((72, 96),), ((0, 64),))
@@ -206,7 +209,7 @@ def test_virtual_dims() -> None:
     assert layout.shape == (8, 32, 64)
     assert [d.name for d in layout.tensor_dims()] == ["ffn", "hidden"]
     assert module_shape(layout, mesh) == (32, 64)
-    assert dtensor_placements(layout, mesh) == (("S", 0),)
+    assert dtensor_placements(layout, mesh) == (Shard(0),)
     table = rank_table(layout, mesh)
     # EP rank r holds global experts 4r..4r+4; dp splits ffn.
     assert [t.indices[0] for t in table] == [((0, 4),), ((4, 8),), ((0, 4),), ((4, 8),)]
@@ -217,7 +220,7 @@ def test_virtual_dims() -> None:
 def test_any_rank_rule_replicates() -> None:
     layout = build_layout(rule([], any_rank=True), (2, 128), SIZES)
     assert layout.shape == (2, 128) and layout.axes == ()
-    assert dtensor_placements(layout, DP_TP) == (("R",), ("R",))
+    assert dtensor_placements(layout, DP_TP) == (Replicate(), Replicate())
     assert all(t.indices == (((0, 2),), ((0, 128),)) for t in rank_table(layout, DP_TP))
 
 
@@ -226,7 +229,7 @@ def test_any_rank_rule_replicates() -> None:
 
 def test_fsdp_over_tp_is_strided_and_representable() -> None:
     layout = ParamLayout((Dim("vocab", 8, ("tp", "dp_shard")), Dim("hidden", 4)))
-    assert dtensor_placements(layout, DP_TP) == (("SS", 0, 2), ("S", 0))
+    assert dtensor_placements(layout, DP_TP) == (StridedShard(0, 2), Shard(0))
     assert representable(layout, DP_TP) is None
     # tp outer: tp rank t holds rows 4t..4t+4, dp then halves that block.
     got = [t.indices[0] for t in rank_table(layout, DP_TP)]
@@ -235,7 +238,7 @@ def test_fsdp_over_tp_is_strided_and_representable() -> None:
 
 def test_tp_over_fsdp_is_plain() -> None:
     layout = ParamLayout((Dim("x", 8, ("dp_shard", "tp")),))
-    assert dtensor_placements(layout, DP_TP) == (("S", 0), ("S", 0))
+    assert dtensor_placements(layout, DP_TP) == (Shard(0), Shard(0))
     assert representable(layout, DP_TP) is None
 
 
@@ -247,7 +250,7 @@ def test_fused_with_fsdp_on_hidden_is_representable() -> None:
             Dim("hidden", 4, ("dp_shard",)),
         )
     )
-    assert dtensor_placements(layout, DP_TP) == (("S", 1), ("SS", 0, 2))
+    assert dtensor_placements(layout, DP_TP) == (Shard(1), StridedShard(0, 2))
     assert representable(layout, DP_TP) is None
 
 
@@ -267,8 +270,8 @@ def test_fused_and_fsdp_on_the_same_dim_is_not_representable() -> None:
 def test_torch_local_shape_and_offset_empty_shard() -> None:
     mesh = Mesh(("a",), (4,))
     # 3 rows over 4 ranks: the last is empty and torch reports the dim size as its offset.
-    assert torch_local_shape_and_offset((3, 2), mesh, (("S", 0),), (3,)) == ((0, 2), (3, 0))
-    assert torch_local_shape_and_offset((3, 2), mesh, (("S", 0),), (1,)) == ((1, 2), (1, 0))
+    assert torch_local_shape_and_offset((3, 2), mesh, (Shard(0),), (3,)) == ((0, 2), (3, 0))
+    assert torch_local_shape_and_offset((3, 2), mesh, (Shard(0),), (1,)) == ((1, 2), (1, 0))
 
 
 # --------------------------------------------------------------------------- meshes, sizes

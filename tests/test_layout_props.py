@@ -16,6 +16,7 @@ and coordinate, ``Shard``/``_StridedShard`` ``_split_tensor`` and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -27,12 +28,14 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from shardspec.core import layout as L
 from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,
     Mesh,
     ParamLayout,
+    Placement,
     Ranges,
     RuleSpec,
     _block,
@@ -114,7 +117,7 @@ def physical_oracle(layout: ParamLayout, sizes: dict[str, int], coord: dict[str,
 
 
 def torch_dim_indices(
-    shape: Sequence[int], placements: Sequence[tuple], mesh_sizes: Sequence[int], coord
+    shape: Sequence[int], placements: Sequence[Placement], mesh_sizes: Sequence[int], coord
 ) -> list[list[int]]:
     """Per dim, the indices torch's own split code gives the rank at ``coord``: the dim's
     placements applied left to right to a 1-D arange (dims shard independently)."""
@@ -122,8 +125,8 @@ def torch_dim_indices(
     for d, size in enumerate(shape):
         idx = torch.arange(size)
         for p, n, i in zip(placements, mesh_sizes, coord, strict=True):
-            if p[0] != "R" and p[1] == d:
-                idx = torch_split(idx, to_torch((p[0], 0, *p[2:])), n, i)
+            if not isinstance(p, L.Replicate) and p.dim == d:
+                idx = torch_split(idx, to_torch(dataclasses.replace(p, dim=0)), n, i)
         out.append(idx.tolist())
     return out
 
@@ -148,11 +151,11 @@ def placement_cases(draw):
         kind = draw(st.sampled_from(["R", "S", "SS"]))
         d = draw(st.integers(0, ndim - 1))
         if kind == "R":
-            placements.append(("R",))
+            placements.append(L.Replicate())
         elif kind == "S":
-            placements.append(("S", d))
+            placements.append(L.Shard(d))
         else:
-            placements.append(("SS", d, draw(st.integers(1, 4))))
+            placements.append(L.StridedShard(d, draw(st.integers(1, 4))))
     return shape, mesh_sizes, tuple(placements)
 
 
@@ -414,7 +417,7 @@ def test_layout_properties(case) -> None:
             assert torch_placement_indices(mshape, sub, placements, sub_coord) == view
             shape, offset = _compute_local_shape_and_global_offset(mshape, sub.sizes, sub_coord, tp)
             assert tuple(shape) == tuple(len(flat(r)) for r in view)
-            sharded = {p[1] for p in placements if p[0] != "R"}
+            sharded = {p.dim for p in placements if not isinstance(p, L.Replicate)}
             for d, r in enumerate(view):
                 if r and d in sharded:
                     assert offset[d] == r[0][0]
@@ -475,9 +478,9 @@ def test_same_layout_compares_what_torch_holds(case, data) -> None:
         other = tuple(
             data.draw(
                 st.sampled_from(
-                    [("R",)]
-                    + [("S", d) for d in range(len(shape))]
-                    + [("SS", d, f) for d in range(len(shape)) for f in (1, 2, 3)]
+                    [L.Replicate()]
+                    + [L.Shard(d) for d in range(len(shape))]
+                    + [L.StridedShard(d, f) for d in range(len(shape)) for f in (1, 2, 3)]
                 )
             )
             for _ in names
@@ -488,7 +491,7 @@ def test_same_layout_compares_what_torch_holds(case, data) -> None:
         out = full
         for p, axis in zip(ps, axes, strict=True):
             i = mesh.names.index(axis)
-            if p[0] != "R":
+            if not isinstance(p, L.Replicate):
                 out = torch_split(out, to_torch(p), mesh_sizes[i], coord[i])
         return out
 

@@ -148,14 +148,6 @@ def comment(words: list[str], indent: int = 0, cont: str = "    ") -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _placement_text(p: tuple) -> str:
-    if p[0] == "R":
-        return "R"
-    if p[0] == "S":
-        return f"S({p[1]})"
-    return f"_S({p[1]}, {p[2]})"
-
-
 def _rule_fields(rs: RuleSpec) -> list[str]:
     """The keyword arguments of one ``RuleSpec(...)``, each laid out at indent 8."""
     fields: list[tuple[str, object]] = [("pattern", rs.pattern), ("dims", rs.dims)]
@@ -412,7 +404,7 @@ def render_module(
             layout_ = first_layout.get(rule.index)
             if layout_ is not None:
                 ps = dtensor_placements(layout_, res.mesh)  # type: ignore[arg-type]
-                items = [f"{n}={_placement_text(p)}" for n, p in zip(names, ps, strict=True)]
+                items = [f"{n}={p}" for n, p in zip(names, ps, strict=True)]
                 last = f"{items[-1]})" if items else ")"
                 placements = ["->", *(f"{x}," for x in items[:-1]), last]
                 placements[1] = "(" + placements[1]

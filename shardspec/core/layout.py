@@ -470,8 +470,42 @@ def box(ranges: tuple[Ranges, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] |
 
 # --------------------------------------------------------------------------- DTensor view
 
-# A placement without torch: ("R",), ("S", dim) or ("SS", dim, split_factor).
-Placement = tuple
+# Placements without torch, as DTensor reads them left to right over its mesh's axes. The
+# runtime turns them into torch's Replicate, Shard and _StridedShard (runtime.dtensor).
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """The axis holds the whole tensor on every rank."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The axis cuts tensor dimension ``dim`` into ``torch.chunk`` blocks."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class StridedShard:
+    """DTensor's ``_StridedShard``: the axis cuts each of ``split_factor`` equal pieces of
+    tensor dimension ``dim`` into blocks, and a rank holds its block of every piece."""
+
+    dim: int
+    split_factor: int
+
+    def __str__(self) -> str:
+        return f"_S({self.dim}, {self.split_factor})"
+
+
+Placement = Replicate | Shard | StridedShard
+REPLICATE = Replicate()
 
 
 def dtensor_mesh(layout: ParamLayout, mesh: Mesh) -> Mesh:
@@ -491,7 +525,7 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
     """
     sub = dtensor_mesh(layout, mesh)
     pos = {n: i for i, n in enumerate(sub.names)}
-    out: list[Placement] = [("R",)] * len(sub.names)
+    out: list[Placement] = [REPLICATE] * len(sub.names)
     tensor_dims = layout.tensor_dims()
     for d_index, dim in enumerate(tensor_dims):
         dt_axes = [a for a in dim.axes if a not in layout.local]
@@ -508,7 +542,7 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
             for outer in dt_axes[:k]:
                 if pos[outer] > pos[axis]:
                     sf *= sub.size(outer)
-            out[pos[axis]] = ("S", d_index) if sf == 1 else ("SS", d_index, sf)
+            out[pos[axis]] = Shard(d_index) if sf == 1 else StridedShard(d_index, sf)
     return tuple(out)
 
 
@@ -518,10 +552,10 @@ def torch_placement_indices(
     """DTensor's left-to-right meaning of ``placements``: per dim, the indices at ``coord``."""
     r: list[Ranges] = [((0, s),) if s else () for s in shape]
     for p, n, i in zip(placements, mesh.sizes, coord, strict=True):
-        if p[0] == "S":
-            r[p[1]] = _block(r[p[1]], n, i)
-        elif p[0] == "SS":
-            r[p[1]] = _strided(r[p[1]], p[2], n, i)
+        if isinstance(p, Shard):
+            r[p.dim] = _block(r[p.dim], n, i)
+        elif isinstance(p, StridedShard):
+            r[p.dim] = _strided(r[p.dim], p.split_factor, n, i)
     return tuple(r)
 
 
@@ -572,7 +606,7 @@ def torch_local_shape_and_offset(
     """What ``torch.distributed.tensor._utils.compute_local_shape_and_global_offset`` returns:
     the local shape and each dim's first global index (the dim's size when empty)."""
     r = torch_placement_indices(shape, mesh, placements, coord)
-    sharded = {p[1] for p in placements if p[0] in ("S", "SS")}
+    sharded = {p.dim for p in placements if not isinstance(p, Replicate)}
     local = tuple(ranges_len(x) for x in r)
     offset = tuple((x[0][0] if x else shape[d]) if d in sharded else 0 for d, x in enumerate(r))
     return local, offset
@@ -871,7 +905,11 @@ def _placement_specials(
     order."""
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     for t, size in enumerate(shape):
-        steps = [(mesh.names[i], p) for i, p in enumerate(placements) if p[0] != "R" and p[1] == t]
+        steps = [
+            (mesh.names[i], p)
+            for i, p in enumerate(placements)
+            if not isinstance(p, Replicate) and p.dim == t
+        ]
         for k, (axis, p) in enumerate(steps):
             n = sizes[axis]
             found: set[int] = set()
@@ -879,16 +917,16 @@ def _placement_specials(
                 r: Ranges = ((0, size),) if size else ()
                 for a, q in steps[:k]:
                     r = (
-                        _block(r, sizes[a], c[a])
-                        if q[0] == "S"
-                        else _strided(r, q[2], sizes[a], c[a])
+                        _strided(r, q.split_factor, sizes[a], c[a])
+                        if isinstance(q, StridedShard)
+                        else _block(r, sizes[a], c[a])
                     )
                 total = ranges_len(r)
-                if p[0] == "S":
+                if isinstance(p, Shard):
                     found |= _chunk_specials(total, _cuts(r), n)
                     continue
-                for j in range(p[2]):
-                    lo, hi = chunk_bounds(total, p[2], j)
+                for j in range(p.split_factor):
+                    lo, hi = chunk_bounds(total, p.split_factor, j)
                     inside = [x - lo for x in _cuts(r) if lo < x < hi]
                     found |= _chunk_specials(hi - lo, inside, n)
             samples[axis] |= found
@@ -973,7 +1011,9 @@ def _boxes(mesh: Mesh, samples: dict[str, set[int]]) -> tuple[Box, ...]:
 
 @lru_cache(maxsize=4096)
 def placement_boxes(
-    shape: tuple[int, ...], mesh: Mesh, programs: tuple[tuple[tuple[str, ...], tuple], ...]
+    shape: tuple[int, ...],
+    mesh: Mesh,
+    programs: tuple[tuple[tuple[str, ...], tuple[Placement, ...]], ...],
 ) -> tuple[Box, ...]:
     """:func:`sample_boxes` for DTensor placements: over each box, ``shape`` read under each
     ``(axis names, placements)`` of ``programs`` (axes of ``mesh``; the others replicate)

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from shardspec.core import layout as core
 from shardspec.core.layout import (
     Mesh,
     ParamLayout,
@@ -25,32 +26,34 @@ from shardspec.core.layout import (
 from shardspec.runtime.spec import CompiledSpec, SpecError
 
 
-def to_torch(p: tuple) -> Placement:
-    """A layout placement tuple as a torch placement."""
-    if p[0] == "R":
-        return Replicate()
-    if p[0] == "S":
-        return Shard(p[1])
-    return _StridedShard(p[1], split_factor=p[2])
+def to_torch(p: core.Placement) -> Placement:
+    """A layout placement (``shardspec.core.layout``) as a torch placement."""
+    if isinstance(p, core.Shard):
+        return Shard(p.dim)
+    if isinstance(p, core.StridedShard):
+        return _StridedShard(p.dim, split_factor=p.split_factor)
+    return Replicate()
 
 
-def from_torch(p: Placement, ndim: int) -> tuple | None:
-    """A torch placement as a layout tuple; ``None`` for kinds a parameter's layout cannot
-    have (``Partial``)."""
+def from_torch(p: Placement, ndim: int) -> core.Placement | None:
+    """A torch placement as a layout placement; ``None`` for kinds a parameter's layout
+    cannot have (``Partial``)."""
     if isinstance(p, _StridedShard):
-        return ("SS", p.dim % max(ndim, 1), p.split_factor)
+        return core.StridedShard(p.dim % max(ndim, 1), p.split_factor)
     if isinstance(p, Shard):
-        return ("S", p.dim % max(ndim, 1))
+        return core.Shard(p.dim % max(ndim, 1))
     if isinstance(p, Replicate):
-        return ("R",)
+        return core.REPLICATE
     return None
 
 
-def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple | None]:
-    """A DTensor's (mesh axis names, placements as layout tuples or ``None``)."""
+def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple[core.Placement, ...] | None]:
+    """A DTensor's (mesh axis names, layout placements or ``None``)."""
     names = tuple(value.device_mesh.mesh_dim_names or ())
     got = tuple(from_torch(p, value.ndim) for p in value.placements)
-    return names, None if any(g is None for g in got) else got
+    if any(g is None for g in got):
+        return names, None
+    return names, tuple(g for g in got if g is not None)
 
 
 def device_type() -> str:

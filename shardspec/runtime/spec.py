@@ -19,6 +19,7 @@ from shardspec.core.layout import (
     LayoutError,
     Mesh,
     ParamLayout,
+    Placement,
     RuleSpec,
     build_layout,
     dtensor_placements,
@@ -399,7 +400,7 @@ class CompiledSpec:
         lm = self.layout_mesh(mesh)
         return rank_table(self.layout(fqn, lm, shape), lm)
 
-    def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[tuple, ...]:
+    def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[Placement, ...]:
         lm = self.layout_mesh(mesh)
         return dtensor_placements(self.layout(fqn, lm, shape), lm)
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 import torch
 
+from shardspec.checks.layouts import LAYOUT_CODES
+from shardspec.core import layout as layout_module
 from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
     Replicate,
@@ -33,6 +39,7 @@ from shardspec.core.layout import (
     storage_units,
     torch_local_shape_and_offset,
 )
+from shardspec.findings.codes import BY_CODE
 
 DP_TP = Mesh(("dp_shard", "tp"), (2, 2))
 SIZES = {"dp_shard": 2, "tp": 2}
@@ -132,7 +139,7 @@ def test_build_layout_equal_components() -> None:
 def test_build_layout_wrong_rank_is_ss021() -> None:
     with pytest.raises(LayoutError) as e:
         build_layout(rule(["a", "b"]), (4,), SIZES)
-    assert e.value.code == "SS021"
+    assert e.value.problem is LayoutProblem.DIM_COUNT
     assert "shape [4]" in str(e.value)
 
 
@@ -148,7 +155,7 @@ def test_build_layout_fusion_errors(fuse, size: int, code: str) -> None:
     r = rule(["f"], [("f", ("tp",))], [("f", fuse, 1)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (size,), SIZES)
-    assert e.value.code == code, e.value
+    assert LAYOUT_CODES[e.value.problem] == code, e.value
     assert e.value.hint
 
 
@@ -157,11 +164,11 @@ def test_build_layout_group_errors() -> None:
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 2), ("k", 1), ("v", 1)), 3)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (12,), SIZES)
-    assert e.value.code == "SS051"
+    assert e.value.problem is LayoutProblem.COMPONENT_SPLIT
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 2), ("k", 2)), 0)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (4,), SIZES)
-    assert e.value.code == "SS052"
+    assert e.value.problem is LayoutProblem.GROUP_COUNT
     # Unequal per-group components are fine when groups divide: tp splits whole groups.
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 3), ("k", 1), ("v", 1)), 2)])
     assert build_layout(r, (10,), SIZES).dims[0].fusion.groups == 2
@@ -181,7 +188,15 @@ def test_build_layout_rechecks_structure(r: RuleSpec, code: str) -> None:
     shape = (4,)
     with pytest.raises(LayoutError) as e:
         build_layout(r, shape, SIZES, {"e": 2})
-    assert e.value.code == code, e.value
+    assert LAYOUT_CODES[e.value.problem] == code, e.value
+
+
+def test_every_layout_problem_has_a_check_code() -> None:
+    """The compiler reports each problem the layout arithmetic names under a code of the
+    registry; the core itself carries no codes."""
+    assert set(LAYOUT_CODES) == set(LayoutProblem)
+    assert all(code in BY_CODE for code in LAYOUT_CODES.values())
+    assert not re.search(r"SS\d{3}", inspect.getsource(layout_module))
 
 
 def test_build_layout_local_axes_scale_up() -> None:

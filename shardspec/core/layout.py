@@ -35,18 +35,36 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import lru_cache
 
 Ranges = tuple[tuple[int, int], ...]
 
 
-class LayoutError(ValueError):
-    """A layout that cannot be realised. ``code`` is the check code the compiler reports it
-    under; the runtime raises it as is."""
+class LayoutProblem(Enum):
+    """What is wrong with a layout. The compiler reports each problem under a check code of
+    its own (``shardspec.checks.layouts.LAYOUT_CODES``); the runtime raises the error."""
 
-    def __init__(self, message: str, code: str = "SS031", hint: str = "") -> None:
+    MESH_SIZES = "mesh-sizes"  # the mesh's sizes do not multiply to the world size
+    DIM_COUNT = "dim-count"  # a rule names another number of dimensions than the tensor has
+    UNKNOWN_DIM = "unknown-dim"  # a shard statement names no dimension of the rule
+    UNKNOWN_AXIS = "unknown-axis"  # a shard statement names no axis of the mesh
+    AXIS_REUSED = "axis-reused"  # one axis shards two dimensions
+    LOCAL_AFTER_NONLOCAL = "local-after-nonlocal"  # a local axis inside a non-local one
+    NAME_INDEXED_NONLOCAL = "name-indexed-nonlocal"  # a name-indexed dim over a non-local axis
+    GROUP_COUNT = "group-count"  # a fusion's group count below 1
+    COMPONENT_SIZES = "component-sizes"  # a fusion's components do not fill its dimension
+    COMPONENT_SPLIT = "component-split"  # components or groups do not divide over the axis
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be realised: ``problem`` says what went wrong (``None``: a
+    problem of another kind, e.g. the runtime's :class:`SpecError` about a model), ``hint``
+    how to fix it."""
+
+    def __init__(self, message: str, problem: LayoutProblem | None = None, hint: str = "") -> None:
         super().__init__(message)
-        self.code, self.hint = code, hint
+        self.problem, self.hint = problem, hint
 
 
 # --------------------------------------------------------------------------- data model
@@ -167,8 +185,8 @@ class Mesh:
 
 # The largest mesh lint and compile accept (2**20 ranks, beyond any cluster). Their layout
 # checks cost the same at any world size (they sample the mesh: sample_boxes); the
-# runtime's `verify` still compares placements rank by rank (same_layout). A stated limit,
-# with SS010 above it.
+# runtime's `verify` still compares placements rank by rank (same_layout). A stated limit:
+# the compiler refuses larger meshes.
 MAX_WORLD = 1 << 20
 
 
@@ -178,23 +196,28 @@ def resolve_sizes(
     """Fill the one ``None`` ("the rest of the world") size from ``world``."""
     rest = [i for i, s in enumerate(sizes) if s is None]
     if len(rest) > 1:
-        raise LayoutError("at most one mesh axis can take the rest of the world size")
+        raise LayoutError(
+            "at most one mesh axis can take the rest of the world size", LayoutProblem.MESH_SIZES
+        )
     if not rest:
         fixed = tuple(int(s) for s in sizes if s is not None)
         if world is not None and math.prod(fixed) != world:
             raise LayoutError(
                 f"mesh {dict(zip(names, fixed, strict=True))} has {math.prod(fixed)} ranks, "
-                f"but the world size is {world}"
+                f"but the world size is {world}",
+                LayoutProblem.MESH_SIZES,
             )
         return fixed
     known = math.prod(s for s in sizes if s is not None)
     if world is None:
         raise LayoutError(
-            f"mesh axis {names[rest[0]]!r} takes the rest, but no world size is known"
+            f"mesh axis {names[rest[0]]!r} takes the rest, but no world size is known",
+            LayoutProblem.MESH_SIZES,
         )
     if known == 0 or world % known:
         raise LayoutError(
-            f"world size {world} is not divisible by the other mesh axes' product {known}"
+            f"world size {world} is not divisible by the other mesh axes' product {known}",
+            LayoutProblem.MESH_SIZES,
         )
     return tuple(world // known if s is None else int(s) for s in sizes)
 
@@ -236,7 +259,7 @@ def build_layout(
 
     Sizes on local axes are multiplied up to global ones; a virtual dim's global size is the
     number of modules per rank (``virtual_counts``) times its local axes. Raises
-    :class:`LayoutError` (with the check code) when the rule does not fit the tensor.
+    :class:`LayoutError` (saying what is wrong) when the rule does not fit the tensor.
     """
     if rule.any_rank:
         names = tuple(f"dim{i}" for i in range(len(module_shape)))
@@ -247,7 +270,7 @@ def build_layout(
         raise LayoutError(
             f"the rule names {len(tensor_dims)} dimension(s) {list(tensor_dims)}, "
             f"but the tensor has {len(module_shape)}: shape {list(module_shape)}",
-            "SS021",
+            LayoutProblem.DIM_COUNT,
             "name one dimension per tensor dimension, in order",
         )
     local = frozenset(rule.local)
@@ -278,24 +301,25 @@ def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
     used: dict[str, str] = {}
     for dim, axes in rule.shard:
         if dim not in rule.dims:
-            raise LayoutError(f"unknown dimension {dim!r}", "SS020")
+            raise LayoutError(f"unknown dimension {dim!r}", LayoutProblem.UNKNOWN_DIM)
         for k, a in enumerate(axes):
             if a not in sizes:
-                raise LayoutError(f"unknown mesh axis {a!r}", "SS011")
+                raise LayoutError(f"unknown mesh axis {a!r}", LayoutProblem.UNKNOWN_AXIS)
             if a in used:
                 raise LayoutError(
-                    f"axis {a!r} shards dimension {dim!r} and already {used[a]!r}", "SS012"
+                    f"axis {a!r} shards dimension {dim!r} and already {used[a]!r}",
+                    LayoutProblem.AXIS_REUSED,
                 )
             used[a] = dim
             if a in local and any(b not in local for b in axes[:k]):
                 raise LayoutError(
                     f"local axis {a!r} comes after a non-local axis on dimension {dim!r}",
-                    "SS026",
+                    LayoutProblem.LOCAL_AFTER_NONLOCAL,
                 )
         if dim in rule.virtual and any(a not in local for a in axes):
             raise LayoutError(
                 f"dimension {dim!r} is indexed by module name, so only local axes can shard it",
-                "SS027",
+                LayoutProblem.NAME_INDEXED_NONLOCAL,
             )
 
 
@@ -309,14 +333,16 @@ def _fusion(
     sizes: dict[str, int],
 ) -> Fusion:
     if groups < 1:
-        raise LayoutError(f"dimension {dim!r}: the group count must be at least 1", "SS052")
+        raise LayoutError(
+            f"dimension {dim!r}: the group count must be at least 1", LayoutProblem.GROUP_COUNT
+        )
     if all(s is None for _, s in comps):
         per = size // groups
         if size % (groups * len(comps)):
             raise LayoutError(
                 f"dimension {dim!r} has size {size}, which does not split into "
                 f"{groups * len(comps)} equal component(s)",
-                "SS050",
+                LayoutProblem.COMPONENT_SIZES,
                 "give each component's size explicitly",
             )
         comp_sizes = tuple((n, per // len(comps)) for n, _ in comps)
@@ -329,7 +355,7 @@ def _fusion(
             raise LayoutError(
                 f"components of {dim!r} add up to {total} ({detail}{times}), "
                 f"but the dimension has size {size}",
-                "SS050",
+                LayoutProblem.COMPONENT_SIZES,
                 "component sizes are global sizes; they must add up to the dimension",
             )
     fusion = Fusion(comp_sizes, groups)
@@ -338,7 +364,7 @@ def _fusion(
         if groups > 1 and groups % n:
             raise LayoutError(
                 f"{groups} groups of {dim!r} do not divide over {axes[0]}={n}",
-                "SS051",
+                LayoutProblem.COMPONENT_SPLIT,
                 f"the group count must be a multiple of {axes[0]}",
             )
         bad = [(c, s) for c, s in comp_sizes if groups == 1 and s % n]
@@ -346,7 +372,7 @@ def _fusion(
             detail = ", ".join(f"{c} {s}" for c, s in bad)
             raise LayoutError(
                 f"component(s) of {dim!r} not divisible by {axes[0]}={n}: {detail}",
-                "SS051",
+                LayoutProblem.COMPONENT_SPLIT,
                 "every component is split separately: each must divide by the axis size",
             )
     return fusion

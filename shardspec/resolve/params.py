@@ -77,32 +77,44 @@ class Resolved:
         )
 
 
+class MeshError(ValueError):
+    """A mesh the compiler cannot size, with the check code it reports it under: SS004 for a
+    ``-D`` override that names no axis, SS010 for the rest."""
+
+    def __init__(self, message: str, code: str = "SS010", hint: str = "") -> None:
+        super().__init__(message)
+        self.code, self.hint = code, hint
+
+
 def mesh_of(
     spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
 ) -> Mesh:
-    """The spec's mesh with compile-time overrides applied. Raises LayoutError."""
+    """The spec's mesh with compile-time overrides applied. Raises :class:`MeshError`."""
     if spec.mesh is None:
-        raise LayoutError("the spec declares no mesh", "SS010")
+        raise MeshError("the spec declares no mesh")
     names = tuple(a.name.text for a in spec.mesh.axes)
     if not names:
-        raise LayoutError("the mesh has no axes", "SS010")
+        raise MeshError("the mesh has no axes")
     if len(set(names)) != len(names):
-        raise LayoutError("the mesh declares an axis twice", "SS010")
+        raise MeshError("the mesh declares an axis twice")
     sizes: list[int | None] = [a.size for a in spec.mesh.axes]
     for name, value in (overrides or {}).items():
         if name not in names:
-            raise LayoutError(
+            raise MeshError(
                 f"-D {name}={value}: the mesh has no axis {name!r} (axes: {', '.join(names)})",
                 "SS004",
                 "-D takes a mesh axis of the spec, or world",
             )
         sizes[names.index(name)] = value
     w = world if world is not None else spec.mesh.world
-    resolved = resolve_sizes(names, sizes, w)
+    try:
+        resolved = resolve_sizes(names, sizes, w)
+    except LayoutError as e:
+        raise MeshError(str(e), hint=e.hint) from None
     if any(s < 1 for s in resolved):
-        raise LayoutError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
+        raise MeshError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
     if math.prod(resolved) > MAX_WORLD:
-        raise LayoutError(
+        raise MeshError(
             f"mesh {dict(zip(names, resolved, strict=True))} has {math.prod(resolved)} ranks; "
             f"lint and compile check meshes of up to {MAX_WORLD} ranks",
             "SS010",
@@ -187,9 +199,9 @@ def resolve(
     mesh_error_hint = ""
     try:
         mesh = mesh_of(spec, overrides, world)
-    except LayoutError as e:
+    except MeshError as e:
         mesh_error = str(e)
-        mesh_error_code = "SS004" if e.code == "SS004" else "SS010"
+        mesh_error_code = e.code
         mesh_error_hint = e.hint
     axis_names = {a.name.text for a in spec.mesh.axes} if spec.mesh else set()
     # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no

@@ -154,7 +154,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
     errors: list[str] = []
-    codes: set[str] = set()
+    problems: set[tuple[str | None, core.LayoutProblem | None]] = set()
     for fqn, p in named:
         if spec.is_ignored(fqn):
             continue
@@ -171,7 +171,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
             layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
         except SpecError as e:
             errors.append(str(e))
-            codes.add(e.code)
+            problems.add((e.code, e.problem))
             continue
         if tied is not None:
             if layout != tied[2]:
@@ -189,9 +189,11 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
                 f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"
             )
     if errors:
-        # One kind of problem keeps its check code (e.g. SS021 for a rule that does not fit).
-        code = codes.pop() if len(codes) == 1 and len(errors) == 1 else "SS031"
-        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code)
+        # One problem keeps its kind (a rule that does not fit, say).
+        code, problem = (
+            problems.pop() if len(problems) == 1 and len(errors) == 1 else ("SS031", None)
+        )
+        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code, problem=problem)
     new: dict[int, nn.Parameter] = {}
     meshes: dict[tuple[str, ...], DeviceMesh] = {}
     for key, (_fqn, p, layout) in plans.items():

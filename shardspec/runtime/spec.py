@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.layout import (
     LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
     Placement,
@@ -33,7 +34,19 @@ from shardspec.core.stages import plan as stage_plan
 
 
 class SpecError(LayoutError):
-    """A model, mesh or argument that does not fit the compiled spec."""
+    """A model, mesh or argument that does not fit the compiled spec. ``code``: the check
+    the compiler would report it under, for the runtime's own errors (``None`` for a
+    :class:`LayoutError` passed on, whose ``problem`` says what is wrong)."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str | None = "SS031",
+        hint: str = "",
+        problem: LayoutProblem | None = None,
+    ) -> None:
+        super().__init__(message, problem, hint)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -149,7 +162,7 @@ class CompiledSpec:
         except SpecError:
             raise
         except LayoutError as e:
-            raise SpecError(str(e), e.code, e.hint) from None
+            raise SpecError(str(e), None, e.hint, e.problem) from None
         return dict(zip(self.axes, resolved, strict=True))
 
     def layout_mesh(self, mesh: object) -> Mesh:
@@ -375,7 +388,7 @@ class CompiledSpec:
         try:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
-            raise SpecError(f"parameter {fqn!r}: {e}", e.code, e.hint) from None
+            raise SpecError(f"parameter {fqn!r}: {e}", None, e.hint, e.problem) from None
         sp = self.stage_plan(lm)
         if sp is not None:
             stage = sp.stage_of(fqn)

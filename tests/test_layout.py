@@ -45,8 +45,10 @@ DP_TP = Mesh(("dp_shard", "tp"), (2, 2))
 SIZES = {"dp_shard": 2, "tp": 2}
 
 
-def rule(dims, shard=(), fuse=(), local=(), virtual=(), **kw) -> RuleSpec:
-    return RuleSpec("p", tuple(dims), tuple(shard), tuple(fuse), tuple(local), tuple(virtual), **kw)
+def rule(dims, shard=(), fuse=(), local=(), name_indexed=(), **kw) -> RuleSpec:
+    return RuleSpec(
+        "p", tuple(dims), tuple(shard), tuple(fuse), tuple(local), tuple(name_indexed), **kw
+    )
 
 
 # --------------------------------------------------------------------------- chunks, ranges
@@ -181,7 +183,7 @@ def test_build_layout_group_errors() -> None:
         (rule(["a"], [("a", ("pp",))]), "SS011"),
         (rule(["a", "b"], [("a", ("tp",)), ("b", ("tp",))]), "SS012"),
         (rule(["a"], [("a", ("dp_shard", "tp"))], local=["tp"]), "SS026"),
-        (rule(["e", "a"], [("e", ("tp",))], virtual=["e"]), "SS027"),
+        (rule(["e", "a"], [("e", ("tp",))], name_indexed=["e"]), "SS027"),
     ],
 )
 def test_build_layout_rechecks_structure(r: RuleSpec, code: str) -> None:
@@ -212,13 +214,13 @@ def test_build_layout_local_axes_scale_up() -> None:
     assert local_indices(layout, DP_TP, (1, 1)) == (((72, 96),), ((0, 64),))
 
 
-def test_virtual_dims() -> None:
+def test_name_indexed_dims() -> None:
     mesh = Mesh(("dp_shard", "ep"), (2, 2))
     r = rule(
         ["expert", "ffn", "hidden"],
         [("expert", ("ep",)), ("ffn", ("dp_shard",))],
         local=["ep"],
-        virtual=["expert"],
+        name_indexed=["expert"],
     )
     layout = build_layout(r, (32, 64), {"dp_shard": 2, "ep": 2}, {"expert": 4})
     assert layout.shape == (8, 32, 64)

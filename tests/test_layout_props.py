@@ -7,7 +7,7 @@ and coordinate, ``Shard``/``_StridedShard`` ``_split_tensor`` and
 
 (a) random shapes, meshes and placements: our simulation of DTensor's left-to-right
     placement semantics equals torch's, shapes, first offsets and full index sets;
-(b) random parameter layouts (fused, grouped, local and virtual dims, any axis order):
+(b) random parameter layouts (fused, grouped, local and name-indexed dims, any axis order):
     every element is held exactly ``replication`` times, each rank's indices follow nested
     ``torch.chunk``, and whenever :func:`representable` says yes, a DTensor with
     :func:`dtensor_placements` holds exactly the physical indices on every rank (and when it
@@ -225,13 +225,13 @@ def layouts(draw):
     names = AXIS_NAMES[: len(mesh_sizes)]
     sizes = dict(zip(names, mesh_sizes, strict=True))
     ndim = draw(st.integers(1, 3))
-    has_virtual = draw(st.booleans())
+    has_name_indexed = draw(st.booleans())
     dims = [f"d{i}" for i in range(ndim)]
-    # Each mesh axis shards at most one dim (or none); a virtual dim only takes local axes.
+    # Each mesh axis shards at most one dim (or none); a name-indexed dim only takes local axes.
     owner = {
-        a: draw(st.sampled_from([None, *dims, *(["v"] if has_virtual else [])])) for a in names
+        a: draw(st.sampled_from([None, *dims, *(["v"] if has_name_indexed else [])])) for a in names
     }
-    all_dims = (["v"] if has_virtual else []) + dims
+    all_dims = (["v"] if has_name_indexed else []) + dims
     order = {}
     for d in all_dims:
         mine = [a for a in names if owner[a] == d]
@@ -242,8 +242,8 @@ def layouts(draw):
             local.update(order[d])
         elif order[d]:
             local.update(order[d][: draw(st.integers(0, len(order[d])))])
-    if has_virtual and not order["v"]:
-        has_virtual = False  # a virtual dim needs a local axis; drop it
+    if has_name_indexed and not order["v"]:
+        has_name_indexed = False  # a name-indexed dim needs a local axis; drop it
         all_dims = dims
     # Module shape and at most one fused dim.
     fused_dim = draw(st.sampled_from([None, *dims]))
@@ -288,9 +288,9 @@ def layouts(draw):
         shard=tuple((d, order[d]) for d in all_dims if order[d]),
         fuse=fuse,
         local=tuple(sorted(local)),
-        virtual=("v",) if has_virtual else (),
+        name_indexed=("v",) if has_name_indexed else (),
     )
-    counts = {"v": draw(st.integers(1, 3))} if has_virtual else None
+    counts = {"v": draw(st.integers(1, 3))} if has_name_indexed else None
     mesh = Mesh(names, mesh_sizes)
     try:
         layout = build_layout(rule, tuple(shape), sizes, counts)
@@ -344,11 +344,11 @@ GATE_UP = Fusion((("gate", 4), ("up", 4)))
         (2, 2),
     )
 )
-# Virtual expert dim over a local axis, FSDP on the next dim.
+# A name-indexed expert dim over a local axis, FSDP on the next dim.
 @example(
     _case(
         True,
-        (Dim("e", 4, ("b",), virtual=True), Dim("f", 6, ("a",)), Dim("h", 2)),
+        (Dim("e", 4, ("b",), name_indexed=True), Dim("f", 6, ("a",)), Dim("h", 2)),
         ("a", "b"),
         (3, 2),
         ("b",),
@@ -403,7 +403,7 @@ def test_layout_properties(case) -> None:
         assert tuple(len(flat(r)) for r in view) == tuple(
             len(flat(r))
             for d, r in zip(layout.dims, local_indices(layout, mesh, coord), strict=True)
-            if not d.virtual
+            if not d.name_indexed
         )
         real = full
         for p, n, i in zip(tp, sub.sizes, sub_coord, strict=True):

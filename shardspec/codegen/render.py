@@ -157,8 +157,8 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
         fields.append(("fuse", rs.fuse))
     if rs.local:
         fields.append(("local", rs.local))
-    if rs.virtual:
-        fields.append(("virtual", rs.virtual))
+    if rs.name_indexed:
+        fields.append(("name_indexed", rs.name_indexed))
     if rs.stored_fused:
         fields.append(("stored_fused", True))
     if rs.any_rank:
@@ -465,9 +465,9 @@ def render_module(
         "fsdp": assign("FSDP_AXIS: str | None", fsdp),
         "rules": rules,
         "ignore": assign("IGNORE: tuple[str, ...]", tuple(ig.pattern.text for ig in spec.ignores)),
-        "virtual_counts": assign(
-            "VIRTUAL_COUNTS: dict[int, dict[str, int]]",
-            {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
+        "name_indexed_counts": assign(
+            "NAME_INDEXED_COUNTS: dict[int, dict[str, int]]",
+            {k: dict(sorted(v.items())) for k, v in sorted(res.name_indexed_counts.items())},
         ),
         "params": params,
         "buffers": assign("BUFFERS: tuple[str, ...]", _buffers(res)),

@@ -17,7 +17,7 @@ Vocabulary
 * A *local* axis is one whose shard the module already holds (it was built with local
   shapes). The DTensor then only spans the remaining axes. Local axes must come first in
   a dimension's order, since the module holds a whole block of them.
-* A *virtual* dimension does not exist in the module's tensor: it is indexed by a capture
+* A *name-indexed* dimension does not exist in the module's tensor: it is indexed by a capture
   in the parameter's name (``local_experts.{expert}``) and only sharded by local axes.
 
 Index sets are tuples of half-open ``(start, stop)`` ranges in increasing order. Sizes follow
@@ -106,7 +106,12 @@ class Dim:
     size: int
     axes: tuple[str, ...] = ()  # outer -> inner
     fusion: Fusion | None = None
-    virtual: bool = False  # indexed by a name capture, absent from the module tensor
+    name_indexed: bool = False  # indexed by a name capture, absent from the module tensor
+
+    @property
+    def virtual(self) -> bool:
+        """The old name of :attr:`name_indexed`, for readers not yet renamed."""
+        return self.name_indexed
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,8 @@ class ParamLayout:
         raise KeyError(name)
 
     def tensor_dims(self) -> tuple[Dim, ...]:
-        """The dimensions the module's tensor really has (virtual ones removed)."""
-        return tuple(d for d in self.dims if not d.virtual)
+        """The dimensions the module's tensor really has (name-indexed ones removed)."""
+        return tuple(d for d in self.dims if not d.name_indexed)
 
 
 @dataclass(frozen=True)
@@ -238,7 +243,7 @@ class RuleSpec:
     shard: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (dim, axes outer -> inner)
     fuse: tuple[tuple[str, tuple[tuple[str, int | None], ...], int], ...] = ()
     local: tuple[str, ...] = ()
-    virtual: tuple[str, ...] = ()  # dims indexed by a name capture
+    name_indexed: tuple[str, ...] = ()  # dims indexed by a name capture
     stored_fused: bool = False
     any_rank: bool = False  # `param p replicate` without dimension names
     # Checkpoint-only splits: (dim, axes) cutting stored chunks further over axes the
@@ -253,19 +258,19 @@ def build_layout(
     rule: RuleSpec,
     module_shape: Sequence[int],
     sizes: dict[str, int],
-    virtual_counts: dict[str, int] | None = None,
+    name_indexed_counts: dict[str, int] | None = None,
 ) -> ParamLayout:
     """The global layout of a parameter whose module tensor has ``module_shape``.
 
-    Sizes on local axes are multiplied up to global ones; a virtual dim's global size is the
-    number of modules per rank (``virtual_counts``) times its local axes. Raises
+    Sizes on local axes are multiplied up to global ones; a name-indexed dim's global size is the
+    number of modules per rank (``name_indexed_counts``) times its local axes. Raises
     :class:`LayoutError` (saying what is wrong) when the rule does not fit the tensor.
     """
     if rule.any_rank:
         names = tuple(f"dim{i}" for i in range(len(module_shape)))
         return ParamLayout(tuple(Dim(n, s) for n, s in zip(names, module_shape, strict=True)))
     _check_axes(rule, sizes)
-    tensor_dims = [d for d in rule.dims if d not in rule.virtual]
+    tensor_dims = [d for d in rule.dims if d not in rule.name_indexed]
     if len(tensor_dims) != len(module_shape):
         raise LayoutError(
             f"the rule names {len(tensor_dims)} dimension(s) {list(tensor_dims)}, "
@@ -280,15 +285,15 @@ def build_layout(
     for name in rule.dims:
         axes = rule.axes_of(name)
         local_factor = math.prod(sizes[a] for a in axes if a in local)
-        if name in rule.virtual:
-            count = (virtual_counts or {}).get(name, 1)
+        if name in rule.name_indexed:
+            count = (name_indexed_counts or {}).get(name, 1)
             size = count * local_factor
         else:
             size = shapes[name] * local_factor
         fusion = None
         if name in fusions:
             fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
-        dims.append(Dim(name, size, axes, fusion, name in rule.virtual))
+        dims.append(Dim(name, size, axes, fusion, name in rule.name_indexed))
     ckpt_of = dict(rule.ckpt_shard)
     ckpt = tuple(ckpt_of.get(d.name, ()) for d in dims) if ckpt_of else ()
     return ParamLayout(tuple(dims), local, ckpt)
@@ -316,7 +321,7 @@ def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
                     f"local axis {a!r} comes after a non-local axis on dimension {dim!r}",
                     LayoutProblem.LOCAL_AFTER_NONLOCAL,
                 )
-        if dim in rule.virtual and any(a not in local for a in axes):
+        if dim in rule.name_indexed and any(a not in local for a in axes):
             raise LayoutError(
                 f"dimension {dim!r} is indexed by module name, so only local axes can shard it",
                 LayoutProblem.NAME_INDEXED_NONLOCAL,
@@ -555,7 +560,9 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
     tensor_dims = layout.tensor_dims()
     for d_index, dim in enumerate(tensor_dims):
         dt_axes = [a for a in dim.axes if a not in layout.local]
-        virtual_outer = (
+        # A fused dimension's first (non-local) axis splits each component: for DTensor,
+        # one more outer split, into as many pieces as there are components.
+        component_factor = (
             len(dim.fusion.components)
             if dim.fusion is not None
             and dim.fusion.groups == 1
@@ -564,7 +571,7 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
             else 1
         )
         for k, axis in enumerate(dt_axes):
-            sf = virtual_outer
+            sf = component_factor
             for outer in dt_axes[:k]:
                 if pos[outer] > pos[axis]:
                     sf *= sub.size(outer)
@@ -668,7 +675,7 @@ def _first_coord(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
 
 def module_shape(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
     """The shape of the tensor the module holds before any DTensor sharding (its local-axis
-    block, for virtual dims nothing). Uses the rank at coordinate 0 on every axis, so it is
+    block, for name-indexed dims nothing). Uses the rank at coordinate 0 on every axis, so it is
     exact only when local axes divide evenly, which checks require."""
     coord = _first_coord(layout, mesh)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
@@ -744,7 +751,7 @@ class RankShard:
 
     rank: int
     coord: tuple[int, ...]
-    indices: tuple[Ranges, ...]  # global, per dim (virtual dims included)
+    indices: tuple[Ranges, ...]  # global, per dim (name-indexed dims included)
 
     @property
     def shape(self) -> tuple[int, ...]:

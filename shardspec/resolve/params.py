@@ -52,7 +52,7 @@ class Resolved:
     rule_specs: dict[int, RuleSpec]  # rule index -> plain rule (sound rules only)
     ignore_globs: dict[int, Glob]
     matches: dict[str, Match]  # fqn -> match, for params and extra state
-    virtual_counts: dict[int, dict[str, int]]
+    name_indexed_counts: dict[int, dict[str, int]]
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
     mesh_error_hint: str = ""  # the LayoutError's own hint, where it has one
@@ -149,10 +149,10 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
     itself (in a ``shard`` or a ``replicate``), or is ``replicate``.
     """
     glob = compile_glob(rule.pattern.text)
-    virtual = tuple(d.text for d in rule.dims if d.text in glob.captures)
+    name_indexed = tuple(d.text for d in rule.dims if d.text in glob.captures)
     shard = {s.dim.text: tuple(a.text for a in s.axes) for s in rule.shards}
     mentioned = {a for axes in shard.values() for a in axes} | {a.text for a in rule.replicate}
-    tensor_dims = [d.text for d in rule.dims if d.text not in virtual]
+    tensor_dims = [d.text for d in rule.dims if d.text not in name_indexed]
     if fsdp and not rule.replicate_all and fsdp not in mentioned and tensor_dims:
         first = tensor_dims[0]
         shard[first] = (*shard.get(first, ()), fsdp)
@@ -170,7 +170,7 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         shard=tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard),
         fuse=fuse,
         local=tuple(a.text for a in rule.local),
-        virtual=virtual,
+        name_indexed=name_indexed,
         stored_fused=any(f.stored_fused for f in rule.fusions),
         any_rank=not rule.dims_given,
         ckpt_shard=tuple(
@@ -339,15 +339,15 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
-    # Count the modules behind each virtual dim: distinct capture values per rule.
+    # Count the modules behind each name-indexed dim: distinct capture values per rule.
     values: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for m in res.matches.values():
         if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
             continue
-        for v in res.rule_specs[m.winner].virtual:
+        for v in res.rule_specs[m.winner].name_indexed:
             values[m.winner][v].add(m.captures.get(v, ""))
     for index, per_dim in values.items():
-        res.virtual_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
+        res.name_indexed_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
     # Parameters of one rule with one shape share a layout object: build it once.
     built: dict[tuple[int, tuple[int, ...]], ParamLayout | LayoutError] = {}
     for m in [*res.matches.values(), *res.tie_matches.values()]:
@@ -358,7 +358,7 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
         if got is None:
             rs = res.rule_specs[m.winner]
             try:
-                got = build_layout(rs, m.entry.shape, sizes, res.virtual_counts.get(m.winner))
+                got = build_layout(rs, m.entry.shape, sizes, res.name_indexed_counts.get(m.winner))
             except LayoutError as e:
                 got = e
             built[key] = got

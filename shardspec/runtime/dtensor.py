@@ -151,7 +151,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     # stage model lacks or should not hold). Identity without a pipeline.
     gname = spec.global_names([f for f, _ in model.named_parameters()], mesh)
     table = spec.table(lmesh)
-    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
+    counts = spec.name_indexed_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
     errors: list[str] = []
     problems: set[tuple[str | None, core.LayoutProblem | None]] = set()

@@ -101,7 +101,7 @@ def plan_params(
         own = [f for f, _ in model.named_parameters()]
         gname = spec.global_names(own, lmesh, coord)
         rname = spec.global_names(own, lmesh, coord, ties=False)
-    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
+    counts = spec.name_indexed_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[str, ParamPlan] = {}
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
@@ -699,7 +699,7 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
         shape = by_rule.get(i)
         if shape is None:
             continue
-        layout = build_layout(rule, shape, sizes, spec.virtual_counts.get(i))
+        layout = build_layout(rule, shape, sizes, spec.name_indexed_counts.get(i))
         sub = dtensor_mesh(layout, lmesh)
         placements = dtensor_placements(layout, lmesh)
         on = {n: p for n, p in zip(sub.names, placements, strict=True) if n in axes}

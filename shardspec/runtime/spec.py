@@ -81,7 +81,7 @@ class CompiledSpec:
         rules: tuple[RuleSpec, ...],
         params: Mapping[str, Param] | None,
         ignore: tuple[str, ...] = (),
-        virtual_counts: Mapping[int, Mapping[str, int]] | None = None,
+        name_indexed_counts: Mapping[int, Mapping[str, int]] | None = None,
         factory_args: Mapping[str, object] | None = None,
         fsdp: str | None = None,
         styles: Mapping[int, Mapping[str, object]] | None = None,
@@ -106,7 +106,7 @@ class CompiledSpec:
         # (rule index -> {"kind": ..., "input": ..., "output": ..., "local": ...}).
         self.fsdp_axis = fsdp
         self.rule_styles = {k: dict(v) for k, v in (styles or {}).items()}
-        self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
+        self.name_indexed_counts = {k: dict(v) for k, v in (name_indexed_counts or {}).items()}
         # Local axes' sizes the manifest's model was built with (its factory arguments
         # named after mesh axes): the per-parameter table holds only at those sizes.
         local = {a for r in rules for a in r.local}
@@ -352,7 +352,7 @@ class CompiledSpec:
         fqn: str,
         mesh: object,
         shape: Iterable[int] | None = None,
-        virtual_counts: Mapping[str, int] | None = None,
+        name_indexed_counts: Mapping[str, int] | None = None,
     ) -> ParamLayout:
         """The global layout of ``fqn`` on ``mesh``.
 
@@ -373,7 +373,7 @@ class CompiledSpec:
                     f"{list(p.shape)}; regenerate the manifest and recompile"
                 )
             rule, module_shape = p.rule, p.shape
-            counts = self.virtual_counts.get(rule)
+            counts = self.name_indexed_counts.get(rule)
         else:
             if shape is None:
                 why = (
@@ -384,7 +384,7 @@ class CompiledSpec:
                 raise SpecError(f"spec {self.name!r} {why}: pass the tensor's shape")
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
-            counts = virtual_counts
+            counts = name_indexed_counts
         try:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
@@ -417,8 +417,8 @@ class CompiledSpec:
         lm = self.layout_mesh(mesh)
         return dtensor_placements(self.layout(fqn, lm, shape), lm)
 
-    def virtual_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Without a manifest: modules per virtual dim, counted from the model's names."""
+    def name_indexed_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Without a manifest: modules per name-indexed dim, counted from the model's names."""
         values: dict[tuple[int, str], set[str]] = defaultdict(set)
         matched: dict[str, int] = {}
         for fqn in names:
@@ -426,9 +426,9 @@ class CompiledSpec:
                 continue
             rule, caps = self.match(fqn)
             matched[fqn] = rule
-            for v in self.rules[rule].virtual:
+            for v in self.rules[rule].name_indexed:
                 values[(rule, v)].add(caps[v])
         return {
-            fqn: {v: len(values[(rule, v)]) for v in self.rules[rule].virtual}
+            fqn: {v: len(values[(rule, v)]) for v in self.rules[rule].name_indexed}
             for fqn, rule in matched.items()
         }

@@ -460,7 +460,7 @@ def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
         span = names.split(key)
         if span is not None:
             fqns.add(key[span[0] : span[1]])
-    return spec.virtual_counts_of(sorted(fqns))
+    return spec.name_indexed_counts_of(sorted(fqns))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,7 +127,7 @@ def bench_spec(model_cfg: dict[str, int]):
         world=L.DEFAULT_WORLD,
         rules=tuple(rules),
         ignore=L.IGNORE,
-        virtual_counts=L.VIRTUAL_COUNTS,
+        name_indexed_counts=L.NAME_INDEXED_COUNTS,
     )
     matcher = CompiledSpec(params=None, **kwargs)
     with torch.device("meta"):
@@ -664,8 +664,8 @@ class _Sim:
             t = self.state[key]
             props = TensorProperties(dtype=t.dtype)
             layout = self.spec.layout(key, self.lm)
-            if any(d.virtual for d in layout.dims):
-                raise NotImplementedError("name-indexed (virtual) dimensions: not simulated")
+            if any(d.name_indexed for d in layout.dims):
+                raise NotImplementedError("name-indexed dimensions: not simulated")
             for r, row in enumerate(rank_pieces(layout, self.lm)):
                 for piece in row:
                     if any(s == 0 for s in piece.sizes):

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=2, compiler="0.1.0")
+require(api=3, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe_local.shard"
 SPEC_SHA256 = "4f2c31f1f55a0729731306d9d65bd7588401932309115f486fbf6af3adae638d"
@@ -50,7 +50,7 @@ RULES: tuple[RuleSpec, ...] = (
         dims=("expert", "ffn", "hidden"),
         shard=(("expert", ("ep",)), ("ffn", ("dp_shard",))),
         local=("ep",),
-        virtual=("expert",),
+        name_indexed=("expert",),
     ),
     # 1: specs/deepseek_moe_local.shard:23 -> (dp_shard=S(0))
     RuleSpec(
@@ -58,7 +58,7 @@ RULES: tuple[RuleSpec, ...] = (
         dims=("expert", "hidden", "ffn"),
         shard=(("expert", ("ep",)), ("hidden", ("dp_shard",))),
         local=("ep",),
-        virtual=("expert",),
+        name_indexed=("expert",),
     ),
     # 2: specs/deepseek_moe_local.shard:27 -> (dp_shard=S(0), ep=R)
     RuleSpec(
@@ -108,7 +108,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ("**._extra_state",)
 
 # Modules per rank behind each name-indexed dimension, per rule.
-VIRTUAL_COUNTS: dict[int, dict[str, int]] = {0: {"expert": 4}, 1: {"expert": 4}}
+NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {0: {"expert": 4}, 1: {"expert": 4}}
 
 # Every parameter: Param(rule, module tensor shape, dtype).
 PARAMS: dict[str, Param] | None = {
@@ -252,7 +252,7 @@ SPEC = CompiledSpec(
     rules=RULES,
     params=PARAMS,
     ignore=IGNORE,
-    virtual_counts=VIRTUAL_COUNTS,
+    name_indexed_counts=NAME_INDEXED_COUNTS,
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,

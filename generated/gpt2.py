@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=2, compiler="0.1.0")
+require(api=3, compiler="0.1.0")
 
 SPEC_PATH = "specs/gpt2.shard"
 SPEC_SHA256 = "391f69c93e14683d5191d0315bc0f5a49c4b3d0cfd2f3390c9d274a65dc104dd"
@@ -106,7 +106,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ("lm_head.weight",)
 
 # Modules per rank behind each name-indexed dimension, per rule.
-VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}
+NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # Every parameter: Param(rule, module tensor shape, dtype).
 PARAMS: dict[str, Param] | None = {
@@ -186,7 +186,7 @@ SPEC = CompiledSpec(
     rules=RULES,
     params=PARAMS,
     ignore=IGNORE,
-    virtual_counts=VIRTUAL_COUNTS,
+    name_indexed_counts=NAME_INDEXED_COUNTS,
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=2, compiler="0.1.0")
+require(api=3, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_local.shard"
 SPEC_SHA256 = "a8168d39199f5b3f31077a169a9ead63cb4a039dc6f65b0e1f6f32796952d511"
@@ -100,7 +100,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ()
 
 # Modules per rank behind each name-indexed dimension, per rule.
-VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}
+NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # Every parameter: Param(rule, module tensor shape, dtype).
 PARAMS: dict[str, Param] | None = {
@@ -215,7 +215,7 @@ SPEC = CompiledSpec(
     rules=RULES,
     params=PARAMS,
     ignore=IGNORE,
-    virtual_counts=VIRTUAL_COUNTS,
+    name_indexed_counts=NAME_INDEXED_COUNTS,
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,

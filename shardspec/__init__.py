@@ -8,4 +8,7 @@ __version__ = "0.1.0"
 
 # The contract between generated modules and ``shardspec.runtime``. A generated module
 # states the API version it was rendered for; the runtime refuses a different one.
-RUNTIME_API = 2  # 2: generated modules pass buffers= and hook_keys= (manifest format 2)
+# 2: generated modules pass buffers= and hook_keys= (manifest format 2).
+# 3: "name-indexed" for what was "virtual": RuleSpec(name_indexed=...), NAME_INDEXED_COUNTS,
+#    CompiledSpec(name_indexed_counts=...).
+RUNTIME_API = 3

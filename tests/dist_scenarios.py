@@ -23,7 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from examples.models import llama, moe
-from shardspec.core.layout import dtensor_mesh
+from shardspec.core.layout import LayoutProblem, dtensor_mesh
 from shardspec.runtime import CompiledSpec, RuleSpec, SpecError
 from shardspec.runtime.dtensor import distribute, take, to_torch
 
@@ -148,7 +148,9 @@ def check_param(
     mine = table[rank]
     if mine.rank != rank or tuple(mine.coord) != tuple(mesh.get_coordinate() or ()):
         fail.append(f"{where}: rank table row {mine.rank} {mine.coord} for rank {rank}")
-    tensor_idx = tuple(r for d, r in zip(layout.dims, mine.indices, strict=True) if not d.virtual)
+    tensor_idx = tuple(
+        r for d, r in zip(layout.dims, mine.indices, strict=True) if not d.name_indexed
+    )
     local = p.to_local()
     want_shape = tuple(sum(b - a for a, b in r) for r in tensor_idx)
     if tuple(local.shape) != want_shape:
@@ -244,7 +246,7 @@ def local_experts(mesh: DeviceMesh, rank: int, fail: Failures) -> None:
         # layers.{i}.moe.local_experts.{j}.w{k}.weight
         layer, j, w = parts[1], int(parts[4]), parts[5]
         layout = mod.SPEC.layout(fqn, lmesh)
-        vdim = next(d for d, dim in enumerate(layout.dims) if dim.virtual)
+        vdim = next(d for d, dim in enumerate(layout.dims) if dim.name_indexed)
         vranges = mod.SPEC.rank_table(fqn, mesh)[rank].indices[vdim]
         if len(vranges) != 1 or vranges[0][1] - vranges[0][0] != cfg.n_local_experts:
             fail.append(f"{tag} {fqn}: expert indices {vranges} on EP rank {ep_rank}")
@@ -436,7 +438,7 @@ def errors(mesh: DeviceMesh, rank: int, fail: Failures) -> None:
 
 def runtime_paths(mesh: DeviceMesh, rank: int, fail: Failures) -> None:
     """Runtime paths the example modules do not take: specs without a manifest (rules matched
-    by name, virtual counts counted from the model), tied parameters, rules that do not fit."""
+    by name, name-indexed counts counted from the model), tied parameters, rules that do not fit."""
     tag = "[runtime]"
     CHECKED[tag] = 0
     moe_local = importlib.import_module("generated.deepseek_moe_local")
@@ -502,8 +504,8 @@ def runtime_paths(mesh: DeviceMesh, rank: int, fail: Failures) -> None:
         distribute(spec, wrong, mesh)
     except SpecError as e:
         CHECKED[tag] += 1
-        if "a.weight" not in str(e) or e.code != "SS021":
-            fail.append(f"{tag} wrong rank: {e.code}: {e}")
+        if "a.weight" not in str(e) or e.problem is not LayoutProblem.DIM_COUNT:
+            fail.append(f"{tag} wrong rank: {e.problem}: {e}")
     else:
         fail.append(f"{tag} wrong rank: no error")
 

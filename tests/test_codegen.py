@@ -96,13 +96,16 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert 'fuse=(("qkv", (("q", 32), ("k", 16), ("v", 16)), 2),),' in dense
 
     moe = render_case("moe_local")
-    assert 'VIRTUAL_COUNTS: dict[int, dict[str, int]] = {0: {"expert": 4}, 1: {"expert": 4}}' in moe
-    assert 'virtual=("expert",),' in moe and 'local=("ep",),' in moe
+    assert (
+        'NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {0: {"expert": 4}, 1: {"expert": 4}}'
+        in moe
+    )
+    assert 'name_indexed=("expert",),' in moe and 'local=("ep",),' in moe
     assert 'FACTORY_ARGS: dict[str, int | float | str | bool] = {"ep": 2}' in moe
 
     bare = render_case("no_manifest")
     assert "PARAMS: dict[str, Param] | None = None" in bare
-    assert "VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}" in bare
+    assert "NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}" in bare
 
     long = render_case("long_names")
     assert "FACTORY: str | None = (\n" in long  # a long string is parenthesized
@@ -439,3 +442,26 @@ def test_generated_modules_import_only_torch_and_the_runtime(in_repo: Path) -> N
         for m in modules:
             ok = m in stdlib or m == "torch" or m.startswith("torch.") or m == "shardspec.runtime"
             assert ok or m.startswith("shardspec.runtime."), f"{path}: imports {m}"
+
+
+def test_a_module_generated_for_an_older_runtime_says_recompile(
+    in_repo: Path, tmp_path: Path
+) -> None:
+    """A module rendered for an older runtime API (e.g. one passing ``virtual_counts=``,
+    before API 3 named it ``name_indexed_counts=``) fails at import, before it calls
+    anything, with a message that says what to do."""
+    import importlib.util
+
+    from shardspec import RUNTIME_API
+
+    text = (in_repo / "generated" / "llama.py").read_text(encoding="utf-8")
+    assert f"require(api={RUNTIME_API}," in text
+    old = tmp_path / "old_llama.py"
+    old.write_text(text.replace(f"require(api={RUNTIME_API},", "require(api=2,"), "utf-8")
+    spec = importlib.util.spec_from_file_location("old_llama", old)
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(ImportError) as e:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    message = str(e.value)
+    assert "needs shardspec runtime API 2" in message and f"provides API {RUNTIME_API}" in message
+    assert "recompile the spec with `shardspec compile`" in message

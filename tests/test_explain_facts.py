@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shardspec.core.layout import Shard, StridedShard
 from shardspec.explain import Explanation, Refusal, explain_facts, render_text
 from shardspec.explain.facts import HeadsVerdict, StyleSource, Verdict
 from shardspec.findings.diagnostics import Severity
@@ -45,7 +46,7 @@ def test_a_fused_colwise_weight(in_repo: Path) -> None:
         ("hidden", 64, ("dp_shard",)),
     ]
     # tp splits gate and up each: a strided shard of the fused dim, split factor 2
-    assert f.dtensor_mesh == ("dp_shard", "tp") and f.placements == (("S", 1), ("SS", 0, 2))
+    assert f.dtensor_mesh == ("dp_shard", "tp") and f.placements == (Shard(1), StridedShard(0, 2))
     assert (f.style.source, f.style.words, f.style.module, f.style.dim) == (
         StyleSource.DERIVED,
         ("colwise",),
@@ -71,7 +72,7 @@ def test_heads_and_hugging_face_sources(in_repo: Path) -> None:
         HeadsVerdict.WHOLE,
         ("tp",),
     )
-    assert x.layout.placements == (("SS", 0, 2), ("S", 0))  # FSDP over TP: strided
+    assert x.layout.placements == (StridedShard(0, 2), Shard(0))  # FSDP over TP: strided
     assert x.hf is not None and x.hf.more == 0
     assert [(u.name, u.shape, u.kept) for u in x.hf.units] == [
         ("layers.0.attention.wqkv.weight.q", (64, 64), False),
@@ -161,7 +162,7 @@ def test_a_tied_alias_explains_as_its_source(in_repo: Path) -> None:
 def test_a_name_indexed_module(in_repo: Path) -> None:
     """local_experts.1 is expert 1 on ep rank 0 and expert 5 on ep rank 1."""
     x = facts("specs/deepseek_moe_local.shard", "layers.0.moe.local_experts.1.w1.weight")
-    assert x.table is not None and x.table.virtual == (("expert", 1),)
+    assert x.table is not None and x.table.name_indexed == (("expert", 1),)
     assert x.table.rows[1].shard.indices[0] == ((5, 6),)
     assert x.hf is not None
     assert [u.name for u in x.hf.units] == [

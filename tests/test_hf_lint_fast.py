@@ -32,6 +32,7 @@ if str(REPO_ROOT) not in sys.path:
 from bench import synth  # noqa: E402
 from shardspec.checks import hf as H  # noqa: E402
 from shardspec.checks import run as run_mod  # noqa: E402
+from shardspec.checks.coverage import entry_span  # noqa: E402
 from shardspec.core.hfmap import (  # noqa: E402
     Fused,
     HFMap,
@@ -150,12 +151,12 @@ def ref_units(res: Resolved) -> dict[str, _Unit]:
         glob = res.globs.get(m.winner)
         if glob is None:
             continue
-        virtual = [d.name for d in m.layout.dims if d.virtual]
+        indexed = [d.name for d in m.layout.dims if d.name_indexed]
         spans: list[tuple[int, int]] = []
-        if virtual:
+        if indexed:
             found = glob.regex.match(fqn)
             assert found is not None
-            spans = [found.span(v) for v in virtual]
+            spans = [found.span(v) for v in indexed]
             key = fqn
             for s, e in sorted(spans, reverse=True):
                 key = key[:s] + "{}" + key[e:]
@@ -272,7 +273,7 @@ def ref_report_not_produced(
                 "SS071",
                 f"storage unit {first.name!r} {H._shape(first.shape)} is produced by no hf map "
                 f"line{more}",
-                H._entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 H._not_produced_hint(first, hfm),  # type: ignore[arg-type]
             )
         )
@@ -284,7 +285,7 @@ def ref_report_not_produced(
             diag(
                 "SS071",
                 f"{n} more storage units are produced by no hf map line, such as {first.name!r}",
-                H._entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 "map them, or `keep` them",
             )
         )

@@ -115,7 +115,7 @@ def test_unit_names_cover_components_and_global_expert_indices() -> None:
     grouped = (Dim("qkv", 16, ("tp",), Fusion((("q", 4), ("k", 2), ("v", 2)), groups=2)),)
     assert unit_names("wqkv", grouped, ()) == [("wqkv.q", (8,)), ("wqkv.k", (4,)), ("wqkv.v", (4,))]
     fqn = "layers.0.local_experts.1.w1.weight"
-    dims = (Dim("expert", 4, ("ep",), virtual=True), Dim("ffn", 3), Dim("hidden", 2))
+    dims = (Dim("expert", 4, ("ep",), name_indexed=True), Dim("ffn", 3), Dim("hidden", 2))
     start = fqn.index("1.w1")
     names = unit_names(fqn, dims, [(start, start + 1)])
     assert names == [(f"layers.0.local_experts.{e}.w1.weight", (3, 2)) for e in range(4)]
@@ -249,9 +249,9 @@ def test_stacked_experts_split_each_slice() -> None:
     assert m.sources("m.0.w13.up", (2, 5), (0, (("gate", 1), ("up", 1)))) == []
 
 
-def test_fused_of_positions_the_dimension_without_virtual_dims() -> None:
+def test_fused_of_positions_the_dimension_without_name_indexed_dims() -> None:
     dims = (
-        Dim("expert", 4, ("ep",), virtual=True),
+        Dim("expert", 4, ("ep",), name_indexed=True),
         Dim("hidden", 6),
         Dim("ffn", 8, ("tp",), Fusion((("gate", 2), ("up", 2)), groups=2)),
     )

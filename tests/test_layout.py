@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 import torch
 
+from shardspec.checks.layouts import LAYOUT_CODES
+from shardspec.core import layout as layout_module
 from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
+    Replicate,
     RuleSpec,
+    Shard,
+    StridedShard,
     box,
     build_layout,
     chunk_bounds,
@@ -30,13 +39,16 @@ from shardspec.core.layout import (
     storage_units,
     torch_local_shape_and_offset,
 )
+from shardspec.findings.codes import BY_CODE
 
 DP_TP = Mesh(("dp_shard", "tp"), (2, 2))
 SIZES = {"dp_shard": 2, "tp": 2}
 
 
-def rule(dims, shard=(), fuse=(), local=(), virtual=(), **kw) -> RuleSpec:
-    return RuleSpec("p", tuple(dims), tuple(shard), tuple(fuse), tuple(local), tuple(virtual), **kw)
+def rule(dims, shard=(), fuse=(), local=(), name_indexed=(), **kw) -> RuleSpec:
+    return RuleSpec(
+        "p", tuple(dims), tuple(shard), tuple(fuse), tuple(local), tuple(name_indexed), **kw
+    )
 
 
 # --------------------------------------------------------------------------- chunks, ranges
@@ -129,7 +141,7 @@ def test_build_layout_equal_components() -> None:
 def test_build_layout_wrong_rank_is_ss021() -> None:
     with pytest.raises(LayoutError) as e:
         build_layout(rule(["a", "b"]), (4,), SIZES)
-    assert e.value.code == "SS021"
+    assert e.value.problem is LayoutProblem.DIM_COUNT
     assert "shape [4]" in str(e.value)
 
 
@@ -145,7 +157,7 @@ def test_build_layout_fusion_errors(fuse, size: int, code: str) -> None:
     r = rule(["f"], [("f", ("tp",))], [("f", fuse, 1)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (size,), SIZES)
-    assert e.value.code == code, e.value
+    assert LAYOUT_CODES[e.value.problem] == code, e.value
     assert e.value.hint
 
 
@@ -154,11 +166,11 @@ def test_build_layout_group_errors() -> None:
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 2), ("k", 1), ("v", 1)), 3)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (12,), SIZES)
-    assert e.value.code == "SS051"
+    assert e.value.problem is LayoutProblem.COMPONENT_SPLIT
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 2), ("k", 2)), 0)])
     with pytest.raises(LayoutError) as e:
         build_layout(r, (4,), SIZES)
-    assert e.value.code == "SS052"
+    assert e.value.problem is LayoutProblem.GROUP_COUNT
     # Unequal per-group components are fine when groups divide: tp splits whole groups.
     r = rule(["f"], [("f", ("tp",))], [("f", (("q", 3), ("k", 1), ("v", 1)), 2)])
     assert build_layout(r, (10,), SIZES).dims[0].fusion.groups == 2
@@ -171,14 +183,22 @@ def test_build_layout_group_errors() -> None:
         (rule(["a"], [("a", ("pp",))]), "SS011"),
         (rule(["a", "b"], [("a", ("tp",)), ("b", ("tp",))]), "SS012"),
         (rule(["a"], [("a", ("dp_shard", "tp"))], local=["tp"]), "SS026"),
-        (rule(["e", "a"], [("e", ("tp",))], virtual=["e"]), "SS027"),
+        (rule(["e", "a"], [("e", ("tp",))], name_indexed=["e"]), "SS027"),
     ],
 )
 def test_build_layout_rechecks_structure(r: RuleSpec, code: str) -> None:
     shape = (4,)
     with pytest.raises(LayoutError) as e:
         build_layout(r, shape, SIZES, {"e": 2})
-    assert e.value.code == code, e.value
+    assert LAYOUT_CODES[e.value.problem] == code, e.value
+
+
+def test_every_layout_problem_has_a_check_code() -> None:
+    """The compiler reports each problem the layout arithmetic names under a code of the
+    registry; the core itself carries no codes."""
+    assert set(LAYOUT_CODES) == set(LayoutProblem)
+    assert all(code in BY_CODE for code in LAYOUT_CODES.values())
+    assert not re.search(r"SS\d{3}", inspect.getsource(layout_module))
 
 
 def test_build_layout_local_axes_scale_up() -> None:
@@ -188,25 +208,25 @@ def test_build_layout_local_axes_scale_up() -> None:
     assert layout.shape == (96, 64)
     assert module_shape(layout, DP_TP) == (48, 64)
     assert dtensor_mesh(layout, DP_TP).names == ("dp_shard",)
-    assert dtensor_placements(layout, DP_TP) == (("S", 0),)
+    assert dtensor_placements(layout, DP_TP) == (Shard(0),)
     assert representable(layout, DP_TP) is None
     # Rank (dp 1, tp 1) holds global rows 72..96 = rows 24..48 of its module tensor.
     assert local_indices(layout, DP_TP, (1, 1)) == (((72, 96),), ((0, 64),))
 
 
-def test_virtual_dims() -> None:
+def test_name_indexed_dims() -> None:
     mesh = Mesh(("dp_shard", "ep"), (2, 2))
     r = rule(
         ["expert", "ffn", "hidden"],
         [("expert", ("ep",)), ("ffn", ("dp_shard",))],
         local=["ep"],
-        virtual=["expert"],
+        name_indexed=["expert"],
     )
     layout = build_layout(r, (32, 64), {"dp_shard": 2, "ep": 2}, {"expert": 4})
     assert layout.shape == (8, 32, 64)
     assert [d.name for d in layout.tensor_dims()] == ["ffn", "hidden"]
     assert module_shape(layout, mesh) == (32, 64)
-    assert dtensor_placements(layout, mesh) == (("S", 0),)
+    assert dtensor_placements(layout, mesh) == (Shard(0),)
     table = rank_table(layout, mesh)
     # EP rank r holds global experts 4r..4r+4; dp splits ffn.
     assert [t.indices[0] for t in table] == [((0, 4),), ((4, 8),), ((0, 4),), ((4, 8),)]
@@ -217,7 +237,7 @@ def test_virtual_dims() -> None:
 def test_any_rank_rule_replicates() -> None:
     layout = build_layout(rule([], any_rank=True), (2, 128), SIZES)
     assert layout.shape == (2, 128) and layout.axes == ()
-    assert dtensor_placements(layout, DP_TP) == (("R",), ("R",))
+    assert dtensor_placements(layout, DP_TP) == (Replicate(), Replicate())
     assert all(t.indices == (((0, 2),), ((0, 128),)) for t in rank_table(layout, DP_TP))
 
 
@@ -226,7 +246,7 @@ def test_any_rank_rule_replicates() -> None:
 
 def test_fsdp_over_tp_is_strided_and_representable() -> None:
     layout = ParamLayout((Dim("vocab", 8, ("tp", "dp_shard")), Dim("hidden", 4)))
-    assert dtensor_placements(layout, DP_TP) == (("SS", 0, 2), ("S", 0))
+    assert dtensor_placements(layout, DP_TP) == (StridedShard(0, 2), Shard(0))
     assert representable(layout, DP_TP) is None
     # tp outer: tp rank t holds rows 4t..4t+4, dp then halves that block.
     got = [t.indices[0] for t in rank_table(layout, DP_TP)]
@@ -235,7 +255,7 @@ def test_fsdp_over_tp_is_strided_and_representable() -> None:
 
 def test_tp_over_fsdp_is_plain() -> None:
     layout = ParamLayout((Dim("x", 8, ("dp_shard", "tp")),))
-    assert dtensor_placements(layout, DP_TP) == (("S", 0), ("S", 0))
+    assert dtensor_placements(layout, DP_TP) == (Shard(0), Shard(0))
     assert representable(layout, DP_TP) is None
 
 
@@ -247,7 +267,7 @@ def test_fused_with_fsdp_on_hidden_is_representable() -> None:
             Dim("hidden", 4, ("dp_shard",)),
         )
     )
-    assert dtensor_placements(layout, DP_TP) == (("S", 1), ("SS", 0, 2))
+    assert dtensor_placements(layout, DP_TP) == (Shard(1), StridedShard(0, 2))
     assert representable(layout, DP_TP) is None
 
 
@@ -267,8 +287,8 @@ def test_fused_and_fsdp_on_the_same_dim_is_not_representable() -> None:
 def test_torch_local_shape_and_offset_empty_shard() -> None:
     mesh = Mesh(("a",), (4,))
     # 3 rows over 4 ranks: the last is empty and torch reports the dim size as its offset.
-    assert torch_local_shape_and_offset((3, 2), mesh, (("S", 0),), (3,)) == ((0, 2), (3, 0))
-    assert torch_local_shape_and_offset((3, 2), mesh, (("S", 0),), (1,)) == ((1, 2), (1, 0))
+    assert torch_local_shape_and_offset((3, 2), mesh, (Shard(0),), (3,)) == ((0, 2), (3, 0))
+    assert torch_local_shape_and_offset((3, 2), mesh, (Shard(0),), (1,)) == ((1, 2), (1, 0))
 
 
 # --------------------------------------------------------------------------- meshes, sizes

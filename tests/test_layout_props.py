@@ -7,7 +7,7 @@ and coordinate, ``Shard``/``_StridedShard`` ``_split_tensor`` and
 
 (a) random shapes, meshes and placements: our simulation of DTensor's left-to-right
     placement semantics equals torch's, shapes, first offsets and full index sets;
-(b) random parameter layouts (fused, grouped, local and virtual dims, any axis order):
+(b) random parameter layouts (fused, grouped, local and name-indexed dims, any axis order):
     every element is held exactly ``replication`` times, each rank's indices follow nested
     ``torch.chunk``, and whenever :func:`representable` says yes, a DTensor with
     :func:`dtensor_placements` holds exactly the physical indices on every rank (and when it
@@ -16,6 +16,7 @@ and coordinate, ``Shard``/``_StridedShard`` ``_split_tensor`` and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -27,12 +28,15 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from shardspec.core import layout as L
 from shardspec.core.layout import (
     Dim,
     Fusion,
     LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
+    Placement,
     Ranges,
     RuleSpec,
     _block,
@@ -114,7 +118,7 @@ def physical_oracle(layout: ParamLayout, sizes: dict[str, int], coord: dict[str,
 
 
 def torch_dim_indices(
-    shape: Sequence[int], placements: Sequence[tuple], mesh_sizes: Sequence[int], coord
+    shape: Sequence[int], placements: Sequence[Placement], mesh_sizes: Sequence[int], coord
 ) -> list[list[int]]:
     """Per dim, the indices torch's own split code gives the rank at ``coord``: the dim's
     placements applied left to right to a 1-D arange (dims shard independently)."""
@@ -122,8 +126,8 @@ def torch_dim_indices(
     for d, size in enumerate(shape):
         idx = torch.arange(size)
         for p, n, i in zip(placements, mesh_sizes, coord, strict=True):
-            if p[0] != "R" and p[1] == d:
-                idx = torch_split(idx, to_torch((p[0], 0, *p[2:])), n, i)
+            if not isinstance(p, L.Replicate) and p.dim == d:
+                idx = torch_split(idx, to_torch(dataclasses.replace(p, dim=0)), n, i)
         out.append(idx.tolist())
     return out
 
@@ -148,11 +152,11 @@ def placement_cases(draw):
         kind = draw(st.sampled_from(["R", "S", "SS"]))
         d = draw(st.integers(0, ndim - 1))
         if kind == "R":
-            placements.append(("R",))
+            placements.append(L.Replicate())
         elif kind == "S":
-            placements.append(("S", d))
+            placements.append(L.Shard(d))
         else:
-            placements.append(("SS", d, draw(st.integers(1, 4))))
+            placements.append(L.StridedShard(d, draw(st.integers(1, 4))))
     return shape, mesh_sizes, tuple(placements)
 
 
@@ -221,13 +225,13 @@ def layouts(draw):
     names = AXIS_NAMES[: len(mesh_sizes)]
     sizes = dict(zip(names, mesh_sizes, strict=True))
     ndim = draw(st.integers(1, 3))
-    has_virtual = draw(st.booleans())
+    has_name_indexed = draw(st.booleans())
     dims = [f"d{i}" for i in range(ndim)]
-    # Each mesh axis shards at most one dim (or none); a virtual dim only takes local axes.
+    # Each mesh axis shards at most one dim (or none); a name-indexed dim only takes local axes.
     owner = {
-        a: draw(st.sampled_from([None, *dims, *(["v"] if has_virtual else [])])) for a in names
+        a: draw(st.sampled_from([None, *dims, *(["v"] if has_name_indexed else [])])) for a in names
     }
-    all_dims = (["v"] if has_virtual else []) + dims
+    all_dims = (["v"] if has_name_indexed else []) + dims
     order = {}
     for d in all_dims:
         mine = [a for a in names if owner[a] == d]
@@ -238,8 +242,8 @@ def layouts(draw):
             local.update(order[d])
         elif order[d]:
             local.update(order[d][: draw(st.integers(0, len(order[d])))])
-    if has_virtual and not order["v"]:
-        has_virtual = False  # a virtual dim needs a local axis; drop it
+    if has_name_indexed and not order["v"]:
+        has_name_indexed = False  # a name-indexed dim needs a local axis; drop it
         all_dims = dims
     # Module shape and at most one fused dim.
     fused_dim = draw(st.sampled_from([None, *dims]))
@@ -284,9 +288,9 @@ def layouts(draw):
         shard=tuple((d, order[d]) for d in all_dims if order[d]),
         fuse=fuse,
         local=tuple(sorted(local)),
-        virtual=("v",) if has_virtual else (),
+        name_indexed=("v",) if has_name_indexed else (),
     )
-    counts = {"v": draw(st.integers(1, 3))} if has_virtual else None
+    counts = {"v": draw(st.integers(1, 3))} if has_name_indexed else None
     mesh = Mesh(names, mesh_sizes)
     try:
         layout = build_layout(rule, tuple(shape), sizes, counts)
@@ -340,11 +344,11 @@ GATE_UP = Fusion((("gate", 4), ("up", 4)))
         (2, 2),
     )
 )
-# Virtual expert dim over a local axis, FSDP on the next dim.
+# A name-indexed expert dim over a local axis, FSDP on the next dim.
 @example(
     _case(
         True,
-        (Dim("e", 4, ("b",), virtual=True), Dim("f", 6, ("a",)), Dim("h", 2)),
+        (Dim("e", 4, ("b",), name_indexed=True), Dim("f", 6, ("a",)), Dim("h", 2)),
         ("a", "b"),
         (3, 2),
         ("b",),
@@ -354,7 +358,7 @@ def test_layout_properties(case) -> None:
     layout, mesh, info = case
     if layout is None:
         assert isinstance(mesh, LayoutError)
-        assert mesh.code == "SS051" and _must_refuse(info), mesh
+        assert mesh.problem is LayoutProblem.COMPONENT_SPLIT and _must_refuse(info), mesh
         return
     assert not _must_refuse(info), (layout, info)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
@@ -399,7 +403,7 @@ def test_layout_properties(case) -> None:
         assert tuple(len(flat(r)) for r in view) == tuple(
             len(flat(r))
             for d, r in zip(layout.dims, local_indices(layout, mesh, coord), strict=True)
-            if not d.virtual
+            if not d.name_indexed
         )
         real = full
         for p, n, i in zip(tp, sub.sizes, sub_coord, strict=True):
@@ -414,7 +418,7 @@ def test_layout_properties(case) -> None:
             assert torch_placement_indices(mshape, sub, placements, sub_coord) == view
             shape, offset = _compute_local_shape_and_global_offset(mshape, sub.sizes, sub_coord, tp)
             assert tuple(shape) == tuple(len(flat(r)) for r in view)
-            sharded = {p[1] for p in placements if p[0] != "R"}
+            sharded = {p.dim for p in placements if not isinstance(p, L.Replicate)}
             for d, r in enumerate(view):
                 if r and d in sharded:
                     assert offset[d] == r[0][0]
@@ -475,9 +479,9 @@ def test_same_layout_compares_what_torch_holds(case, data) -> None:
         other = tuple(
             data.draw(
                 st.sampled_from(
-                    [("R",)]
-                    + [("S", d) for d in range(len(shape))]
-                    + [("SS", d, f) for d in range(len(shape)) for f in (1, 2, 3)]
+                    [L.Replicate()]
+                    + [L.Shard(d) for d in range(len(shape))]
+                    + [L.StridedShard(d, f) for d in range(len(shape)) for f in (1, 2, 3)]
                 )
             )
             for _ in names
@@ -488,7 +492,7 @@ def test_same_layout_compares_what_torch_holds(case, data) -> None:
         out = full
         for p, axis in zip(ps, axes, strict=True):
             i = mesh.names.index(axis)
-            if p[0] != "R":
+            if not isinstance(p, L.Replicate):
                 out = torch_split(out, to_torch(p), mesh_sizes[i], coord[i])
         return out
 

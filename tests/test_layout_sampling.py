@@ -250,8 +250,8 @@ def placement_pairs(draw):
         kind = draw(st.sampled_from(["R", "S", "S", "SS"]))
         d = draw(st.integers(0, ndim - 1))
         if kind == "R":
-            return ("R",)
-        return ("S", d) if kind == "S" else ("SS", d, draw(st.integers(1, 5)))
+            return L.Replicate()
+        return L.Shard(d) if kind == "S" else L.StridedShard(d, draw(st.integers(1, 5)))
 
     placements = tuple(placement() for _ in sizes)
     names = tuple(n for n in mesh.names if draw(st.booleans()))
@@ -268,9 +268,9 @@ def placement_pairs(draw):
     (
         (85,),
         Mesh(("a", "b", "c"), (13, 12, 12)),
-        (("S", 0), ("R",), ("S", 0)),
+        (L.Shard(0), L.Replicate(), L.Shard(0)),
         ("a", "b", "c"),
-        (("R",), ("SS", 0, 2), ("S", 0)),
+        (L.Replicate(), L.StridedShard(0, 2), L.Shard(0)),
     )
 )
 def test_same_layout_names_the_first_rank_a_walk_names(case) -> None:

@@ -15,7 +15,8 @@ MAX_CLOSE = 20000  # distinct parameter names (layer numbers as *) a typo is com
 MAX_BUCKET = 1000  # of them, those differing from a pattern in one given segment
 
 
-def _entry_span(res: Resolved, fqn: str) -> Span:
+def entry_span(res: Resolved, fqn: str) -> Span:
+    """Where parameter ``fqn`` stands in the model manifest."""
     assert res.manifest is not None
     line, col = res.manifest.position(fqn)
     return Span(res.manifest.path, line, col, line, col + len(fqn) + 2)
@@ -37,7 +38,7 @@ def check_unmatched(res: Resolved) -> list[Diagnostic]:
                 diag(
                     "SS040",
                     f"extra state {fqn!r} is matched by no ignore rule",
-                    _entry_span(res, fqn),
+                    entry_span(res, fqn),
                     "extra state cannot be sharded; add an "
                     "ignore rule such as `ignore **._extra_state`",
                 )
@@ -48,7 +49,7 @@ def check_unmatched(res: Resolved) -> list[Diagnostic]:
                 diag(
                     "SS040",
                     f"parameter {fqn!r} {shape} is matched by no rule",
-                    _entry_span(res, fqn),
+                    entry_span(res, fqn),
                     "add a `param` rule for it (or an `ignore` "
                     "if it must not be converted or saved)",
                 )

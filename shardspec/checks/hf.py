@@ -12,6 +12,7 @@ capped, so a checkpoint with thousands of unexpected keys prints a screenful, no
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from shardspec.checks.coverage import entry_span
 from shardspec.core.hfmap import (
     Fused,
     HFMap,
@@ -206,7 +208,7 @@ class _Group:
     _names: list[str] | None = None
 
     def values(self) -> list[tuple[int, ...]]:
-        return list(_product(self.counts))
+        return list(itertools.product(*map(range, self.counts)))
 
     def names(self) -> list[str]:
         if self._names is None:
@@ -220,7 +222,7 @@ class _Group:
         if len(parts) == 2:
             a, b = parts
             return [f"{a}{v}{b}" for v in range(self.counts[0])]
-        return [_join(parts, v) for v in _product(self.counts)]
+        return [_join(parts, v) for v in itertools.product(*map(range, self.counts))]
 
     def unit(self, name: str) -> _Unit:
         return _Unit(name, self.shape, self.fqn, self.rule, self.fused)
@@ -231,13 +233,6 @@ def _join(parts: tuple[str, ...], values: tuple[int, ...]) -> str:
     for v, p in zip(values, parts[1:], strict=True):
         out += [str(v), p]
     return "".join(out)
-
-
-def _product(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for c in counts:
-        out = [(*v, i) for v in out for i in range(c)]
-    return out
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
@@ -253,8 +248,8 @@ def _units(res: Resolved) -> dict[str, _Unit]:
 
 
 def _placed(res: Resolved) -> list[tuple[str, Any, list[tuple[int, int]]]]:
-    """``(fqn, match, virtual spans)`` of each placed parameter whose units count: one
-    parameter per module name pattern when virtual dims expand it to every global index."""
+    """``(fqn, match, indexed spans)`` of each placed parameter whose units count: one
+    parameter per module name pattern when name-indexed dims expand it to every global index."""
     out = []
     done: set[tuple[int, str]] = set()
     for fqn, m in res.params:
@@ -263,14 +258,14 @@ def _placed(res: Resolved) -> list[tuple[str, Any, list[tuple[int, int]]]]:
         glob = res.globs.get(m.winner)
         if glob is None:
             continue
-        virtual = [d.name for d in m.layout.dims if d.virtual]
+        indexed = [d.name for d in m.layout.dims if d.name_indexed]
         spans: list[tuple[int, int]] = []
-        if virtual:
+        if indexed:
             found = glob.regex.match(fqn)
             if found is None:  # pragma: no cover - the rule matched it
                 continue
-            spans = [found.span(v) for v in virtual]
-            # Every module behind a virtual dim stands for all of its global indices.
+            spans = [found.span(v) for v in indexed]
+            # Every module behind a name-indexed dim stands for all of its global indices.
             key = fqn
             for s, e in sorted(spans, reverse=True):
                 key = key[:s] + "{}" + key[e:]
@@ -288,9 +283,9 @@ def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
     for fqn, m, spans in _placed(res):
         assert m.layout is not None and m.winner is not None
         dims = m.layout.dims
-        plain = [d for d in dims if not d.virtual]
+        plain = [d for d in dims if not d.name_indexed]
         # Sizes in span order, as unit_names expands them.
-        ordered = sorted(zip(spans, (d.size for d in dims if d.virtual), strict=True))
+        ordered = sorted(zip(spans, (d.size for d in dims if d.name_indexed), strict=True))
         cuts = [0]
         for (s, e), _ in ordered:
             cuts += [s, e]
@@ -511,12 +506,6 @@ def _group_key(name: str) -> str:
     return _DIGITS.sub("N", name)
 
 
-def _entry_span(res: Resolved, fqn: str) -> Span:
-    assert res.manifest is not None
-    line, col = res.manifest.position(fqn)
-    return Span(res.manifest.path, line, col, line, col + len(fqn) + 2)
-
-
 def check_hf_units(
     res: Resolved, hf_manifest: HFManifest | None, bad: set[int]
 ) -> list[Diagnostic]:
@@ -637,7 +626,7 @@ def _report_not_produced(
                 "SS071",
                 f"storage unit {first.name!r} {_shape(first.shape)} is produced by no hf map "
                 f"line{more}",
-                _entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 _not_produced_hint(first, hfm),
             )
         )
@@ -649,7 +638,7 @@ def _report_not_produced(
             diag(
                 "SS071",
                 f"{n} more storage units are produced by no hf map line, such as {first.name!r}",
-                _entry_span(res, first.fqn),
+                entry_span(res, first.fqn),
                 "map them, or `keep` them",
             )
         )

@@ -15,6 +15,8 @@ from shardspec.checks.heads import RuleHeads, rule_heads
 from shardspec.core.layout import (
     Dim,
     HeadCut,
+    LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
     component_indices,
@@ -57,13 +59,35 @@ def _ranks(first: list[int], count: int) -> str:
     return shown + (f" ... ({count} ranks)" if count > 8 else "")
 
 
+# The check code each layout problem is reported under. Structure checks catch most of
+# them before any layout is built; what reaches check_layout_errors is mostly SS021 (a rule
+# that does not fit the tensor), SS050 and SS051 (fusions that do not fit).
+LAYOUT_CODES: dict[LayoutProblem, str] = {
+    LayoutProblem.MESH_SIZES: "SS010",
+    LayoutProblem.DIM_COUNT: "SS021",
+    LayoutProblem.UNKNOWN_DIM: "SS020",
+    LayoutProblem.UNKNOWN_AXIS: "SS011",
+    LayoutProblem.AXIS_REUSED: "SS012",
+    LayoutProblem.LOCAL_AFTER_NONLOCAL: "SS026",
+    LayoutProblem.NAME_INDEXED_NONLOCAL: "SS027",
+    LayoutProblem.GROUP_COUNT: "SS052",
+    LayoutProblem.COMPONENT_SIZES: "SS050",
+    LayoutProblem.COMPONENT_SPLIT: "SS051",
+}
+
+
+def layout_code(e: LayoutError) -> str:
+    """The check code a layout error is reported under (SS031 when it names no problem)."""
+    return "SS031" if e.problem is None else LAYOUT_CODES[e.problem]
+
+
 def check_layout_errors(res: Resolved) -> list[Diagnostic]:
     """SS021, SS050, SS051: rank and fusion sizes found wrong while building layouts."""
     seen: dict[tuple[int, str, str], list[str]] = defaultdict(list)
     hints: dict[tuple[int, str, str], str] = {}
     for fqn, m in sorted(res.matches.items()):
         if m.layout_error is not None and m.winner is not None:
-            key = (m.winner, m.layout_error.code, str(m.layout_error))
+            key = (m.winner, layout_code(m.layout_error), str(m.layout_error))
             seen[key].append(fqn)
             hints[key] = m.layout_error.hint
     out = []

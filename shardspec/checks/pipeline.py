@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from shardspec.checks.coverage import _entry_span, _more
+from shardspec.checks.coverage import _more, entry_span
 from shardspec.checks.structure import _PATTERN_SYNTAX
 from shardspec.core.layout import Mesh, ParamLayout, first_difference, local_indices
 from shardspec.core.patterns import PatternError
@@ -215,7 +215,7 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
             diag(
                 "SS091",
                 f"{len(unplaced)} parameter(s) on no pipeline stage: {_more(unplaced)}",
-                _entry_span(res, unplaced[0]),
+                entry_span(res, unplaced[0]),
                 f"add their modules to `first`, `last` or the split of `pipeline {p.axis.text}`",
             )
         )

@@ -336,7 +336,7 @@ def _sub_span(pattern: ir.Pattern, text: str) -> Span:
     return Span(sp.file, sp.line, sp.col + at, sp.line, sp.col + at + len(text))
 
 
-def check_virtual(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+def check_name_indexed(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """Dimensions indexed by a capture in the pattern (per-expert local modules)."""
     out: list[Diagnostic] = []
     for rule in spec.rules:
@@ -394,7 +394,7 @@ STRUCTURE_CHECKS_BASE = (
     check_patterns,
     check_rule_names,
     check_fusions,
-    check_virtual,
+    check_name_indexed,
 )
 
 
@@ -437,7 +437,7 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
                         did_you_mean(s.dim.text, dims),
                     )
                 )
-            elif s.dim.text in runtime.virtual:
+            elif s.dim.text in runtime.name_indexed:
                 out.append(
                     diag(
                         "SS028",
@@ -546,7 +546,7 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
             runtime = rule_spec(rule, fsdp)
         except PatternError:
             continue
-        dims = [d for d in runtime.dims if d not in runtime.virtual]
+        dims = [d for d in runtime.dims if d not in runtime.name_indexed]
         sharded = mp_dims(dict(runtime.shard), dims, fsdp, set(runtime.local))
         if kind == "sequence_parallel" and sharded:
             out.append(

@@ -148,14 +148,6 @@ def comment(words: list[str], indent: int = 0, cont: str = "    ") -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _placement_text(p: tuple) -> str:
-    if p[0] == "R":
-        return "R"
-    if p[0] == "S":
-        return f"S({p[1]})"
-    return f"_S({p[1]}, {p[2]})"
-
-
 def _rule_fields(rs: RuleSpec) -> list[str]:
     """The keyword arguments of one ``RuleSpec(...)``, each laid out at indent 8."""
     fields: list[tuple[str, object]] = [("pattern", rs.pattern), ("dims", rs.dims)]
@@ -165,8 +157,8 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
         fields.append(("fuse", rs.fuse))
     if rs.local:
         fields.append(("local", rs.local))
-    if rs.virtual:
-        fields.append(("virtual", rs.virtual))
+    if rs.name_indexed:
+        fields.append(("name_indexed", rs.name_indexed))
     if rs.stored_fused:
         fields.append(("stored_fused", True))
     if rs.any_rank:
@@ -412,7 +404,7 @@ def render_module(
             layout_ = first_layout.get(rule.index)
             if layout_ is not None:
                 ps = dtensor_placements(layout_, res.mesh)  # type: ignore[arg-type]
-                items = [f"{n}={_placement_text(p)}" for n, p in zip(names, ps, strict=True)]
+                items = [f"{n}={p}" for n, p in zip(names, ps, strict=True)]
                 last = f"{items[-1]})" if items else ")"
                 placements = ["->", *(f"{x}," for x in items[:-1]), last]
                 placements[1] = "(" + placements[1]
@@ -473,9 +465,9 @@ def render_module(
         "fsdp": assign("FSDP_AXIS: str | None", fsdp),
         "rules": rules,
         "ignore": assign("IGNORE: tuple[str, ...]", tuple(ig.pattern.text for ig in spec.ignores)),
-        "virtual_counts": assign(
-            "VIRTUAL_COUNTS: dict[int, dict[str, int]]",
-            {k: dict(sorted(v.items())) for k, v in sorted(res.virtual_counts.items())},
+        "name_indexed_counts": assign(
+            "NAME_INDEXED_COUNTS: dict[int, dict[str, int]]",
+            {k: dict(sorted(v.items())) for k, v in sorted(res.name_indexed_counts.items())},
         ),
         "params": params,
         "buffers": assign("BUFFERS: tuple[str, ...]", _buffers(res)),

@@ -27,6 +27,7 @@ the names and slices they compute cannot disagree. No torch here.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -236,10 +237,10 @@ class Source:
 
 def fused_of(dims: Sequence) -> Fused | None:
     """The fused dimension of a parameter's layout dims (``layout.dims``), positioned in
-    its storage units' shape (virtual dims are not in it), or None."""
+    its storage units' shape (name-indexed dims are not in it), or None."""
     at = 0
     for d in dims:
-        if d.virtual:
+        if d.name_indexed:
             continue
         if d.fusion is not None:
             comps = tuple((name, size * d.fusion.groups) for name, size in d.fusion.components)
@@ -528,32 +529,33 @@ class HFMap:
 
 
 def unit_names(
-    fqn: str, dims: Sequence, virtual_spans: Sequence[tuple[int, int]]
+    fqn: str, dims: Sequence, name_indexed_spans: Sequence[tuple[int, int]]
 ) -> list[tuple[str, tuple[int, ...]]]:
     """The storage units of parameter ``fqn`` with layout dims ``dims`` (``layout.dims``):
     ``(name, shape)`` as checkpoints store them.
 
-    ``virtual_spans`` are the positions in ``fqn`` of the captures behind its virtual dims,
-    in dim order. A module indexed by a name capture stands for every global index of its
-    dim (its rank's first index plus the local one), so the names cover them all.
+    ``name_indexed_spans`` are the positions in ``fqn`` of the captures behind its
+    name-indexed dims, in dim order. A module indexed by a name capture stands for every
+    global index of its dim (its rank's first index plus the local one), so the names cover
+    them all.
     """
     shape: list[int] = []
     comps: list[tuple[str, int]] = []
     fused_at = -1
     for d in dims:
-        if d.virtual:
+        if d.name_indexed:
             continue
         if d.fusion is not None:
             fused_at = len(shape)
             comps = [(name, size * d.fusion.groups) for name, size in d.fusion.components]
         shape.append(d.size)
-    virtual = [d for d in dims if d.virtual]
+    indexed = [d for d in dims if d.name_indexed]
     bases = [""]
-    if virtual:
-        spans = sorted(zip(virtual_spans, (d.size for d in virtual), strict=True))
+    if indexed:
+        spans = sorted(zip(name_indexed_spans, (d.size for d in indexed), strict=True))
         bases = []
         ranges = [range(n) for _, n in spans]
-        for combo in _product(ranges):
+        for combo in itertools.product(*ranges):
             out, last = [], 0
             for ((s, e), _), g in zip(spans, combo, strict=True):
                 out += [fqn[last:s], str(g)]
@@ -572,12 +574,3 @@ def unit_names(
         else:
             result.append((base, tuple(shape)))
     return result
-
-
-def _product(ranges: Sequence[range]) -> Iterable[tuple[int, ...]]:
-    if not ranges:
-        yield ()
-        return
-    for i in ranges[0]:
-        for rest in _product(ranges[1:]):
-            yield (i, *rest)

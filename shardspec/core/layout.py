@@ -17,7 +17,7 @@ Vocabulary
 * A *local* axis is one whose shard the module already holds (it was built with local
   shapes). The DTensor then only spans the remaining axes. Local axes must come first in
   a dimension's order, since the module holds a whole block of them.
-* A *virtual* dimension does not exist in the module's tensor: it is indexed by a capture
+* A *name-indexed* dimension does not exist in the module's tensor: it is indexed by a capture
   in the parameter's name (``local_experts.{expert}``) and only sharded by local axes.
 
 Index sets are tuples of half-open ``(start, stop)`` ranges in increasing order. Sizes follow
@@ -35,18 +35,36 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import lru_cache
 
 Ranges = tuple[tuple[int, int], ...]
 
 
-class LayoutError(ValueError):
-    """A layout that cannot be realised. ``code`` is the check code the compiler reports it
-    under; the runtime raises it as is."""
+class LayoutProblem(Enum):
+    """What is wrong with a layout. The compiler reports each problem under a check code of
+    its own (``shardspec.checks.layouts.LAYOUT_CODES``); the runtime raises the error."""
 
-    def __init__(self, message: str, code: str = "SS031", hint: str = "") -> None:
+    MESH_SIZES = "mesh-sizes"  # the mesh's sizes do not multiply to the world size
+    DIM_COUNT = "dim-count"  # a rule names another number of dimensions than the tensor has
+    UNKNOWN_DIM = "unknown-dim"  # a shard statement names no dimension of the rule
+    UNKNOWN_AXIS = "unknown-axis"  # a shard statement names no axis of the mesh
+    AXIS_REUSED = "axis-reused"  # one axis shards two dimensions
+    LOCAL_AFTER_NONLOCAL = "local-after-nonlocal"  # a local axis inside a non-local one
+    NAME_INDEXED_NONLOCAL = "name-indexed-nonlocal"  # a name-indexed dim over a non-local axis
+    GROUP_COUNT = "group-count"  # a fusion's group count below 1
+    COMPONENT_SIZES = "component-sizes"  # a fusion's components do not fill its dimension
+    COMPONENT_SPLIT = "component-split"  # components or groups do not divide over the axis
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be realised: ``problem`` says what went wrong (``None``: a
+    problem of another kind, e.g. the runtime's :class:`SpecError` about a model), ``hint``
+    how to fix it."""
+
+    def __init__(self, message: str, problem: LayoutProblem | None = None, hint: str = "") -> None:
         super().__init__(message)
-        self.code, self.hint = code, hint
+        self.problem, self.hint = problem, hint
 
 
 # --------------------------------------------------------------------------- data model
@@ -88,7 +106,7 @@ class Dim:
     size: int
     axes: tuple[str, ...] = ()  # outer -> inner
     fusion: Fusion | None = None
-    virtual: bool = False  # indexed by a name capture, absent from the module tensor
+    name_indexed: bool = False  # indexed by a name capture, absent from the module tensor
 
 
 @dataclass(frozen=True)
@@ -126,8 +144,8 @@ class ParamLayout:
         raise KeyError(name)
 
     def tensor_dims(self) -> tuple[Dim, ...]:
-        """The dimensions the module's tensor really has (virtual ones removed)."""
-        return tuple(d for d in self.dims if not d.virtual)
+        """The dimensions the module's tensor really has (name-indexed ones removed)."""
+        return tuple(d for d in self.dims if not d.name_indexed)
 
 
 @dataclass(frozen=True)
@@ -167,8 +185,8 @@ class Mesh:
 
 # The largest mesh lint and compile accept (2**20 ranks, beyond any cluster). Their layout
 # checks cost the same at any world size (they sample the mesh: sample_boxes); the
-# runtime's `verify` still compares placements rank by rank (same_layout). A stated limit,
-# with SS010 above it.
+# runtime's `verify` still compares placements rank by rank (same_layout). A stated limit:
+# the compiler refuses larger meshes.
 MAX_WORLD = 1 << 20
 
 
@@ -178,23 +196,28 @@ def resolve_sizes(
     """Fill the one ``None`` ("the rest of the world") size from ``world``."""
     rest = [i for i, s in enumerate(sizes) if s is None]
     if len(rest) > 1:
-        raise LayoutError("at most one mesh axis can take the rest of the world size")
+        raise LayoutError(
+            "at most one mesh axis can take the rest of the world size", LayoutProblem.MESH_SIZES
+        )
     if not rest:
         fixed = tuple(int(s) for s in sizes if s is not None)
         if world is not None and math.prod(fixed) != world:
             raise LayoutError(
                 f"mesh {dict(zip(names, fixed, strict=True))} has {math.prod(fixed)} ranks, "
-                f"but the world size is {world}"
+                f"but the world size is {world}",
+                LayoutProblem.MESH_SIZES,
             )
         return fixed
     known = math.prod(s for s in sizes if s is not None)
     if world is None:
         raise LayoutError(
-            f"mesh axis {names[rest[0]]!r} takes the rest, but no world size is known"
+            f"mesh axis {names[rest[0]]!r} takes the rest, but no world size is known",
+            LayoutProblem.MESH_SIZES,
         )
     if known == 0 or world % known:
         raise LayoutError(
-            f"world size {world} is not divisible by the other mesh axes' product {known}"
+            f"world size {world} is not divisible by the other mesh axes' product {known}",
+            LayoutProblem.MESH_SIZES,
         )
     return tuple(world // known if s is None else int(s) for s in sizes)
 
@@ -215,7 +238,7 @@ class RuleSpec:
     shard: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (dim, axes outer -> inner)
     fuse: tuple[tuple[str, tuple[tuple[str, int | None], ...], int], ...] = ()
     local: tuple[str, ...] = ()
-    virtual: tuple[str, ...] = ()  # dims indexed by a name capture
+    name_indexed: tuple[str, ...] = ()  # dims indexed by a name capture
     stored_fused: bool = False
     any_rank: bool = False  # `param p replicate` without dimension names
     # Checkpoint-only splits: (dim, axes) cutting stored chunks further over axes the
@@ -230,24 +253,24 @@ def build_layout(
     rule: RuleSpec,
     module_shape: Sequence[int],
     sizes: dict[str, int],
-    virtual_counts: dict[str, int] | None = None,
+    name_indexed_counts: dict[str, int] | None = None,
 ) -> ParamLayout:
     """The global layout of a parameter whose module tensor has ``module_shape``.
 
-    Sizes on local axes are multiplied up to global ones; a virtual dim's global size is the
-    number of modules per rank (``virtual_counts``) times its local axes. Raises
-    :class:`LayoutError` (with the check code) when the rule does not fit the tensor.
+    Sizes on local axes are multiplied up to global ones; a name-indexed dim's global size is the
+    number of modules per rank (``name_indexed_counts``) times its local axes. Raises
+    :class:`LayoutError` (saying what is wrong) when the rule does not fit the tensor.
     """
     if rule.any_rank:
         names = tuple(f"dim{i}" for i in range(len(module_shape)))
         return ParamLayout(tuple(Dim(n, s) for n, s in zip(names, module_shape, strict=True)))
     _check_axes(rule, sizes)
-    tensor_dims = [d for d in rule.dims if d not in rule.virtual]
+    tensor_dims = [d for d in rule.dims if d not in rule.name_indexed]
     if len(tensor_dims) != len(module_shape):
         raise LayoutError(
             f"the rule names {len(tensor_dims)} dimension(s) {list(tensor_dims)}, "
             f"but the tensor has {len(module_shape)}: shape {list(module_shape)}",
-            "SS021",
+            LayoutProblem.DIM_COUNT,
             "name one dimension per tensor dimension, in order",
         )
     local = frozenset(rule.local)
@@ -257,15 +280,15 @@ def build_layout(
     for name in rule.dims:
         axes = rule.axes_of(name)
         local_factor = math.prod(sizes[a] for a in axes if a in local)
-        if name in rule.virtual:
-            count = (virtual_counts or {}).get(name, 1)
+        if name in rule.name_indexed:
+            count = (name_indexed_counts or {}).get(name, 1)
             size = count * local_factor
         else:
             size = shapes[name] * local_factor
         fusion = None
         if name in fusions:
             fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
-        dims.append(Dim(name, size, axes, fusion, name in rule.virtual))
+        dims.append(Dim(name, size, axes, fusion, name in rule.name_indexed))
     ckpt_of = dict(rule.ckpt_shard)
     ckpt = tuple(ckpt_of.get(d.name, ()) for d in dims) if ckpt_of else ()
     return ParamLayout(tuple(dims), local, ckpt)
@@ -278,24 +301,25 @@ def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
     used: dict[str, str] = {}
     for dim, axes in rule.shard:
         if dim not in rule.dims:
-            raise LayoutError(f"unknown dimension {dim!r}", "SS020")
+            raise LayoutError(f"unknown dimension {dim!r}", LayoutProblem.UNKNOWN_DIM)
         for k, a in enumerate(axes):
             if a not in sizes:
-                raise LayoutError(f"unknown mesh axis {a!r}", "SS011")
+                raise LayoutError(f"unknown mesh axis {a!r}", LayoutProblem.UNKNOWN_AXIS)
             if a in used:
                 raise LayoutError(
-                    f"axis {a!r} shards dimension {dim!r} and already {used[a]!r}", "SS012"
+                    f"axis {a!r} shards dimension {dim!r} and already {used[a]!r}",
+                    LayoutProblem.AXIS_REUSED,
                 )
             used[a] = dim
             if a in local and any(b not in local for b in axes[:k]):
                 raise LayoutError(
                     f"local axis {a!r} comes after a non-local axis on dimension {dim!r}",
-                    "SS026",
+                    LayoutProblem.LOCAL_AFTER_NONLOCAL,
                 )
-        if dim in rule.virtual and any(a not in local for a in axes):
+        if dim in rule.name_indexed and any(a not in local for a in axes):
             raise LayoutError(
                 f"dimension {dim!r} is indexed by module name, so only local axes can shard it",
-                "SS027",
+                LayoutProblem.NAME_INDEXED_NONLOCAL,
             )
 
 
@@ -309,14 +333,16 @@ def _fusion(
     sizes: dict[str, int],
 ) -> Fusion:
     if groups < 1:
-        raise LayoutError(f"dimension {dim!r}: the group count must be at least 1", "SS052")
+        raise LayoutError(
+            f"dimension {dim!r}: the group count must be at least 1", LayoutProblem.GROUP_COUNT
+        )
     if all(s is None for _, s in comps):
         per = size // groups
         if size % (groups * len(comps)):
             raise LayoutError(
                 f"dimension {dim!r} has size {size}, which does not split into "
                 f"{groups * len(comps)} equal component(s)",
-                "SS050",
+                LayoutProblem.COMPONENT_SIZES,
                 "give each component's size explicitly",
             )
         comp_sizes = tuple((n, per // len(comps)) for n, _ in comps)
@@ -329,7 +355,7 @@ def _fusion(
             raise LayoutError(
                 f"components of {dim!r} add up to {total} ({detail}{times}), "
                 f"but the dimension has size {size}",
-                "SS050",
+                LayoutProblem.COMPONENT_SIZES,
                 "component sizes are global sizes; they must add up to the dimension",
             )
     fusion = Fusion(comp_sizes, groups)
@@ -338,7 +364,7 @@ def _fusion(
         if groups > 1 and groups % n:
             raise LayoutError(
                 f"{groups} groups of {dim!r} do not divide over {axes[0]}={n}",
-                "SS051",
+                LayoutProblem.COMPONENT_SPLIT,
                 f"the group count must be a multiple of {axes[0]}",
             )
         bad = [(c, s) for c, s in comp_sizes if groups == 1 and s % n]
@@ -346,7 +372,7 @@ def _fusion(
             detail = ", ".join(f"{c} {s}" for c, s in bad)
             raise LayoutError(
                 f"component(s) of {dim!r} not divisible by {axes[0]}={n}: {detail}",
-                "SS051",
+                LayoutProblem.COMPONENT_SPLIT,
                 "every component is split separately: each must divide by the axis size",
             )
     return fusion
@@ -470,8 +496,42 @@ def box(ranges: tuple[Ranges, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] |
 
 # --------------------------------------------------------------------------- DTensor view
 
-# A placement without torch: ("R",), ("S", dim) or ("SS", dim, split_factor).
-Placement = tuple
+# Placements without torch, as DTensor reads them left to right over its mesh's axes. The
+# runtime turns them into torch's Replicate, Shard and _StridedShard (runtime.dtensor).
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """The axis holds the whole tensor on every rank."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The axis cuts tensor dimension ``dim`` into ``torch.chunk`` blocks."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class StridedShard:
+    """DTensor's ``_StridedShard``: the axis cuts each of ``split_factor`` equal pieces of
+    tensor dimension ``dim`` into blocks, and a rank holds its block of every piece."""
+
+    dim: int
+    split_factor: int
+
+    def __str__(self) -> str:
+        return f"_S({self.dim}, {self.split_factor})"
+
+
+Placement = Replicate | Shard | StridedShard
+REPLICATE = Replicate()
 
 
 def dtensor_mesh(layout: ParamLayout, mesh: Mesh) -> Mesh:
@@ -491,11 +551,13 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
     """
     sub = dtensor_mesh(layout, mesh)
     pos = {n: i for i, n in enumerate(sub.names)}
-    out: list[Placement] = [("R",)] * len(sub.names)
+    out: list[Placement] = [REPLICATE] * len(sub.names)
     tensor_dims = layout.tensor_dims()
     for d_index, dim in enumerate(tensor_dims):
         dt_axes = [a for a in dim.axes if a not in layout.local]
-        virtual_outer = (
+        # A fused dimension's first (non-local) axis splits each component: for DTensor,
+        # one more outer split, into as many pieces as there are components.
+        component_factor = (
             len(dim.fusion.components)
             if dim.fusion is not None
             and dim.fusion.groups == 1
@@ -504,11 +566,11 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
             else 1
         )
         for k, axis in enumerate(dt_axes):
-            sf = virtual_outer
+            sf = component_factor
             for outer in dt_axes[:k]:
                 if pos[outer] > pos[axis]:
                     sf *= sub.size(outer)
-            out[pos[axis]] = ("S", d_index) if sf == 1 else ("SS", d_index, sf)
+            out[pos[axis]] = Shard(d_index) if sf == 1 else StridedShard(d_index, sf)
     return tuple(out)
 
 
@@ -518,10 +580,10 @@ def torch_placement_indices(
     """DTensor's left-to-right meaning of ``placements``: per dim, the indices at ``coord``."""
     r: list[Ranges] = [((0, s),) if s else () for s in shape]
     for p, n, i in zip(placements, mesh.sizes, coord, strict=True):
-        if p[0] == "S":
-            r[p[1]] = _block(r[p[1]], n, i)
-        elif p[0] == "SS":
-            r[p[1]] = _strided(r[p[1]], p[2], n, i)
+        if isinstance(p, Shard):
+            r[p.dim] = _block(r[p.dim], n, i)
+        elif isinstance(p, StridedShard):
+            r[p.dim] = _strided(r[p.dim], p.split_factor, n, i)
     return tuple(r)
 
 
@@ -572,7 +634,7 @@ def torch_local_shape_and_offset(
     """What ``torch.distributed.tensor._utils.compute_local_shape_and_global_offset`` returns:
     the local shape and each dim's first global index (the dim's size when empty)."""
     r = torch_placement_indices(shape, mesh, placements, coord)
-    sharded = {p[1] for p in placements if p[0] in ("S", "SS")}
+    sharded = {p.dim for p in placements if not isinstance(p, Replicate)}
     local = tuple(ranges_len(x) for x in r)
     offset = tuple((x[0][0] if x else shape[d]) if d in sharded else 0 for d, x in enumerate(r))
     return local, offset
@@ -608,7 +670,7 @@ def _first_coord(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
 
 def module_shape(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...]:
     """The shape of the tensor the module holds before any DTensor sharding (its local-axis
-    block, for virtual dims nothing). Uses the rank at coordinate 0 on every axis, so it is
+    block, for name-indexed dims nothing). Uses the rank at coordinate 0 on every axis, so it is
     exact only when local axes divide evenly, which checks require."""
     coord = _first_coord(layout, mesh)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
@@ -684,7 +746,7 @@ class RankShard:
 
     rank: int
     coord: tuple[int, ...]
-    indices: tuple[Ranges, ...]  # global, per dim (virtual dims included)
+    indices: tuple[Ranges, ...]  # global, per dim (name-indexed dims included)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -871,7 +933,11 @@ def _placement_specials(
     order."""
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     for t, size in enumerate(shape):
-        steps = [(mesh.names[i], p) for i, p in enumerate(placements) if p[0] != "R" and p[1] == t]
+        steps = [
+            (mesh.names[i], p)
+            for i, p in enumerate(placements)
+            if not isinstance(p, Replicate) and p.dim == t
+        ]
         for k, (axis, p) in enumerate(steps):
             n = sizes[axis]
             found: set[int] = set()
@@ -879,16 +945,16 @@ def _placement_specials(
                 r: Ranges = ((0, size),) if size else ()
                 for a, q in steps[:k]:
                     r = (
-                        _block(r, sizes[a], c[a])
-                        if q[0] == "S"
-                        else _strided(r, q[2], sizes[a], c[a])
+                        _strided(r, q.split_factor, sizes[a], c[a])
+                        if isinstance(q, StridedShard)
+                        else _block(r, sizes[a], c[a])
                     )
                 total = ranges_len(r)
-                if p[0] == "S":
+                if isinstance(p, Shard):
                     found |= _chunk_specials(total, _cuts(r), n)
                     continue
-                for j in range(p[2]):
-                    lo, hi = chunk_bounds(total, p[2], j)
+                for j in range(p.split_factor):
+                    lo, hi = chunk_bounds(total, p.split_factor, j)
                     inside = [x - lo for x in _cuts(r) if lo < x < hi]
                     found |= _chunk_specials(hi - lo, inside, n)
             samples[axis] |= found
@@ -973,7 +1039,9 @@ def _boxes(mesh: Mesh, samples: dict[str, set[int]]) -> tuple[Box, ...]:
 
 @lru_cache(maxsize=4096)
 def placement_boxes(
-    shape: tuple[int, ...], mesh: Mesh, programs: tuple[tuple[tuple[str, ...], tuple], ...]
+    shape: tuple[int, ...],
+    mesh: Mesh,
+    programs: tuple[tuple[tuple[str, ...], tuple[Placement, ...]], ...],
 ) -> tuple[Box, ...]:
     """:func:`sample_boxes` for DTensor placements: over each box, ``shape`` read under each
     ``(axis names, placements)`` of ``programs`` (axes of ``mesh``; the others replicate)

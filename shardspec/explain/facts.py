@@ -186,12 +186,12 @@ class RankRow:
 
 @dataclass(frozen=True)
 class RankTable:
-    """The rows shown; ``virtual``: per name-indexed dim, the module's index within its
+    """The rows shown; ``name_indexed``: per name-indexed dim, the module's index within its
     rank's block; ``total``, ``shapes``: every rank on the stage, and each local shape
     with its count (only when the rows leave some out)."""
 
     rows: tuple[RankRow, ...]
-    virtual: tuple[tuple[str, int], ...]
+    name_indexed: tuple[tuple[str, int], ...]
     total: int = 0
     shapes: tuple[tuple[tuple[int, ...], int], ...] = ()
     asked: bool = False  # the rows are what --ranks asked for
@@ -454,26 +454,26 @@ def _off_stage_count(layout: ParamLayout, mesh: Mesh) -> int:
     return mesh.world // n * (n - len(set(layout.stages)))
 
 
-def virtual_indices(m: Match, layout: ParamLayout) -> dict[int, int]:
+def name_indexed_indices(m: Match, layout: ParamLayout) -> dict[int, int]:
     """Per name-indexed dim (by position), the module's index within its rank's block (the
     captured index): the module is that index past its rank's first."""
     return {
         i: int(m.captures[d.name])
         for i, d in enumerate(layout.dims)
-        if d.virtual and m.captures.get(d.name, "").isdigit()
+        if d.name_indexed and m.captures.get(d.name, "").isdigit()
     }
 
 
 def rank_table(m: Match, mesh: Mesh, layout: ParamLayout, ranks: range | None) -> RankTable:
     """The rows of the ranks asked for (else the first ROWS on the parameter's stage) and,
     when they leave some out, every local shape with its count."""
-    virtual = virtual_indices(m, layout)
+    indexed = name_indexed_indices(m, layout)
     units = [(c, d) for c, d in storage_units(layout) if c is not None and d is not None]
     rows = []
     for rank in shown_ranks(layout, mesh, ranks):
         coord = mesh.coord_of(rank)
         indices = list(local_indices(layout, mesh, coord))
-        for i, j in virtual.items():
+        for i, j in indexed.items():
             if indices[i]:
                 g = indices[i][0][0] + j
                 indices[i] = ((g, g + 1),)
@@ -483,7 +483,7 @@ def rank_table(m: Match, mesh: Mesh, layout: ParamLayout, ranks: range | None) -
             assert fusion is not None
             comps.append((comp, component_indices(fusion, indices[d], comp)))
         rows.append(RankRow(RankShard(rank, coord, tuple(indices)), tuple(comps)))
-    named = tuple((layout.dims[i].name, j) for i, j in virtual.items())
+    named = tuple((layout.dims[i].name, j) for i, j in indexed.items())
     table = RankTable(tuple(rows), named, asked=ranks is not None)
     return _with_summary(table, layout, mesh)
 
@@ -516,11 +516,11 @@ def hf_facts(res: Resolved, fqn: str, m: Match, mesh: Mesh, layout: ParamLayout)
     if res.spec.hf is None:
         return None
     found = res.globs[m.winner].regex.match(fqn) if m.winner in res.globs else None
-    spans = [found.span(d.name) for d in layout.dims if d.virtual] if found else []
-    virtual = virtual_indices(m, layout)
+    spans = [found.span(d.name) for d in layout.dims if d.name_indexed] if found else []
+    indexed = name_indexed_indices(m, layout)
     mine = None
-    if virtual and len(spans) == len(virtual):
-        mine = set(_global_names(fqn, layout, mesh, virtual, spans))
+    if indexed and len(spans) == len(indexed):
+        mine = set(_global_names(fqn, layout, mesh, indexed, spans))
     return _hf_units(res.spec.hf, fqn, layout, spans, mine)
 
 
@@ -528,15 +528,15 @@ def _global_names(
     fqn: str,
     layout: ParamLayout,
     mesh: Mesh,
-    virtual: dict[int, int],
+    indexed: dict[int, int],
     spans: list[tuple[int, int]],
 ) -> Iterator[str]:
     """``fqn`` with each name-indexed capture replaced by the module's global index, once
     per rank (that holds one)."""
-    for t in _virtual_shards(layout, mesh, virtual):
+    for t in _name_indexed_shards(layout, mesh, indexed):
         name: list[str] = []
         last = 0
-        for (a, b), (i, j) in zip(spans, sorted(virtual.items()), strict=True):
+        for (a, b), (i, j) in zip(spans, sorted(indexed.items()), strict=True):
             if not t[i]:
                 break
             name += [fqn[last:a], str(t[i][0][0] + j)]
@@ -545,14 +545,16 @@ def _global_names(
             yield "".join([*name, fqn[last:]])
 
 
-def _virtual_shards(layout: ParamLayout, mesh: Mesh, virtual: dict[int, int]) -> Iterable[dict]:
+def _name_indexed_shards(
+    layout: ParamLayout, mesh: Mesh, indexed: dict[int, int]
+) -> Iterable[dict]:
     """Each rank's indices of the name-indexed dims (the others left out): one per
     combination of the coordinates of those dims' axes, not one per rank."""
-    axes = sorted({a for i in virtual for a in layout.dims[i].axes}, key=mesh.names.index)
+    axes = sorted({a for i in indexed for a in layout.dims[i].axes}, key=mesh.names.index)
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     for combo in itertools.product(*(range(sizes[a]) for a in axes)):
         coord = dict(zip(axes, combo, strict=True))
-        yield {i: dim_indices(layout.dims[i], sizes, coord) for i in virtual}
+        yield {i: dim_indices(layout.dims[i], sizes, coord) for i in indexed}
 
 
 def _hf_units(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardspec.core.layout import Dim, Placement, Ranges
+from shardspec.core.layout import Dim, Placement, Ranges, Shard, StridedShard
 from shardspec.core.patterns import describe_key
 from shardspec.explain.facts import (
     ROWS,
@@ -116,7 +116,7 @@ def _dim_text(d: Dim) -> str:
             if d.fusion.groups > 1
             else f" [fused: {comps}]"
         )
-    if d.virtual:
+    if d.name_indexed:
         text += " [indexed by module name]"
     return text
 
@@ -124,11 +124,11 @@ def _dim_text(d: Dim) -> str:
 def _placement_text(p: Placement) -> str:
     """A placement as DTensor writes it: ``Replicate()``, ``Shard(0)``,
     ``_StridedShard(0, sf=2)``."""
-    if p[0] == "R":
-        return "Replicate()"
-    if p[0] == "S":
-        return f"Shard({p[1]})"
-    return f"_StridedShard({p[1]}, sf={p[2]})"
+    if isinstance(p, Shard):
+        return f"Shard({p.dim})"
+    if isinstance(p, StridedShard):
+        return f"_StridedShard({p.dim}, sf={p.split_factor})"
+    return "Replicate()"
 
 
 def _heads_line(h: Heads) -> str:
@@ -196,8 +196,8 @@ def _table_lines(f: LayoutFacts, table: RankTable) -> list[str]:
     """The per-rank table (after a note on a name-indexed module), and what it leaves out."""
     width = 3 * len(f.mesh.names) + 2
     lines = []
-    if table.virtual:
-        names = ", ".join(f"{name} = its rank's first + {j}" for name, j in table.virtual)
+    if table.name_indexed:
+        names = ", ".join(f"{name} = its rank's first + {j}" for name, j in table.name_indexed)
         lines.append(f"  this module on each rank: {names} (the rows below)")
     lines.append("")
     lines.append(

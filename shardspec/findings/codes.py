@@ -185,7 +185,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "SS027",
-        "virtual-dim",
+        "name-indexed-dim",
         E,
         "A dimension indexed by a name capture is misused: it must be sharded over local "
         "axes only and cannot be fused, and captures must be declared dimensions.",

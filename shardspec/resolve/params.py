@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -53,7 +52,7 @@ class Resolved:
     rule_specs: dict[int, RuleSpec]  # rule index -> plain rule (sound rules only)
     ignore_globs: dict[int, Glob]
     matches: dict[str, Match]  # fqn -> match, for params and extra state
-    virtual_counts: dict[int, dict[str, int]]
+    name_indexed_counts: dict[int, dict[str, int]]
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
     mesh_error_hint: str = ""  # the LayoutError's own hint, where it has one
@@ -78,32 +77,44 @@ class Resolved:
         )
 
 
+class MeshError(ValueError):
+    """A mesh the compiler cannot size, with the check code it reports it under: SS004 for a
+    ``-D`` override that names no axis, SS010 for the rest."""
+
+    def __init__(self, message: str, code: str = "SS010", hint: str = "") -> None:
+        super().__init__(message)
+        self.code, self.hint = code, hint
+
+
 def mesh_of(
     spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
 ) -> Mesh:
-    """The spec's mesh with compile-time overrides applied. Raises LayoutError."""
+    """The spec's mesh with compile-time overrides applied. Raises :class:`MeshError`."""
     if spec.mesh is None:
-        raise LayoutError("the spec declares no mesh", "SS010")
+        raise MeshError("the spec declares no mesh")
     names = tuple(a.name.text for a in spec.mesh.axes)
     if not names:
-        raise LayoutError("the mesh has no axes", "SS010")
+        raise MeshError("the mesh has no axes")
     if len(set(names)) != len(names):
-        raise LayoutError("the mesh declares an axis twice", "SS010")
+        raise MeshError("the mesh declares an axis twice")
     sizes: list[int | None] = [a.size for a in spec.mesh.axes]
     for name, value in (overrides or {}).items():
         if name not in names:
-            raise LayoutError(
+            raise MeshError(
                 f"-D {name}={value}: the mesh has no axis {name!r} (axes: {', '.join(names)})",
                 "SS004",
                 "-D takes a mesh axis of the spec, or world",
             )
         sizes[names.index(name)] = value
     w = world if world is not None else spec.mesh.world
-    resolved = resolve_sizes(names, sizes, w)
+    try:
+        resolved = resolve_sizes(names, sizes, w)
+    except LayoutError as e:
+        raise MeshError(str(e), hint=e.hint) from None
     if any(s < 1 for s in resolved):
-        raise LayoutError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
+        raise MeshError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
     if math.prod(resolved) > MAX_WORLD:
-        raise LayoutError(
+        raise MeshError(
             f"mesh {dict(zip(names, resolved, strict=True))} has {math.prod(resolved)} ranks; "
             f"lint and compile check meshes of up to {MAX_WORLD} ranks",
             "SS010",
@@ -138,10 +149,10 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
     itself (in a ``shard`` or a ``replicate``), or is ``replicate``.
     """
     glob = compile_glob(rule.pattern.text)
-    virtual = tuple(d.text for d in rule.dims if d.text in glob.captures)
+    name_indexed = tuple(d.text for d in rule.dims if d.text in glob.captures)
     shard = {s.dim.text: tuple(a.text for a in s.axes) for s in rule.shards}
     mentioned = {a for axes in shard.values() for a in axes} | {a.text for a in rule.replicate}
-    tensor_dims = [d.text for d in rule.dims if d.text not in virtual]
+    tensor_dims = [d.text for d in rule.dims if d.text not in name_indexed]
     if fsdp and not rule.replicate_all and fsdp not in mentioned and tensor_dims:
         first = tensor_dims[0]
         shard[first] = (*shard.get(first, ()), fsdp)
@@ -159,16 +170,13 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         shard=tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard),
         fuse=fuse,
         local=tuple(a.text for a in rule.local),
-        virtual=virtual,
+        name_indexed=name_indexed,
         stored_fused=any(f.stored_fused for f in rule.fusions),
         any_rank=not rule.dims_given,
         ckpt_shard=tuple(
             (s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards
         ),
     )
-
-
-_INT = re.compile(r"^[0-9]+$")
 
 
 def resolve(
@@ -191,9 +199,9 @@ def resolve(
     mesh_error_hint = ""
     try:
         mesh = mesh_of(spec, overrides, world)
-    except LayoutError as e:
+    except MeshError as e:
         mesh_error = str(e)
-        mesh_error_code = "SS004" if e.code == "SS004" else "SS010"
+        mesh_error_code = e.code
         mesh_error_hint = e.hint
     axis_names = {a.name.text for a in spec.mesh.axes} if spec.mesh else set()
     # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no
@@ -331,15 +339,15 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
-    # Count the modules behind each virtual dim: distinct capture values per rule.
+    # Count the modules behind each name-indexed dim: distinct capture values per rule.
     values: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for m in res.matches.values():
         if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
             continue
-        for v in res.rule_specs[m.winner].virtual:
+        for v in res.rule_specs[m.winner].name_indexed:
             values[m.winner][v].add(m.captures.get(v, ""))
     for index, per_dim in values.items():
-        res.virtual_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
+        res.name_indexed_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
     # Parameters of one rule with one shape share a layout object: build it once.
     built: dict[tuple[int, tuple[int, ...]], ParamLayout | LayoutError] = {}
     for m in [*res.matches.values(), *res.tie_matches.values()]:
@@ -350,7 +358,7 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
         if got is None:
             rs = res.rule_specs[m.winner]
             try:
-                got = build_layout(rs, m.entry.shape, sizes, res.virtual_counts.get(m.winner))
+                got = build_layout(rs, m.entry.shape, sizes, res.name_indexed_counts.get(m.winner))
             except LayoutError as e:
                 got = e
             built[key] = got
@@ -358,13 +366,3 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
             m.layout_error = got
         else:
             m.layout = got
-
-
-def virtual_index(res: Resolved, rule_index: int, dim: str) -> list[str]:
-    """The capture values behind a virtual dim, in index order (numeric when numeric)."""
-    vals = {
-        m.captures.get(dim, "")
-        for m in res.matches.values()
-        if m.winner == rule_index and m.ignored_by is None
-    }
-    return sorted(vals, key=lambda v: (0, int(v), "") if _INT.match(v) else (1, 0, v))

@@ -111,11 +111,11 @@ class _Piece:
     """A storage unit of a parameter as one rank holds it (no key names yet)."""
 
     component: str | None
-    shape: tuple[int, ...]  # canonical shape, virtual dims removed
+    shape: tuple[int, ...]  # canonical shape, name-indexed dims removed
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     runs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None
-    virtual_start: tuple[int, ...]  # first global index of each virtual dim on this rank
+    name_indexed_start: tuple[int, ...]  # first global index of each name-indexed dim on this rank
     fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
 
 
@@ -140,10 +140,10 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
             vstart = []
             for i, (dim, r) in enumerate(zip(layout.dims, stored, strict=True)):
                 held = t.indices[i]
-                if dim.virtual:
+                if dim.name_indexed:
                     vstart.append(r[0][0] if r else 0)
                     continue
-                tensor_dim = sum(1 for x in layout.dims[:i] if not x.virtual)
+                tensor_dim = sum(1 for x in layout.dims[:i] if not x.name_indexed)
                 if comp is not None and i == d:
                     fusion = dim.fusion
                     assert fusion is not None
@@ -158,7 +158,7 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
                                 local_pos.extend(_local_runs(held, max(lo, a), min(hi, b)))
                     cuts.append((tensor_dim, tuple(local_pos)))
                     where = tuple((lo, hi - lo) for lo, hi in fusion.component_ranges(comp))
-                    full = tuple(x.size for x in layout.dims if not x.virtual)
+                    full = tuple(x.size for x in layout.dims if not x.name_indexed)
                     fused = (tensor_dim, where, full)
                     shape.append(size)
                     offsets.append(ci[0][0] if ci else 0)
@@ -190,7 +190,7 @@ def replica_groups(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[tuple[int, ..
     for rank, pieces in enumerate(per_rank):
         row = []
         for p in pieces:
-            k = (p.component, p.offsets, p.sizes, p.virtual_start)
+            k = (p.component, p.offsets, p.sizes, p.name_indexed_start)
             groups.setdefault(k, []).append(rank)
             row.append(k)
         keys.append(row)
@@ -244,7 +244,7 @@ def chunk_table(
     ``(component, offsets, replicas, elements)``, in rank order of first holder. What the
     writer choice needs of a parameter, computed once per layout instead of once per
     parameter and rank."""
-    if any(d.virtual for d in layout.dims):
+    if any(d.name_indexed for d in layout.dims):
         raise ValueError("name-indexed dimensions: each rank stores other keys")
     groups = replica_groups(layout, mesh)
     seen: set[tuple[str | None, tuple[int, ...]]] = set()

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from shardspec.core import layout as core
 from shardspec.core.layout import (
     Mesh,
     ParamLayout,
@@ -25,32 +26,34 @@ from shardspec.core.layout import (
 from shardspec.runtime.spec import CompiledSpec, SpecError
 
 
-def to_torch(p: tuple) -> Placement:
-    """A layout placement tuple as a torch placement."""
-    if p[0] == "R":
-        return Replicate()
-    if p[0] == "S":
-        return Shard(p[1])
-    return _StridedShard(p[1], split_factor=p[2])
+def to_torch(p: core.Placement) -> Placement:
+    """A layout placement (``shardspec.core.layout``) as a torch placement."""
+    if isinstance(p, core.Shard):
+        return Shard(p.dim)
+    if isinstance(p, core.StridedShard):
+        return _StridedShard(p.dim, split_factor=p.split_factor)
+    return Replicate()
 
 
-def from_torch(p: Placement, ndim: int) -> tuple | None:
-    """A torch placement as a layout tuple; ``None`` for kinds a parameter's layout cannot
-    have (``Partial``)."""
+def from_torch(p: Placement, ndim: int) -> core.Placement | None:
+    """A torch placement as a layout placement; ``None`` for kinds a parameter's layout
+    cannot have (``Partial``)."""
     if isinstance(p, _StridedShard):
-        return ("SS", p.dim % max(ndim, 1), p.split_factor)
+        return core.StridedShard(p.dim % max(ndim, 1), p.split_factor)
     if isinstance(p, Shard):
-        return ("S", p.dim % max(ndim, 1))
+        return core.Shard(p.dim % max(ndim, 1))
     if isinstance(p, Replicate):
-        return ("R",)
+        return core.REPLICATE
     return None
 
 
-def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple | None]:
-    """A DTensor's (mesh axis names, placements as layout tuples or ``None``)."""
+def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple[core.Placement, ...] | None]:
+    """A DTensor's (mesh axis names, layout placements or ``None``)."""
     names = tuple(value.device_mesh.mesh_dim_names or ())
     got = tuple(from_torch(p, value.ndim) for p in value.placements)
-    return names, None if any(g is None for g in got) else got
+    if any(g is None for g in got):
+        return names, None
+    return names, tuple(g for g in got if g is not None)
 
 
 def device_type() -> str:
@@ -148,10 +151,10 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     # stage model lacks or should not hold). Identity without a pipeline.
     gname = spec.global_names([f for f, _ in model.named_parameters()], mesh)
     table = spec.table(lmesh)
-    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
+    counts = spec.name_indexed_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[int, tuple[str, nn.Parameter, ParamLayout]] = {}
     errors: list[str] = []
-    codes: set[str] = set()
+    problems: set[tuple[str | None, core.LayoutProblem | None]] = set()
     for fqn, p in named:
         if spec.is_ignored(fqn):
             continue
@@ -168,7 +171,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
             layout = spec.layout(fqn, lmesh, tuple(p.shape), counts.get(fqn))
         except SpecError as e:
             errors.append(str(e))
-            codes.add(e.code)
+            problems.add((e.code, e.problem))
             continue
         if tied is not None:
             if layout != tied[2]:
@@ -186,9 +189,11 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
                 f"the model lacks {len(missing)} parameter(s) of the manifest, e.g. {missing[0]!r}"
             )
     if errors:
-        # One kind of problem keeps its check code (e.g. SS021 for a rule that does not fit).
-        code = codes.pop() if len(codes) == 1 and len(errors) == 1 else "SS031"
-        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code)
+        # One problem keeps its kind (a rule that does not fit, say).
+        code, problem = (
+            problems.pop() if len(problems) == 1 and len(errors) == 1 else ("SS031", None)
+        )
+        raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code, problem=problem)
     new: dict[int, nn.Parameter] = {}
     meshes: dict[tuple[str, ...], DeviceMesh] = {}
     for key, (_fqn, p, layout) in plans.items():

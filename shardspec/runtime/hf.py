@@ -59,10 +59,10 @@ from shardspec.runtime.units import (
     CheckpointError,
     Names,
     canonical_plan,
+    count_name_indexed,
     mesh_and_rank,
     unit_commit,
     unit_data,
-    virtual_counts,
 )
 
 INDEX = "model.safetensors.index.json"
@@ -178,12 +178,12 @@ def _params(
     spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], keys: Iterable[str]
 ) -> dict[str, _Param]:
     """The layout of each parameter in ``keys``, and where its name-indexed captures are."""
-    counts = virtual_counts(spec, names, flat)
+    counts = count_name_indexed(spec, names, flat)
     out = {}
     for key in sorted(keys):
         shape = tuple(flat[key].shape) if names.table is None else None
         layout = spec.layout(key, lm, shape, counts.get(key))
-        out[key] = _Param(layout, names.virtual_spans(key, layout))
+        out[key] = _Param(layout, names.name_indexed_spans(key, layout))
     return out
 
 
@@ -202,7 +202,7 @@ def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, _Para
         if spec.is_ignored(fqn):
             continue
         layout = spec.layout(fqn, lm)
-        out[fqn] = _Param(layout, names.virtual_spans(fqn, layout))
+        out[fqn] = _Param(layout, names.name_indexed_spans(fqn, layout))
     return out
 
 
@@ -691,7 +691,7 @@ def _global_chunks(
         groups = replica_groups(p.layout, lm)
         for r, row in enumerate(pieces):
             for k, piece in enumerate(row):
-                name = names.canonical(key, p.layout, piece.virtual_start, p.spans)
+                name = names.canonical(key, p.layout, piece.name_indexed_start, p.spans)
                 if piece.component is not None:
                     name = f"{name}.{piece.component}"
                 if any(s == 0 for s in piece.sizes) or (name, piece.offsets) in seen:

@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from shardspec.core import layout as core
 from shardspec.core.layout import (
     Mesh,
     ParamLayout,
@@ -64,17 +65,21 @@ class ParamPlan:
 
     fqn: str
     layout: ParamLayout
-    placements: tuple  # layout tuples on ``names``
+    placements: tuple[core.Placement, ...]  # on ``names``
     names: tuple[str, ...]  # the DTensor's mesh axes (the spec's axes minus local ones)
     global_fqn: str = ""  # the whole model's name (a pipeline stage's model may renumber)
     # The name its rule (and style) go by: the global name, or a pipeline tie's alias.
     rule_fqn: str = ""
 
-    def on(self, axis: str) -> tuple:
-        return self.placements[self.names.index(axis)] if axis in self.names else ("R",)
+    def on(self, axis: str) -> core.Placement:
+        return self.placements[self.names.index(axis)] if axis in self.names else core.REPLICATE
 
     def sharded_axes(self) -> tuple[str, ...]:
-        return tuple(n for n, p in zip(self.names, self.placements, strict=True) if p[0] != "R")
+        return tuple(
+            n
+            for n, p in zip(self.names, self.placements, strict=True)
+            if not isinstance(p, core.Replicate)
+        )
 
 
 def plan_params(
@@ -96,7 +101,7 @@ def plan_params(
         own = [f for f, _ in model.named_parameters()]
         gname = spec.global_names(own, lmesh, coord)
         rname = spec.global_names(own, lmesh, coord, ties=False)
-    counts = spec.virtual_counts_of(f for f, _ in named) if table is None else {}
+    counts = spec.name_indexed_counts_of(f for f, _ in named) if table is None else {}
     plans: dict[str, ParamPlan] = {}
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
@@ -164,7 +169,7 @@ def layout_problem(
         _, got = layout_of(value)
         if got is None:
             return f"placements {tuple(value.placements)} (partial values are not a layout)"
-        placements_a: tuple = got
+        placements_a: tuple[core.Placement, ...] = got
     else:
         names, placements_a = (), ()
     sub = dtensor_mesh(plan.layout, lmesh)
@@ -180,11 +185,8 @@ def layout_problem(
     )
 
 
-def _describe(names: Iterable[str], placements: Iterable[tuple]) -> str:
-    def one(p: tuple) -> str:
-        return {"R": "R", "S": f"S({p[1]})", "SS": f"_S({p[1]}, {p[-1]})"}[p[0]]
-
-    return "(" + ", ".join(f"{n}={one(p)}" for n, p in zip(names, placements, strict=True)) + ")"
+def _describe(names: Iterable[str], placements: Iterable[core.Placement]) -> str:
+    return "(" + ", ".join(f"{n}={p}" for n, p in zip(names, placements, strict=True)) + ")"
 
 
 def _fmt(ranges: tuple) -> str:
@@ -238,7 +240,7 @@ def verify(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
 # --------------------------------------------------------------------------- TP styles
 
 
-def _cut(value: torch.Tensor, mesh: DeviceMesh, placement: tuple) -> DTensor:
+def _cut(value: torch.Tensor, mesh: DeviceMesh, placement: core.Placement) -> DTensor:
     """``value`` (the module's whole tensor, possibly on meta) cut for this rank of the 1-D
     ``mesh`` by ``placement``, with no communication."""
     n = mesh.size()
@@ -263,16 +265,16 @@ def _cut(value: torch.Tensor, mesh: DeviceMesh, placement: tuple) -> DTensor:
 
 def _partition(style: Any, module: nn.Module, mesh: DeviceMesh) -> None:
     for leaf, param in list(module.named_parameters(recurse=False)):
-        placement = style.param_placements.get(leaf, ("R",))
+        placement = style.param_placements.get(leaf, core.REPLICATE)
         dt = _cut(param.detach(), mesh, placement)
         module.register_parameter(leaf, nn.Parameter(dt, requires_grad=param.requires_grad))
 
 
 class _SpecCut:
     """Cuts a module's parameters as the spec says (``param_placements``: leaf -> layout
-    tuple on the TP axis), in place of torch's own partition functions."""
+    placement on the TP axis), in place of torch's own partition functions."""
 
-    param_placements: dict[str, tuple]
+    param_placements: dict[str, core.Placement]
 
     def _partition_linear_fn(self, name, module, device_mesh):
         _partition(self, module, device_mesh)
@@ -289,7 +291,7 @@ class SpecColwise(_SpecCut, ColwiseParallel):
     cut as the spec says: per component for a fused dimension (``_StridedShard``), not the
     contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up."""
 
-    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+    def __init__(self, param_placements: Mapping[str, core.Placement], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.param_placements = dict(param_placements)
 
@@ -297,7 +299,7 @@ class SpecColwise(_SpecCut, ColwiseParallel):
 class SpecRowwise(_SpecCut, RowwiseParallel):
     """torch's ``RowwiseParallel`` with each parameter cut as the spec says."""
 
-    def __init__(self, param_placements: Mapping[str, tuple], **kwargs: Any) -> None:
+    def __init__(self, param_placements: Mapping[str, core.Placement], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.param_placements = dict(param_placements)
 
@@ -306,7 +308,7 @@ class SpecPlaced(_SpecCut, ParallelStyle):
     """`style none`: the parameters cut as the spec says, and nothing else: the module's
     own forward handles its shards (an expert-parallel MoE, say)."""
 
-    def __init__(self, param_placements: Mapping[str, tuple]) -> None:
+    def __init__(self, param_placements: Mapping[str, core.Placement]) -> None:
         super().__init__()
         self.param_placements = dict(param_placements)
 
@@ -331,7 +333,7 @@ def _style_for(
     stated = dict(stated or {})
     kind = stated.pop("kind", None)
     stated.pop("derived", None)
-    sharded = {leaf: p for leaf, p in placements.items() if p[0] != "R"}
+    sharded = {leaf: p for leaf, p in placements.items() if not isinstance(p, core.Replicate)}
     if kind == "sequence_parallel":
         if sharded:
             raise SpecError(f"{fqn}: sequence parallelism needs parameters replicated over tp")
@@ -348,12 +350,13 @@ def _style_for(
         else type(module).__name__
     )
     kinds = {
-        derive(module_kind, leaf, p[1] if p[0] != "R" else None) for leaf, p in placements.items()
+        derive(module_kind, leaf, None if isinstance(p, core.Replicate) else p.dim)
+        for leaf, p in placements.items()
     }
     kinds.discard(None)
     derived = kinds.pop() if len(kinds) == 1 else "?"
     bias = placements.get("bias")
-    if derived == "colwise" and module_kind == LINEAR and bias is not None and bias[0] == "R":
+    if derived == "colwise" and module_kind == LINEAR and isinstance(bias, core.Replicate):
         raise SpecError(
             f"{fqn}: a column-parallel Linear whose bias is replicated over {tp_axis!r}: each "
             "rank's output columns need their own slice of the bias; shard the bias's out "
@@ -370,13 +373,7 @@ def _style_for(
         raise SpecError(
             f"{fqn}: the spec states style {kind}, but its placements make it {derived}"
         )
-    kwargs = _style_kwargs(stated)
-    weight_sf = placements.get("weight", ("R",))
-    if derived == "colwise" and weight_sf[0] == "SS" and "output" not in stated:
-        # A fused output dimension split per component: each rank's output columns are its
-        # slice of every component, which is what the module's own forward splits. Keep
-        # that layout (torch's default Shard(-1) would permute the columns across ranks).
-        kwargs["output_layouts"] = _StridedShard(-1, split_factor=weight_sf[2])
+    kwargs = _pattern_kwargs(stated, derived, placements)
     if isinstance(module, nn.Embedding):
         # Token ids are whole on every TP rank (torch's RowwiseParallel would read them as
         # Shard(-1) and all-gather them).
@@ -695,18 +692,18 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
     by_rule: dict[int, tuple[int, ...]] = {}
     for p in spec.params.values():
         by_rule.setdefault(p.rule, p.shape)
-    groups: dict[str, dict[str, tuple]] = {}
+    groups: dict[str, dict[str, core.Placement]] = {}
     kinds: dict[str, dict[str, object]] = {}
     axes = tp_axes(spec)
     for i, rule in enumerate(spec.rules):
         shape = by_rule.get(i)
         if shape is None:
             continue
-        layout = build_layout(rule, shape, sizes, spec.virtual_counts.get(i))
+        layout = build_layout(rule, shape, sizes, spec.name_indexed_counts.get(i))
         sub = dtensor_mesh(layout, lmesh)
         placements = dtensor_placements(layout, lmesh)
         on = {n: p for n, p in zip(sub.names, placements, strict=True) if n in axes}
-        sharded = {n: p for n, p in on.items() if p[0] != "R"}
+        sharded = {n: p for n, p in on.items() if not isinstance(p, core.Replicate)}
         style = spec.rule_styles.get(i)
         if not sharded and not style:
             continue
@@ -716,7 +713,7 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
                 f"rule {rule.pattern!r}: its module part is not a pattern parallelize_module "
                 "matches (one `*` per segment); pass model= to tp_plan"
             )
-        p = next(iter(sharded.values())) if sharded else ("R",)
+        p = next(iter(sharded.values())) if sharded else core.REPLICATE
         groups.setdefault(owner, {})[leaf] = p
         if style:
             kinds[owner] = style
@@ -732,7 +729,7 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
         elif kind in ("colwise", "rowwise"):
             cls = SpecColwise if kind == "colwise" else SpecRowwise
             out[owner] = cls(leaves, **_pattern_kwargs(stated, kind, leaves))
-        elif any(p[0] != "R" for p in leaves.values()):
+        elif any(not isinstance(p, core.Replicate) for p in leaves.values()):
             raise SpecError(
                 f"module pattern {owner!r}: no style is known for it (the manifest records "
                 "no module kind, or it is neither a Linear nor an Embedding); state one in "
@@ -741,11 +738,19 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
     return out
 
 
-def _pattern_kwargs(stated: Mapping[str, Any], kind: str, leaves: Mapping[str, tuple]) -> dict:
+def _pattern_kwargs(
+    stated: Mapping[str, Any], kind: str, leaves: Mapping[str, core.Placement]
+) -> dict[str, Any]:
+    """The style's keyword arguments: the stated activation layouts, and for a
+    column-parallel module whose weight's fused output dimension is split per component,
+    that layout for its output."""
     kwargs = _style_kwargs(stated)
-    weight = leaves.get("weight", ("R",))
-    if kind == "colwise" and weight[0] == "SS" and "output" not in stated:
-        kwargs["output_layouts"] = _StridedShard(-1, split_factor=weight[2])
+    weight = leaves.get("weight", core.REPLICATE)
+    if kind == "colwise" and isinstance(weight, core.StridedShard) and "output" not in stated:
+        # Each rank's output columns are its slice of every component, which is what the
+        # module's own forward splits. Keep that layout (torch's default Shard(-1) would
+        # permute the columns across ranks).
+        kwargs["output_layouts"] = _StridedShard(-1, split_factor=weight.split_factor)
     return kwargs
 
 

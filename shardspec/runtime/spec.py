@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.layout import (
     LayoutError,
+    LayoutProblem,
     Mesh,
     ParamLayout,
+    Placement,
     RuleSpec,
     build_layout,
     dtensor_placements,
@@ -32,7 +34,19 @@ from shardspec.core.stages import plan as stage_plan
 
 
 class SpecError(LayoutError):
-    """A model, mesh or argument that does not fit the compiled spec."""
+    """A model, mesh or argument that does not fit the compiled spec. ``code``: the check
+    the compiler would report it under, for the runtime's own errors (``None`` for a
+    :class:`LayoutError` passed on, whose ``problem`` says what is wrong)."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str | None = "SS031",
+        hint: str = "",
+        problem: LayoutProblem | None = None,
+    ) -> None:
+        super().__init__(message, problem, hint)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,7 @@ class CompiledSpec:
         rules: tuple[RuleSpec, ...],
         params: Mapping[str, Param] | None,
         ignore: tuple[str, ...] = (),
-        virtual_counts: Mapping[int, Mapping[str, int]] | None = None,
+        name_indexed_counts: Mapping[int, Mapping[str, int]] | None = None,
         factory_args: Mapping[str, object] | None = None,
         fsdp: str | None = None,
         styles: Mapping[int, Mapping[str, object]] | None = None,
@@ -92,7 +106,7 @@ class CompiledSpec:
         # (rule index -> {"kind": ..., "input": ..., "output": ..., "local": ...}).
         self.fsdp_axis = fsdp
         self.rule_styles = {k: dict(v) for k, v in (styles or {}).items()}
-        self.virtual_counts = {k: dict(v) for k, v in (virtual_counts or {}).items()}
+        self.name_indexed_counts = {k: dict(v) for k, v in (name_indexed_counts or {}).items()}
         # Local axes' sizes the manifest's model was built with (its factory arguments
         # named after mesh axes): the per-parameter table holds only at those sizes.
         local = {a for r in rules for a in r.local}
@@ -148,7 +162,7 @@ class CompiledSpec:
         except SpecError:
             raise
         except LayoutError as e:
-            raise SpecError(str(e), e.code, e.hint) from None
+            raise SpecError(str(e), None, e.hint, e.problem) from None
         return dict(zip(self.axes, resolved, strict=True))
 
     def layout_mesh(self, mesh: object) -> Mesh:
@@ -338,7 +352,7 @@ class CompiledSpec:
         fqn: str,
         mesh: object,
         shape: Iterable[int] | None = None,
-        virtual_counts: Mapping[str, int] | None = None,
+        name_indexed_counts: Mapping[str, int] | None = None,
     ) -> ParamLayout:
         """The global layout of ``fqn`` on ``mesh``.
 
@@ -359,7 +373,7 @@ class CompiledSpec:
                     f"{list(p.shape)}; regenerate the manifest and recompile"
                 )
             rule, module_shape = p.rule, p.shape
-            counts = self.virtual_counts.get(rule)
+            counts = self.name_indexed_counts.get(rule)
         else:
             if shape is None:
                 why = (
@@ -370,11 +384,11 @@ class CompiledSpec:
                 raise SpecError(f"spec {self.name!r} {why}: pass the tensor's shape")
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
-            counts = virtual_counts
+            counts = name_indexed_counts
         try:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
-            raise SpecError(f"parameter {fqn!r}: {e}", e.code, e.hint) from None
+            raise SpecError(f"parameter {fqn!r}: {e}", None, e.hint, e.problem) from None
         sp = self.stage_plan(lm)
         if sp is not None:
             stage = sp.stage_of(fqn)
@@ -399,12 +413,12 @@ class CompiledSpec:
         lm = self.layout_mesh(mesh)
         return rank_table(self.layout(fqn, lm, shape), lm)
 
-    def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[tuple, ...]:
+    def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[Placement, ...]:
         lm = self.layout_mesh(mesh)
         return dtensor_placements(self.layout(fqn, lm, shape), lm)
 
-    def virtual_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Without a manifest: modules per virtual dim, counted from the model's names."""
+    def name_indexed_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Without a manifest: modules per name-indexed dim, counted from the model's names."""
         values: dict[tuple[int, str], set[str]] = defaultdict(set)
         matched: dict[str, int] = {}
         for fqn in names:
@@ -412,9 +426,9 @@ class CompiledSpec:
                 continue
             rule, caps = self.match(fqn)
             matched[fqn] = rule
-            for v in self.rules[rule].virtual:
+            for v in self.rules[rule].name_indexed:
                 values[(rule, v)].add(caps[v])
         return {
-            fqn: {v: len(values[(rule, v)]) for v in self.rules[rule].virtual}
+            fqn: {v: len(values[(rule, v)]) for v in self.rules[rule].name_indexed}
             for fqn, rule in matched.items()
         }

@@ -140,11 +140,11 @@ class Names:
             return False
         return True
 
-    def virtual_spans(self, fqn: str, layout: ParamLayout) -> list[tuple[int, int]]:
+    def name_indexed_spans(self, fqn: str, layout: ParamLayout) -> list[tuple[int, int]]:
         """Where, in ``fqn``, the captures behind the layout's name-indexed dims are (in
         dim order); empty for a parameter without such dims."""
-        virtual = [d for d in layout.dims if d.virtual]
-        if not virtual:
+        indexed = [d for d in layout.dims if d.name_indexed]
+        if not indexed:
             return []
         if self.table is not None and fqn in self.table:
             rule = self.table[fqn].rule
@@ -152,23 +152,23 @@ class Names:
             rule, _ = self.spec.match(fqn)
         m = self.spec.glob(rule).regex.match(fqn)
         assert m is not None
-        return [m.span(d.name) for d in virtual]
+        return [m.span(d.name) for d in indexed]
 
     def canonical(
         self,
         fqn: str,
         layout: ParamLayout,
-        virtual_start: tuple[int, ...],
+        name_indexed_start: tuple[int, ...],
         spans: list[tuple[int, int]] | None = None,
     ) -> str:
         """``fqn`` with each name-indexed capture replaced by its global index (``spans``:
-        :meth:`virtual_spans`, when the caller has them)."""
-        spans = self.virtual_spans(fqn, layout) if spans is None else spans
+        :meth:`name_indexed_spans`, when the caller has them)."""
+        spans = self.name_indexed_spans(fqn, layout) if spans is None else spans
         if not spans:
             return fqn
         out, last = [], 0
         for (s, e), k in sorted((span, k) for k, span in enumerate(spans)):
-            out += [fqn[last:s], str(virtual_start[k] + int(fqn[s:e]))]
+            out += [fqn[last:s], str(name_indexed_start[k] + int(fqn[s:e]))]
             last = e
         out.append(fqn[last:])
         return "".join(out)
@@ -304,7 +304,7 @@ def _structural(
     structure: dict[str, tuple] = {}
     chunks = []
     single: dict[tuple[ParamLayout, int], int] = {}
-    counts = virtual_counts(spec, names, flat)
+    counts = count_name_indexed(spec, names, flat)
     unnamed: list[str] = []  # tensors that hold no parameter's name
     found: set[str] = set()  # the parameter names in the keys, as this rank's model has them
     for key in sorted(flat):
@@ -335,13 +335,13 @@ def _structural(
         pieces = rank_pieces(layout, mesh)
         if shape != module_shape(layout, mesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
-            vstart = pieces[rank][0].virtual_start if pieces[rank] else ()
+            vstart = pieces[rank][0].name_indexed_start if pieces[rank] else ()
             new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
             rest.append((key, new_key))
             plan.renamed[key] = new_key
             for row in pieces:  # other ranks' names of the same entry (per-expert modules)
                 if row:
-                    other = names.canonical(fqn, layout, row[0].virtual_start)
+                    other = names.canonical(fqn, layout, row[0].name_indexed_start)
                     plan.keys.add(key[:a] + other + key[b:])
             structure[key] = _describe(value)  # the caller's key: the same on every rank
             continue
@@ -358,7 +358,7 @@ def _structural(
         structure[key] = ("param", shape, str(tensor.dtype), declared)
         mine: list[tuple[str, Unit]] = []
         for k, piece in enumerate(pieces[rank]):
-            name = names.canonical(fqn, layout, piece.virtual_start)
+            name = names.canonical(fqn, layout, piece.name_indexed_start)
             if piece.component is not None:
                 name = f"{name}.{piece.component}"
             skey = key[:a] + name + key[b:]
@@ -378,11 +378,11 @@ def _structural(
             plan.dtypes[skey] = tensor.dtype
             mine.append((skey, unit))
         params.append((key, expected, tuple(mine)))
-        if any(d.virtual for d in layout.dims):
+        if any(d.name_indexed for d in layout.dims):
             # Name-indexed modules: every rank stores other keys; visit them all.
             for r, row in enumerate(pieces):
                 for k, piece in enumerate(row):
-                    name = names.canonical(fqn, layout, piece.virtual_start)
+                    name = names.canonical(fqn, layout, piece.name_indexed_start)
                     if piece.component is not None:
                         name = f"{name}.{piece.component}"
                     skey = key[:a] + name + key[b:]
@@ -450,7 +450,7 @@ def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple
     return tuple(out)
 
 
-def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
+def count_name_indexed(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
     """Where the manifest's table does not apply: modules per name-indexed dim, counted
     from the state dict."""
     if names.table is not None:
@@ -460,7 +460,7 @@ def virtual_counts(spec: CompiledSpec, names: Names, flat: Mapping[str, Any]):
         span = names.split(key)
         if span is not None:
             fqns.add(key[span[0] : span[1]])
-    return spec.virtual_counts_of(sorted(fqns))
+    return spec.name_indexed_counts_of(sorted(fqns))
 
 
 @dataclasses.dataclass(frozen=True)

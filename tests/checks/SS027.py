@@ -1,11 +1,11 @@
-"""SS027 virtual-dim: a dimension indexed by a name capture (per-expert local modules)."""
+"""SS027 name-indexed-dim: a dimension indexed by a name capture (per-expert local modules)."""
 
 HEAD = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  ep: 2 }\nfsdp dp_shard\n'
 MANIFEST = {f"local_experts.{j}.w1.weight": [16, 8] for j in range(2)}
 
 CASES = [
     {
-        "name": "virtual dim over a non-local axis",
+        "name": "name-indexed dim over a non-local axis",
         "spec": HEAD
         + """\
 param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
@@ -34,7 +34,7 @@ param local_experts.{e}.w1.weight [ffn, hidden] {}
         "expect": [("SS027", 4, "capture {e} names no dimension of the rule", "{e}.w1")],
     },
     {
-        "name": "virtual dim fused",
+        "name": "name-indexed dim fused",
         "spec": HEAD
         + """\
 param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
@@ -45,7 +45,7 @@ param local_experts.{expert}.w1.weight [expert, ffn, hidden] {
         "expect": [("SS027", 5, "dimension 'expert' is indexed by module name", "expert")],
     },
     {
-        "name": "virtual dim over a local axis",
+        "name": "name-indexed dim over a local axis",
         "spec": HEAD
         + """\
 param local_experts.{expert}.w1.weight [expert, ffn, hidden] {

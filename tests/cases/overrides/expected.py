@@ -28,7 +28,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=2, compiler="0.1.0")
+require(api=3, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/overrides/spec.shard"
 SPEC_SHA256 = "4d959b0bcb2bc7b634e376ab74c43dcbe061b72c4d1b7c4192aa169daa16ab44"
@@ -77,7 +77,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ()
 
 # Modules per rank behind each name-indexed dimension, per rule.
-VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}
+NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # Every parameter: Param(rule, module tensor shape, dtype).
 PARAMS: dict[str, Param] | None = {
@@ -109,7 +109,7 @@ SPEC = CompiledSpec(
     rules=RULES,
     params=PARAMS,
     ignore=IGNORE,
-    virtual_counts=VIRTUAL_COUNTS,
+    name_indexed_counts=NAME_INDEXED_COUNTS,
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,

@@ -27,7 +27,7 @@ from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 
-require(api=2, compiler="0.1.0")
+require(api=3, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/pipeline/spec.shard"
 SPEC_SHA256 = "dc6b7494ff65b403cc5fd563830d3557cee98be459857e249ee5b31a62b94593"
@@ -95,7 +95,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ()
 
 # Modules per rank behind each name-indexed dimension, per rule.
-VIRTUAL_COUNTS: dict[int, dict[str, int]] = {}
+NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # Every parameter: Param(rule, module tensor shape, dtype).
 PARAMS: dict[str, Param] | None = {
@@ -168,7 +168,7 @@ SPEC = CompiledSpec(
     rules=RULES,
     params=PARAMS,
     ignore=IGNORE,
-    virtual_counts=VIRTUAL_COUNTS,
+    name_indexed_counts=NAME_INDEXED_COUNTS,
     factory_args=FACTORY_ARGS,
     fsdp=FSDP_AXIS,
     styles=STYLES,

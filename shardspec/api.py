@@ -117,9 +117,8 @@ def lint_specs(
             res, more = check(spec, overrides=overrides, world=world)
             if res.manifest is not None:
                 out.sources[res.manifest.path] = res.manifest.text
-            text = getattr(res.hf_manifest, "text", None)
-            if text is not None:
-                out.sources[res.hf_manifest.path] = text  # type: ignore[union-attr]
+            if res.hf_manifest is not None:
+                out.sources[res.hf_manifest.path] = res.hf_manifest.text
             out.diagnostics.extend(diags + more)
             results.append((shown, res))
         else:

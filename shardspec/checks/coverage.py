@@ -266,7 +266,8 @@ def check_ambiguous(res: Resolved) -> list[Diagnostic]:
     groups: dict[tuple[int, ...], list[str]] = defaultdict(list)
     for fqn, m in sorted(res.matches.items()):
         if m.ignored_by is None and m.winner is not None and m.tied:
-            groups[(m.winner, *m.tied)].append(fqn)
+            tie = (m.winner, *m.tied)
+            groups[tie].append(fqn)
     out = []
     for indices, fqns in sorted(groups.items()):
         rules = [res.spec.rules[i] for i in indices]

@@ -121,11 +121,11 @@ def check_hf_items(spec: ir.Spec) -> tuple[list[Diagnostic], set[int]]:
         elif t.alias.text == t.source.text:
             out.append(diag("SS070", f"tie {t.alias.text!r} to itself", t.span, "delete the tie"))
         elif t.alias.text in aliases:
-            first = aliases[t.alias.text]
+            earlier = aliases[t.alias.text]
             out.append(
                 diag(
                     "SS070",
-                    f"{t.alias.text!r} is tied twice (first at line {first.span.line})",
+                    f"{t.alias.text!r} is tied twice (first at line {earlier.span.line})",
                     t.alias.span,
                     "an alias is the same tensor as one source: keep one tie",
                 )

@@ -203,7 +203,8 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
                     "(`output` places `output.weight`); fix or delete it",
                 )
             )
-    unplaced, twice = [], {}
+    unplaced: list[str] = []
+    twice: dict[tuple[str, ...], list[str]] = {}
     for f in names:
         c = claims(spec, f)
         if not c:
@@ -219,13 +220,13 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
                 f"add their modules to `first`, `last` or the split of `pipeline {p.axis.text}`",
             )
         )
-    for c, fqns in twice.items():
-        pat = _claiming(p, spec, c[-1], fqns[0])
+    for kinds, fqns in twice.items():
+        claimant = _claiming(p, spec, kinds[-1], fqns[0])
         out.append(
             diag(
                 "SS092",
-                f"{len(fqns)} parameter(s) placed by both {' and '.join(c)}: {_more(fqns)}",
-                pat.span if pat is not None else p.span,
+                f"{len(fqns)} parameter(s) placed by both {' and '.join(kinds)}: {_more(fqns)}",
+                claimant.span if claimant is not None else p.span,
                 "each parameter lives on exactly one stage; narrow one of the patterns",
             )
         )

@@ -73,10 +73,8 @@ def check(
             )
         )
     if manifest is not None:
-        for c in COVERAGE_CHECKS:
-            diags.extend(c(res))
-        for c in LAYOUT_CHECKS:
-            diags.extend(c(res))
+        for resolved_check in (*COVERAGE_CHECKS, *LAYOUT_CHECKS):
+            diags.extend(resolved_check(res))
         diags.extend(check_stages(res))
         if spec.hf is not None:
             diags.extend(check_hf_units(res, hf_manifest, hf_bad))

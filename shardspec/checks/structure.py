@@ -105,7 +105,7 @@ _PATTERN_SYNTAX = (
 def check_patterns(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS044: every rule and ignore pattern compiles."""
     out = []
-    patterns = [(rule.pattern, rule.index) for rule in spec.rules]
+    patterns: list[tuple[ir.Pattern, int | None]] = [(r.pattern, r.index) for r in spec.rules]
     patterns += [(ig.pattern, None) for ig in spec.ignores]
     for pattern, index in patterns:
         try:
@@ -218,13 +218,13 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         local = {a.text for a in rule.local}
         for s in rule.shards:
             names = [a.text for a in s.axes]
-            for k, a in enumerate(names):
+            for k, axis in enumerate(names):
                 before = [b for b in names[:k] if b not in local]
-                if a in local and before:
+                if axis in local and before:
                     out.append(
                         diag(
                             "SS026",
-                            f"local axis {a!r} comes after non-local axis "
+                            f"local axis {axis!r} comes after non-local axis "
                             f"{before[0]!r} on dimension {s.dim.text!r}",
                             s.axes[k].span,
                             "the module holds a whole block of its local axes: list "

@@ -281,13 +281,13 @@ def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
     first, last = spec.hf.span.line, spec.hf.span.end_line or spec.hf.span.line
     words = "How a Hugging Face checkpoint maps onto the storage units".split()
     words += [f"({spec_path},", "lines", f"{first}-{last})."]
-    fields = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line"
-    fields += (
+    legend = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line"
+    legend += (
         ", parts of a split HF tensor in its order)."
         if any(r.parts is not None for r in hfmap.rules)
         else ")."
     )
-    text = comment(words) + "\n" + comment(fields.split())
+    text = comment(words) + "\n" + comment(legend.split())
     return {"table": "\n".join(lines), "imports": ", ".join(imports), "comment": text}
 
 
@@ -399,7 +399,7 @@ def render_module(
         rs = res.rule_specs.get(rule.index) or rule_spec(rule, fsdp)
         placements: list[str] = []
         if res.mesh is not None:
-            pp = res.pipeline.axis if res.stages is not None else None
+            pp = res.pipeline.axis if res.pipeline is not None and res.stages is not None else None
             names = [n for n in res.mesh.names if n not in rs.local and n != pp]
             layout_ = first_layout.get(rule.index)
             if layout_ is not None:

@@ -523,8 +523,8 @@ class HFMap:
             for t in (*rule.transforms, *(t for p in parts for t in p.transforms)):
                 if t.kind == "rope" and (t.head_dim < 2 or t.head_dim % 2):
                     yield i, f"rope needs an even head size, got {t.head_dim}"
-            names = [p.name for p in parts]
-            for n in sorted({n for n in names if names.count(n) > 1}):
+            part_names = [p.name for p in parts]
+            for n in sorted({n for n in part_names if part_names.count(n) > 1}):
                 yield i, f"component {n!r} is named twice in the `as` list"
 
 
@@ -564,13 +564,13 @@ def unit_names(
             bases.append("".join(out))
     else:
         bases = [fqn]
-    result = []
+    result: list[tuple[str, tuple[int, ...]]] = []
     for base in bases:
         if comps:
             for name, size in comps:
-                s = list(shape)
-                s[fused_at] = size
-                result.append((f"{base}.{name}", tuple(s)))
+                dims = list(shape)
+                dims[fused_at] = size
+                result.append((f"{base}.{name}", tuple(dims)))
         else:
             result.append((base, tuple(shape)))
     return result

@@ -432,7 +432,7 @@ def _strided(r: Ranges, split_factor: int, n: int, i: int) -> Ranges:
     """DTensor's ``_StridedShard(split_factor)``: chunk into ``split_factor`` pieces, then take
     piece ``i`` of every piece's ``n``-way chunk."""
     total = ranges_len(r)
-    parts = []
+    parts: list[tuple[int, int]] = []
     for j in range(split_factor):
         plo, phi = chunk_bounds(total, split_factor, j)
         lo, hi = chunk_bounds(phi - plo, n, i)
@@ -858,7 +858,8 @@ def _chunk_specials(total: int, cuts: Iterable[int], n: int) -> set[int]:
 def _cuts(r: Ranges, bounds: Iterable[int] = ()) -> list[int]:
     """Positions in the sequence ``r`` enumerates where a range ends or a global index of
     ``bounds`` falls strictly inside a range."""
-    out, pos = [], 0
+    out: list[int] = []
+    pos = 0
     bounds = sorted(set(bounds))
     for a, b in r:
         out.extend(pos + g - a for g in bounds if a < g < b)
@@ -1238,7 +1239,7 @@ def head_cut(
                 return _cut(h, axes[0], (), found)
             candidates.update((m - 1, m))
         for i in sorted(x for x in candidates if x < n):
-            runs = []
+            runs: list[tuple[int, int]] = []
             for start, size in parts:
                 lo, hi = chunk_bounds(size, n, i)
                 if lo < hi:
@@ -1248,19 +1249,19 @@ def head_cut(
         n = sizes[axis]
         seen: set[tuple] = set()
         inner = []
-        for outer, runs in blocks:
-            total = sum(length for _, length in runs)
-            shape = h.shape(runs)
+        for outer, block in blocks:
+            total = sum(length for _, length in block)
+            shape = h.shape(block)
             if not total or shape in seen:
                 continue
             seen.add(shape)
             c = -(-total // n)
             m = -(-total // c)
-            found = _split_cut(h, runs, c, m)
+            found = _split_cut(h, block, c, m)
             if found is not None:
                 return _cut(h, axis, outer, found)
-            for j in _chunk_candidates(h, runs, c, m):
-                inner.append(((*outer, (axis, j)), _slice_runs(runs, c * j, c * (j + 1))))
+            for j in _chunk_candidates(h, block, c, m):
+                inner.append(((*outer, (axis, j)), _slice_runs(block, c * j, c * (j + 1))))
         blocks = inner
     return None
 

@@ -25,6 +25,7 @@ from shardspec.core.layout import (
 from shardspec.core.patterns import Glob, PatternError, compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, plan
 from shardspec.frontend import ir
+from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
 
 
@@ -56,7 +57,7 @@ class Resolved:
     broken: frozenset[int] = frozenset()
     mesh_error_code: str = "SS010"  # SS004 when a -D override names no axis
     mesh_error_hint: str = ""  # the LayoutError's own hint, where it has one
-    hf_manifest: object | None = None  # the hf block's HFManifest, when it could be read
+    hf_manifest: HFManifest | None = None  # the hf block's, when it could be read
     # The pipeline block in plain data (None: no block, or one the checks found broken),
     # and where every parameter lives at the mesh's pipeline size (when it places them).
     pipeline: PipelineSpec | None = None

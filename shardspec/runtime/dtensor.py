@@ -39,7 +39,7 @@ def from_torch(p: Placement, ndim: int) -> core.Placement | None:
     """A torch placement as a layout placement; ``None`` for kinds a parameter's layout
     cannot have (``Partial``)."""
     if isinstance(p, _StridedShard):
-        return core.StridedShard(p.dim % max(ndim, 1), p.split_factor)
+        return core.StridedShard(p.dim % max(ndim, 1), int(p.split_factor))
     if isinstance(p, Shard):
         return core.Shard(p.dim % max(ndim, 1))
     if isinstance(p, Replicate):
@@ -229,7 +229,10 @@ def expected_local(spec: CompiledSpec, fqn: str, mesh: DeviceMesh, shape=None):
     """(local shape, placements) the compiled layout gives this rank, for verification."""
     lmesh = spec.layout_mesh(mesh)
     layout = spec.layout(fqn, lmesh, shape)
-    view = _dtensor_view(layout, lmesh, mesh.get_coordinate())
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise SpecError(f"{fqn}: this rank is not in the mesh it is verified on")
+    view = _dtensor_view(layout, lmesh, coord)
     return tuple(ranges_len(r) for r in view), tuple(
         to_torch(x) for x in dtensor_placements(layout, lmesh)
     )

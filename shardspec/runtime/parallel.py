@@ -326,7 +326,7 @@ def _style_for(
     leaves: Mapping[str, ParamPlan],
     tp_axis: str,
     stated: Mapping[str, Any] | None,
-) -> ColwiseParallel | RowwiseParallel | SequenceParallel | None:
+) -> ParallelStyle | None:
     """The style of ``module`` from its parameters' placements on ``tp_axis`` (and the
     spec's stated style, which the compiler checked against them)."""
     placements = {leaf: plan.on(tp_axis) for leaf, plan in leaves.items()}
@@ -350,10 +350,11 @@ def _style_for(
         else type(module).__name__
     )
     kinds = {
-        derive(module_kind, leaf, None if isinstance(p, core.Replicate) else p.dim)
+        kind
         for leaf, p in placements.items()
+        if (kind := derive(module_kind, leaf, None if isinstance(p, core.Replicate) else p.dim))
+        is not None
     }
-    kinds.discard(None)
     derived = kinds.pop() if len(kinds) == 1 else "?"
     bias = placements.get("bias")
     if derived == "colwise" and module_kind == LINEAR and isinstance(bias, core.Replicate):
@@ -713,8 +714,8 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
                 f"rule {rule.pattern!r}: its module part is not a pattern parallelize_module "
                 "matches (one `*` per segment); pass model= to tp_plan"
             )
-        p = next(iter(sharded.values())) if sharded else core.REPLICATE
-        groups.setdefault(owner, {})[leaf] = p
+        placed = next(iter(sharded.values())) if sharded else core.REPLICATE
+        groups.setdefault(owner, {})[leaf] = placed
         if style:
             kinds[owner] = style
     out: dict[str, Any] = {}

@@ -111,7 +111,7 @@ class CompiledSpec:
         # named after mesh axes): the per-parameter table holds only at those sizes.
         local = {a for r in rules for a in r.local}
         self.built_sizes = {
-            a: int(v)  # type: ignore[call-overload]
+            a: int(v)
             for a, v in (factory_args or {}).items()
             if a in local and isinstance(v, int) and not isinstance(v, bool)
         }
@@ -384,7 +384,7 @@ class CompiledSpec:
                 raise SpecError(f"spec {self.name!r} {why}: pass the tensor's shape")
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
-            counts = name_indexed_counts
+            counts = dict(name_indexed_counts) if name_indexed_counts is not None else None
         try:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors

@@ -230,9 +230,9 @@ def dcp_caches_pending_plans(planner_class: type = DefaultSavePlanner) -> bool:
     try:
         planner.set_up_planner({"probe": torch.zeros(1)}, is_coordinator=True)
         plan = planner.create_local_plan()
-        pending = _PROBE_KEY not in SavePlanner._cached_save_plan  # type: ignore[attr-defined]
+        pending = _PROBE_KEY not in SavePlanner._cached_save_plan
         planner.finish_plan(plan)
-        promoted = _PROBE_KEY in SavePlanner._cached_save_plan  # type: ignore[attr-defined]
+        promoted = _PROBE_KEY in SavePlanner._cached_save_plan
     except Exception:  # another protocol altogether: never reuse a plan
         return False
     finally:
@@ -377,7 +377,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         if self._enable_plan_caching:
             from torch.distributed.checkpoint.planner_helpers import _compare_save_plans
 
-            cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)  # type: ignore[attr-defined]
+            cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)
             if cached is not None and _compare_save_plans(plan, cached):
                 # Unchanged: DCP sends no items, but the coordinator still checks structure.
                 return SavePlan([], planner_data={_CHECK: self._check}, usable=False)

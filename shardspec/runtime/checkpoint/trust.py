@@ -134,7 +134,7 @@ def _refuse(what: str) -> CheckpointError:
     )
 
 
-class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+class _MetadataUnpickler(pickle._Unpickler):
     """An allowlisting unpickler (pure Python, like torch's ``weights_only`` one): it
     resolves only the globals of :func:`_tables`, calls only those that are classes or
     the layout lookup, fills (``BUILD``) only instances of DCP's metadata classes, adds
@@ -263,7 +263,7 @@ _REFUSED_OPCODES = "INST OBJ PERSID BINPERSID EXT1 EXT2 EXT4 NEXT_BUFFER READONL
 
 
 def _dispatch() -> dict[int, Any]:
-    base = pickle._Unpickler.dispatch  # type: ignore[attr-defined]
+    base = pickle._Unpickler.dispatch
     table: dict[int, Any] = {}
     for name in _SAFE_OPCODES:
         code = getattr(pickle, name, None)

@@ -166,8 +166,8 @@ CHECKS: tuple[Check, ...] = (
         "empty-shard",
         W,
         "Some ranks hold an empty local shard of a parameter; the finding names them.",
-        "Empty shards are legal but easy to mishandle (seed 000 had to stop them from "
-        "forcing full materialization).",
+        "Empty shards are legal but easy to mishandle: code that treats an empty local "
+        "shard as missing may materialize the full parameter on that rank to fill it.",
         "param norm.weight [dim] {}   # dim 4, FSDP over dp_shard=8: ranks 4-7 get nothing",
         "param norm.weight [dim] replicate",
         True,

@@ -4,16 +4,9 @@ and its report. The checks are on structure and bitwise equality, never on times
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_async_save as ba  # noqa: E402
+from bench import bench_async_save as ba
 
 
 @pytest.mark.dist

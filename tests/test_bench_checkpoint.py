@@ -4,16 +4,9 @@ planning simulation at 8 ranks, with their reports."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
+from bench import bench_checkpoint as bc
 
 TINY: dict[str, int] = {}  # LlamaConfig's defaults: the model generated/llama.py was built from
 

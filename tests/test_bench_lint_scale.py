@@ -4,14 +4,7 @@ lint and a lint that visits every rank report the very same findings on every ex
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_lint_scale  # noqa: E402
+from bench import bench_lint_scale
 
 
 def test_sampled_and_walking_lint_agree_on_the_example_specs(capsys) -> None:

@@ -5,19 +5,14 @@ bench.bench_compiler`` measures clean runs and cannot rot."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import synth  # noqa: E402
-from shardspec.cli import main  # noqa: E402
-from shardspec.inputs.hfmanifest import dump_hf_manifest, load_hf_manifest  # noqa: E402
-from shardspec.inputs.manifest import load_manifest  # noqa: E402
+from bench import synth
+from shardspec.cli import main
+from shardspec.inputs.hfmanifest import dump_hf_manifest, load_hf_manifest
+from shardspec.inputs.manifest import load_manifest
 
 
 @pytest.fixture(scope="module")

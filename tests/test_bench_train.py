@@ -11,17 +11,11 @@ on 2 cores would make the test last over a minute."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_train as bt  # noqa: E402
+from bench import bench_train as bt
 
 TINY = bt.model_config(dim=64, layers=1, heads=4, kv_heads=2, vocab=256)
 SMALL_RUN = dict(steps=1, warmup=0, rounds=1, seq=8, batch_size=2)

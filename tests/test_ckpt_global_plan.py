@@ -4,9 +4,6 @@ exactly the plans DCP's own ``_validate_global_plan`` rejects."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -24,13 +21,8 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
+from bench import bench_checkpoint as bc
 from shardspec.runtime.checkpoint import ShardspecSavePlanner, validate_global_plan
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 

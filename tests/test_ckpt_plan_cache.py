@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import gc
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,16 +18,11 @@ from torch.distributed.checkpoint.default_planner import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 
+from bench import bench_checkpoint as bc
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime import units
 from shardspec.runtime.canonical import assign_writers, rank_pieces, replica_groups
 from shardspec.runtime.checkpoint import planners
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
 
 SPEC = bc.bench_spec({})  # generated.llama's spec, tiny model
 

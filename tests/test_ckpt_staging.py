@@ -6,7 +6,6 @@ One process, world 1 (fused q/k/v and gate/up units are still cut in runs)."""
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
+from bench import bench_checkpoint as bc
 from shardspec.core.layout import Mesh
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime import units
 from shardspec.runtime.canonical import Unit
 from shardspec.runtime.checkpoint import staging
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
 
 SPEC = bc.bench_spec({})
 # One process: DCP says it assumes a single-process save/load; that is the intent here.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -25,15 +24,11 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import synth  # noqa: E402
-from shardspec.checks import hf as H  # noqa: E402
-from shardspec.checks import run as run_mod  # noqa: E402
-from shardspec.checks.coverage import entry_span  # noqa: E402
-from shardspec.core.hfmap import (  # noqa: E402
+from bench import synth
+from shardspec.checks import hf as H
+from shardspec.checks import run as run_mod
+from shardspec.checks.coverage import entry_span
+from shardspec.core.hfmap import (
     Fused,
     HFMap,
     MapRule,
@@ -47,14 +42,14 @@ from shardspec.core.hfmap import (  # noqa: E402
     transform_problem,
     unit_names,
 )
-from shardspec.findings.codes import diag  # noqa: E402
-from shardspec.findings.diagnostics import Diagnostic  # noqa: E402
-from shardspec.frontend import ir  # noqa: E402
-from shardspec.frontend.parse import parse_file  # noqa: E402
-from shardspec.inputs.hfmanifest import HFManifest, dump_hf_manifest  # noqa: E402
-from shardspec.inputs.manifest import dump_manifest  # noqa: E402
-from shardspec.resolve.hf import build_hfmap, glob_problem  # noqa: E402
-from shardspec.resolve.params import Resolved  # noqa: E402
+from shardspec.findings.codes import diag
+from shardspec.findings.diagnostics import Diagnostic
+from shardspec.frontend import ir
+from shardspec.frontend.parse import parse_file
+from shardspec.inputs.hfmanifest import HFManifest, dump_hf_manifest
+from shardspec.inputs.manifest import dump_manifest
+from shardspec.resolve.hf import build_hfmap, glob_problem
+from shardspec.resolve.params import Resolved
 
 # ------------------------------------------------------------- the reference (frozen copy)
 

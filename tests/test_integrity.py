@@ -14,7 +14,6 @@ import os
 import pickle
 import random
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +23,13 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench import bench_checkpoint as bc
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime import units
 from shardspec.runtime.checkpoint import integrity as ig
 from shardspec.runtime.checkpoint.integrity import ChecksumReader, ChecksumWriter, checksum
 from shardspec.testing import run_ranks
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
-from tests import integrity_scenarios  # noqa: E402
+from tests import integrity_scenarios
 
 SPEC = bc.bench_spec({})
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

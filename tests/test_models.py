@@ -5,20 +5,14 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
-    sys.path.insert(0, str(REPO_ROOT))
-
-from examples.models import hf as hfm  # noqa: E402
-from examples.models import llama, moe  # noqa: E402
+from examples.models import hf as hfm
+from examples.models import llama, moe
 
 Shapes = dict[str, tuple[int, ...]]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import Metadata
 
+from bench import bench_checkpoint as bc
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime import units
 from shardspec.runtime.checkpoint import trust
@@ -32,12 +32,6 @@ from shardspec.runtime.checkpoint.trust import (
     load_metadata,
     loads_metadata,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench import bench_checkpoint as bc  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -12,7 +12,14 @@ from shardspec.checks.coverage import _more, entry_span
 from shardspec.checks.structure import _PATTERN_SYNTAX
 from shardspec.core.layout import Mesh, ParamLayout, first_difference, local_indices
 from shardspec.core.patterns import PatternError
-from shardspec.core.stages import claims, is_layer_number, layer_of, prefix_glob, tie_problems
+from shardspec.core.stages import (
+    StageProblem,
+    claims,
+    is_layer_number,
+    layer_of,
+    prefix_glob,
+    tie_problems,
+)
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.findings.suggest import did_you_mean
@@ -20,6 +27,16 @@ from shardspec.frontend import ir
 from shardspec.resolve.params import Resolved
 
 _GLOB_CHARS = re.compile(r"[*?{}\[\]]")
+
+# The check code of each problem the stage arithmetic (shardspec.core.stages) names.
+STAGE_CODES: dict[StageProblem, str] = {
+    StageProblem.UNPLACED: "SS091",
+    StageProblem.PLACED_TWICE: "SS092",
+    StageProblem.EMPTY_STAGE: "SS093",
+    StageProblem.SPLIT: "SS094",
+    StageProblem.NAMES: "SS095",
+    StageProblem.BAD_TIE: "SS097",
+}
 
 
 def _patterns(p: ir.Pipeline) -> list[tuple[str, ir.Pattern]]:
@@ -239,9 +256,9 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
     if err is not None:
         split = p.splits[0] if p.splits else None
         span = p.span
-        if err.code == "SS094" and split is not None:
+        if err.problem is StageProblem.SPLIT and split is not None:
             span = split.counts_span or split.pattern.span
-        out.append(diag(err.code, str(err), span, err.hint))
+        out.append(diag(STAGE_CODES[err.problem], str(err), span, err.hint))
     return out
 
 

@@ -27,18 +27,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import lru_cache
 
 from shardspec.core.patterns import Glob, compile_glob
 
 
-class StageError(ValueError):
-    """A pipeline declaration that does not place the parameters; ``code`` is the check
-    code the compiler reports it under."""
+class StageProblem(Enum):
+    """What keeps a pipeline declaration from placing the parameters. The compiler reports
+    each under a check code of its own (``shardspec.checks.pipeline.STAGE_CODES``)."""
 
-    def __init__(self, message: str, code: str = "SS094", hint: str = "") -> None:
+    SPLIT = "split"  # the layers do not split over the stages as declared
+    NAMES = "names"  # stage-local names cannot be mapped to global ones
+    UNPLACED = "unplaced"  # a parameter on no stage
+    PLACED_TWICE = "placed-twice"  # a parameter claimed by two patterns
+    EMPTY_STAGE = "empty-stage"  # a stage holds no parameter
+    BAD_TIE = "bad-tie"  # a tie that does not fit the parameters
+
+
+class StageError(ValueError):
+    """A pipeline declaration that does not place the parameters; ``problem`` says what."""
+
+    def __init__(
+        self, message: str, problem: StageProblem = StageProblem.SPLIT, hint: str = ""
+    ) -> None:
         super().__init__(message)
-        self.code, self.hint = code, hint
+        self.problem, self.hint = problem, hint
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,7 @@ def _layer_key(value: str) -> tuple[int, str]:
     if not is_layer_number(value):
         raise StageError(
             f"the split's capture is {value!r}, not a layer number",
-            "SS095",
+            StageProblem.NAMES,
             "split a family indexed by whole numbers, such as `layers.{layer}`",
         )
     # The text breaks ties (``1`` and ``01``), so every process sorts the same way
@@ -117,21 +131,21 @@ def layers(spec: PipelineSpec, names: Iterable[str]) -> tuple[str, ...]:
 def layer_counts(spec: PipelineSpec, n_layers: int, n_stages: int) -> tuple[int, ...]:
     """Layers per stage: the explicit counts, or an even split."""
     if n_stages < 1:
-        raise StageError(f"the pipeline axis {spec.axis!r} has size {n_stages}", "SS094")
+        raise StageError(f"the pipeline axis {spec.axis!r} has size {n_stages}", StageProblem.SPLIT)
     if spec.counts:
         if len(spec.counts) != n_stages:
             raise StageError(
                 f"the split gives {len(spec.counts)} stage(s) layers "
                 f"({', '.join(map(str, spec.counts))}), but {spec.axis!r} has "
                 f"{n_stages} stage(s)",
-                "SS094",
+                StageProblem.SPLIT,
                 f"give one count per stage, or drop `as ...` for an even split of {n_layers}",
             )
         if sum(spec.counts) != n_layers:
             raise StageError(
                 f"the split's counts add up to {sum(spec.counts)} layers, but the model has "
                 f"{n_layers}",
-                "SS094",
+                StageProblem.SPLIT,
                 "the counts must add up to the number of layers",
             )
         return spec.counts
@@ -145,14 +159,14 @@ def _raise_uneven(spec: PipelineSpec, n_layers: int, n_stages: int, lo: int) -> 
     if lo == 0:
         raise StageError(
             f"{n_layers} layers cannot fill {n_stages} stages of {spec.axis!r}",
-            "SS094",
+            StageProblem.SPLIT,
             f"use at most {n_layers} stages",
         )
     extra = n_layers - lo * n_stages
     example = ", ".join(str(lo + (1 if s >= n_stages - extra else 0)) for s in range(n_stages))
     raise StageError(
         f"{n_layers} layers do not split evenly over {n_stages} stages of {spec.axis!r}",
-        "SS094",
+        StageProblem.SPLIT,
         f"give each stage's count, e.g. `split {spec.split} as {example}`",
     )
 
@@ -340,11 +354,10 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
     problems = assignment_problems(spec, names)
     if problems:
         fqn, what = problems[0]
-        code = "SS092" if what else "SS091"
         raise StageError(
             f"parameter {fqn!r} is "
             + (f"placed by both {' and '.join(what)}" if what else "on no pipeline stage"),
-            code,
+            StageProblem.PLACED_TWICE if what else StageProblem.UNPLACED,
         )
     order = layers(spec, names)
     counts = layer_counts(spec, len(order), n_stages) if order else (0,) * n_stages
@@ -369,14 +382,14 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
     bad_ties = tie_problems(spec, names)
     if bad_ties:
         _, _, message, hint = bad_ties[0]
-        raise StageError(message, "SS097", hint)
+        raise StageError(message, StageProblem.BAD_TIE, hint)
     tie_stage = {a: _tie_stage(spec, a, n_stages) for a, _ in spec.ties}
     held = set(stage.values()) | set(tie_stage.values())
     empty = [s for s in range(n_stages) if s not in held]
     if empty:
         raise StageError(
             f"stage {empty[0]} of {n_stages} holds no parameter",
-            "SS093",
+            StageProblem.EMPTY_STAGE,
             "give every stage at least one layer, or use a smaller pipeline",
         )
     return StagePlan(spec, n_stages, stage, tuple(stage_layers), tie_stage)

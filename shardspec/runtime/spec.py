@@ -29,14 +29,15 @@ from shardspec.core.layout import (
     resolve_sizes,
 )
 from shardspec.core.patterns import compile_glob
-from shardspec.core.stages import PipelineSpec, StageError, StagePlan
+from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
 from shardspec.core.stages import plan as stage_plan
 
 
 class SpecError(LayoutError):
     """A model, mesh or argument that does not fit the compiled spec. ``code``: the check
     the compiler would report it under, for the runtime's own errors (``None`` for a
-    :class:`LayoutError` passed on, whose ``problem`` says what is wrong)."""
+    :class:`LayoutError` or a :class:`StageError` passed on, whose ``problem`` or
+    ``stage_problem`` says what is wrong)."""
 
     def __init__(
         self,
@@ -44,9 +45,11 @@ class SpecError(LayoutError):
         code: str | None = "SS031",
         hint: str = "",
         problem: LayoutProblem | None = None,
+        stage_problem: StageProblem | None = None,
     ) -> None:
         super().__init__(message, problem, hint)
         self.code = code
+        self.stage_problem = stage_problem
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,9 @@ class CompiledSpec:
             except StageError as e:
                 raise SpecError(
                     f"cannot place spec {self.name!r}'s parameters on {n} pipeline stage(s): {e}",
-                    e.code,
+                    None,
                     e.hint,
+                    stage_problem=e.problem,
                 ) from None
             self._stage_plans[n] = got
         return got

@@ -33,6 +33,7 @@ from shardspec.runtime.checkpoint.collectives import (
 )
 from shardspec.runtime.checkpoint.failures import _clear_frames, _failure
 from shardspec.runtime.checkpoint.folders import (
+    Folder,
     _commit,
     _folder_state,
     _point,
@@ -307,7 +308,7 @@ def load(
     _refuse_unfinished(path)
     meta = os.path.join(path, ".metadata")
     if not os.path.isfile(meta):
-        unfinished = _folder_state(path + ".partial") == "saving"
+        unfinished = _folder_state(path + ".partial") is Folder.SAVING
         more = f" ({path}.partial is an unfinished save)" if unfinished else ""
         raise CheckpointError(f"{meta} is missing: {path} is not a complete DCP checkpoint{more}")
     marker = _read_marker(path) if locality and atomic else None

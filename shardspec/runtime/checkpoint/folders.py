@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import warnings
+from enum import Enum
 from typing import Any
 
 from shardspec.runtime.units import CheckpointError
@@ -35,25 +36,36 @@ def _point(name: str) -> None:
         _fault_point(name)
 
 
-def _folder_state(path: str) -> str:
+class Folder(str, Enum):
+    """What is at a checkpoint path (equal to its lower-case name as a string)."""
+
+    MISSING = "missing"
+    COMPLETE = "complete"  # DCP's .metadata and shardspec's completion marker
+    SAVING = "saving"  # a shardspec save in progress or interrupted: the in-progress marker
+    FOREIGN = "foreign"  # a DCP checkpoint without shardspec's markers, as dcp.save writes
+    EMPTY = "empty"
+    OTHER = "other"  # anything else
+
+
+def _folder_state(path: str) -> Folder:
     """``missing``; ``complete`` (DCP's ``.metadata`` and shardspec's completion marker);
     ``saving`` (a shardspec save in progress or interrupted: no completion marker, the
     in-progress marker); ``foreign`` (a DCP checkpoint without shardspec's markers, as
     ``dcp.save`` writes); ``empty``; ``other`` (anything else)."""
     if not os.path.lexists(path):
-        return "missing"
+        return Folder.MISSING
     if not os.path.isdir(path):
-        return "other"
+        return Folder.OTHER
     names = set(os.listdir(path))
     if MARKER in names and ".metadata" in names:
-        return "complete"
+        return Folder.COMPLETE
     if SAVING in names:
-        return "saving"
+        return Folder.SAVING
     if MARKER in names:
-        return "other"
+        return Folder.OTHER
     if ".metadata" in names:
-        return "foreign"
-    return "other" if names else "empty"
+        return Folder.FOREIGN
+    return Folder.OTHER if names else Folder.EMPTY
 
 
 def _fsync_dir(path: str) -> None:
@@ -118,15 +130,15 @@ def _recover(path: str) -> list[str]:
     tmp, old = path + ".partial", path + ".old"
     done: list[str] = []
     here, new = _folder_state(path), _folder_state(tmp)
-    checkpoint = ("complete", "foreign")
+    checkpoint = (Folder.COMPLETE, Folder.FOREIGN)
     parent = os.path.dirname(os.path.abspath(path))
-    if new == "complete":
-        if here not in ("missing", "empty", *checkpoint):
+    if new == Folder.COMPLETE:
+        if here not in (Folder.MISSING, Folder.EMPTY, *checkpoint):
             raise CheckpointError(
                 f"{tmp} holds a complete checkpoint that a save did not move into place, but "
                 f"{path} exists and is not a checkpoint; move {path} away and retry"
             )
-        if here != "missing":
+        if here != Folder.MISSING:
             if os.path.lexists(old):
                 if not _ours_old(old):
                     raise CheckpointError(
@@ -141,14 +153,14 @@ def _recover(path: str) -> list[str]:
         done.append(
             f"{tmp} held a complete checkpoint that its save had marked but not moved into "
             f"place: moved it to {path}"
-            + ("" if here == "missing" else " (the checkpoint that was there is removed)")
+            + ("" if here == Folder.MISSING else " (the checkpoint that was there is removed)")
         )
         if os.path.lexists(old) and _ours_old(old):
             shutil.rmtree(old)
         return done
     if not _ours_old(old):
         return done
-    if here == "missing" and _folder_state(old) in checkpoint:
+    if here == Folder.MISSING and _folder_state(old) in checkpoint:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(old, REPLACED))
         os.rename(old, path)
@@ -173,23 +185,23 @@ def _prepare(path: str) -> list[str]:
     tmp, old = path + ".partial", path + ".old"
     done = _recover(path)
     here = _folder_state(path)
-    if here == "other" or here == "saving":
+    if here == Folder.OTHER or here == Folder.SAVING:
         raise CheckpointError(
             f"{path} exists and is not a checkpoint (no DCP .metadata); nothing was saved: "
             "save elsewhere or remove it"
         )
-    if os.path.lexists(old) and here != "missing":
+    if os.path.lexists(old) and here != Folder.MISSING:
         raise CheckpointError(
             f"{old} exists and no save set it aside; nothing was saved: move it away (a save "
             f"of {path} moves the checkpoint there while it replaces it)"
         )
     state = _folder_state(tmp)
-    if state == "saving":
+    if state == Folder.SAVING:
         shutil.rmtree(tmp)
         done.append(f"removed {tmp}, an unfinished save")
-    elif state == "empty":
+    elif state == Folder.EMPTY:
         os.rmdir(tmp)
-    elif state != "missing":
+    elif state != Folder.MISSING:
         raise CheckpointError(
             f"{tmp} exists and is not a save in progress by shardspec (no {SAVING} marker); "
             f"nothing was saved: move it away (a save of {path} writes there first)"
@@ -233,12 +245,12 @@ class CheckpointRecoveryWarning(UserWarning):
 def _refuse_unfinished(path: str) -> None:
     """A folder a shardspec save has not marked complete is never loaded."""
     state = _folder_state(path)
-    if state == "saving":
+    if state == Folder.SAVING:
         raise CheckpointError(
             f"{path} is an unfinished save (it has the in-progress marker {SAVING} and no "
             f"completion marker {MARKER}); nothing was read"
         )
-    if state != "complete" and path.rstrip("/").endswith(".partial"):
+    if state != Folder.COMPLETE and path.rstrip("/").endswith(".partial"):
         raise CheckpointError(
             f"{path} is not marked complete ({MARKER}): a '.partial' folder is a save that "
             "did not finish; nothing was read"

@@ -239,8 +239,9 @@ def _torch_dtype(name: str, fqn: str) -> torch.dtype:
 
 def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """``key -> file`` of the checkpoint at ``path`` and the problems found on the way
-    (a single-file checkpoint is opened here, into ``handles``). Every file must be inside
-    the folder (:mod:`shardspec.core.paths`)."""
+    (a single-file checkpoint is opened here, into ``handles``). Every name must be a plain
+    relative path whose folders stay inside the folder; the file itself may be a link to
+    anywhere, as in Hugging Face's cache (:mod:`shardspec.core.paths`)."""
     if not os.path.isdir(path):
         raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
     index = os.path.join(path, INDEX)

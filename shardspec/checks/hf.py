@@ -181,7 +181,8 @@ _GLOB_HINT = "`*` matches one segment (or part of one), `**` any number of segme
 # name, the same transforms apply (same shape), and the keys differ only in the indices.
 # Otherwise, its names are checked one at a time. The findings only ever show the first
 # name of a kind (in sorted order) and a count, so groups add up as (first name, count);
-# tests/test_hf_lint_fast.py compares the result with the straightforward per-unit code.
+# tests/test_hf_lint_fast.py compares the result with a brute-force oracle that tries every
+# map line on every unit and key.
 
 
 @dataclass

@@ -32,7 +32,10 @@ warm-up, a round-trip check of every load (live tensors zeroed, loaded, compared
 was saved) and a count of verified items.
 
 Part ``hash``: each candidate checksum's speed, in this process on one thread, over a
-256 MiB file read through a private memory map (no copy), and on two threads.
+256 MiB file read through a private memory map (no copy), and on two threads. Then the
+floor of a fused load: the same file read from the page cache with ``readinto`` in blocks
+of several sizes, plain and with the default checksum's row sums of each block right after
+it is read (what ``ChecksumReader`` does in the copy it makes anyway), best of 7.
 
 Rank 0 also times unpickling the ``rowsum64`` checkpoint's ``.metadata`` with ``pickle``
 and with ``shardspec.runtime.checkpoint.trust.loads_metadata`` (the allowlisting unpickler).
@@ -484,10 +487,7 @@ def run_hash(mib: int = HASH_MIB, repeat: int = 5, workdir: str | None = None) -
     workdir = workdir or tempfile.mkdtemp(prefix="shardspec-bench-hash-")
     path = os.path.join(workdir, "data")
     n = mib << 20
-    rng = random.Random(0)
-    with open(path, "wb") as f:
-        for _ in range(mib):
-            f.write(rng.randbytes(1 << 20))
+    _random_file(path, mib)
     rows = []
     try:
         with open(path, "rb") as f:
@@ -520,6 +520,61 @@ def run_hash(mib: int = HASH_MIB, repeat: int = 5, workdir: str | None = None) -
 
 
 ALGORITHM_DEFAULT = "rowsum64"
+FLOOR_BLOCKS = (4 << 20, 1 << 20, 256 << 10)  # 4 MiB: ChecksumReader's block
+
+
+def _random_file(path: str, mib: int) -> None:
+    rng = random.Random(0)
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(rng.randbytes(1 << 20))
+
+
+def run_floor(mib: int = HASH_MIB, repeat: int = 7, workdir: str | None = None) -> list[dict]:
+    """A warm read of a ``mib`` MiB file into one buffer, ``readinto`` a block at a time,
+    plain and with each block's row sums taken right after it is read (``_Sums.fill``, as
+    the fused load does): GB/s, best of ``repeat``, per block size."""
+    from shardspec.runtime.checkpoint.integrity import _ROW_BYTES, _Sums
+
+    own = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="shardspec-bench-floor-")
+    path = os.path.join(workdir, "floor")
+    n = mib << 20
+    _random_file(path, mib)
+    dest = bytearray(n)
+    view = memoryview(dest)
+    sums = _Sums(n // _ROW_BYTES)
+
+    def read(block: int, hashed: bool) -> None:
+        with open(path, "rb", buffering=0) as f:
+            got = 0
+            while got < n:
+                k = f.readinto(view[got : got + block])
+                if hashed:
+                    r0 = got // _ROW_BYTES
+                    sums.fill(dest, got, r0, r0 + k // _ROW_BYTES)
+                got += k
+
+    rows = []
+    try:
+        read(FLOOR_BLOCKS[0], True)  # the file into the page cache, the buffer faulted in
+        for block in FLOOR_BLOCKS:
+            t = {h: min(_timed(lambda: read(block, h)) for _ in range(repeat)) for h in (0, 1)}  # noqa: B023
+            rows.append({"block": block, "plain": n / t[0] / bc.GB, "summed": n / t[1] / bc.GB})
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def floor_report(rows: list[dict]) -> list[str]:
+    out = ["| block | plain GB/s | with row sums GB/s | ratio |", "|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = r["summed"] / r["plain"]
+        out.append(
+            f"| {r['block'] >> 10} KiB | {r['plain']:.2f} | {r['summed']:.2f} | {ratio:.3f}x |"
+        )
+    return out
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -575,6 +630,14 @@ def main(argv: list[str] | None = None) -> int:
             raw["hash"] = rows
             body += ["", f"#### Checksum speed ({HASH_MIB} MiB, mapped, one process)", ""]
             body += hash_report(rows)
+            floor = run_floor(workdir=workdir)
+            raw["floor"] = floor
+            body += [
+                "",
+                f"#### A warm read into one buffer, plain and with row sums ({HASH_MIB} MiB)",
+                "",
+            ]
+            body += floor_report(floor)
         if args.part in ("io", "all"):
             print("I/O part ...", file=sys.stderr)
             saves = tuple(x for x in args.saves.split(",") if x)

@@ -25,8 +25,6 @@ order:
   save: the same bytes in the same files (a load's speed depends on which files it
   reads, by more than the checksums cost); ``crc32`` reads the ``crc32`` save's. The
   inline and thread saves store CRC-32s that load as ``crc32`` does; not loaded again.
-  ``rowsum64-thread`` and ``rowsum64-inline`` (saves and loads) are ``rowsum64`` with
-  ``hash_thread=True`` and ``False``; plain ``rowsum64`` lets ``spare_core()`` choose.
 
 Throughput is the logical size over the slowest rank's wall time between two barriers;
 "paired" is the median over rounds of the ratio within one round. Round 0 is untimed:
@@ -71,9 +69,6 @@ TARGET = 0.95  # with checksums / without, save and load throughput
 SAVES = ("plain", "rowsum64", "rowsum64-readback", "crc32", "crc32-inline", "crc32-thread")
 LOADS = ("plain", "rowsum64", "rowsum64-upfront", "crc32")
 HASH_MIB = 256
-# rowsum64-thread / rowsum64-inline: a hashing thread per file, or none (rowsum64: where
-# spare_core() says there is a core for it)
-THREADED = {"thread": True, "inline": False}
 
 
 # ----------------------------------------------------------------------------- writers
@@ -245,18 +240,12 @@ def _io_rank(rank: int, world: int, opts: dict) -> dict:
         if make is not None:
             return make(os.path.join(workdir, kind))
         alg, _, how = kind.partition("-")
-        return ChecksumWriter(
-            os.path.join(workdir, kind),
-            algorithm=alg,
-            fused=how != "readback",
-            hash_thread=THREADED.get(how),
-        )
+        return ChecksumWriter(os.path.join(workdir, kind), algorithm=alg, fused=how != "readback")
 
     def reader(kind: str) -> Any:
         if kind == "plain":
             return dcp.FileSystemReader(path(kind))
-        how = kind.partition("-")[2]
-        return ChecksumReader(path(kind), fused=how != "upfront", hash_thread=THREADED.get(how))
+        return ChecksumReader(path(kind), fused=not kind.endswith("-upfront"))
 
     verified: dict[str, int] = {}
 

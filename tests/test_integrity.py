@@ -14,7 +14,6 @@ import os
 import pickle
 import random
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -165,45 +164,29 @@ def test_every_item_has_the_checksum_of_its_stored_bytes(saved: tuple[str, dict]
 
 
 def test_writer_computes_as_it_writes_or_reads_back_the_same(tmp_path: Path) -> None:
-    """As it writes, on the writing thread or on a hashing thread, or reading back."""
     state = _state(2)
-    writers = {
-        "inline": ChecksumWriter(str(tmp_path / "inline"), hash_thread=False),
-        "thread": ChecksumWriter(str(tmp_path / "thread"), hash_thread=True),
-        "back": ChecksumWriter(str(tmp_path / "back"), fused=False),
-    }
-    sums = {}
-    for name, writer in writers.items():
-        _save(str(tmp_path / name), state, writer)
-        sums[name] = {(i.fqn, i.offset): s.checksum for i, s in _items(str(tmp_path / name))}
-    assert writers["inline"].read_back == writers["thread"].read_back == 0
-    assert writers["back"].read_back > 20
-    assert sums["inline"] == sums["thread"] == sums["back"]
-    assert not _hashing_threads()  # each stream's thread ended with it
+    fused, back = (
+        ChecksumWriter(str(tmp_path / "a")),
+        ChecksumWriter(str(tmp_path / "b"), fused=False),
+    )
+    _save(str(tmp_path / "a"), state, fused)
+    _save(str(tmp_path / "b"), state, back)
+    assert fused.read_back == 0 and back.read_back > 20
+    a = {i.fqn: s.checksum for i, s in _items(str(tmp_path / "a"))}
+    b = {i.fqn: s.checksum for i, s in _items(str(tmp_path / "b"))}
+    assert a == b
 
 
-def _hashing_threads() -> list[Any]:
-    return [t for t in threading.enumerate() if t.name == "shardspec-checksum"]
-
-
-# (fused, hash_thread): the ways ChecksumReader verifies
-READS = [(True, False), (True, True), (False, None)]
-READ_IDS = ["fused", "fused-thread", "copy"]
-
-
-@pytest.mark.parametrize(("fused", "thread"), READS, ids=READ_IDS)
-def test_load_verifies_every_item_and_keeps_staging(
-    saved: tuple[str, dict], fused: bool, thread: bool | None
-) -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_load_verifies_every_item_and_keeps_staging(saved: tuple[str, dict], fused: bool) -> None:
     path, state = saved
     target = _state(2)
-    reader = ChecksumReader(path, fused=fused, hash_thread=thread)
+    reader = ChecksumReader(path, fused=fused)
     assert ck.reader_fills_sinks(reader)  # DCP's read_data: load() keeps chunks as read
     planner = _load(path, target, reader)
     assert planner.capture
     assert _diff(_flat(state), _flat(target)) == []
     assert reader.verified == len(_items(path))
-    assert not _hashing_threads()
 
 
 def test_plain_dcp_load_reads_a_checkpoint_with_checksums(
@@ -274,9 +257,9 @@ def _expect_named_error(path: str, target: dict, reader: Any, index: Any, info: 
     return msg
 
 
-@pytest.mark.parametrize(("fused", "thread"), READS, ids=READ_IDS)
+@pytest.mark.parametrize("fused", [True, False])
 def test_single_byte_flips_anywhere_are_detected_and_change_nothing(
-    scratch: tuple[str, dict], fused: bool, thread: bool | None
+    scratch: tuple[str, dict], fused: bool
 ) -> None:
     path, _ = scratch
     positions = _positions(path)
@@ -285,8 +268,7 @@ def test_single_byte_flips_anywhere_are_detected_and_change_nothing(
     for index, info, pos in positions:
         bit = rng.randrange(8)
         _flip(path, info.relative_path, pos, bit)
-        reader = ChecksumReader(path, fused=fused, hash_thread=thread)
-        msg = _expect_named_error(path, _state(6), reader, index, info)
+        msg = _expect_named_error(path, _state(6), ChecksumReader(path, fused=fused), index, info)
         assert "checksum mismatch" in msg
         _flip(path, info.relative_path, pos, bit)  # restored
     _load(path, _state(6), ChecksumReader(path))  # and the copy is whole again
@@ -405,10 +387,9 @@ def _damage(data: bytes, kind: str, pos: int, arg: int) -> bytes:
     pos=st.integers(min_value=0),
     arg=st.integers(min_value=0, max_value=1 << 16),
     fused=st.booleans(),
-    thread=st.booleans(),
 )
 def test_fuzz_damaged_data_files_give_checkpoint_errors_only(
-    scratch: tuple[str, dict], kind: str, pos: int, arg: int, fused: bool, thread: bool
+    scratch: tuple[str, dict], kind: str, pos: int, arg: int, fused: bool
 ) -> None:
     path, state = scratch
     name = _items(path)[0][1].relative_path
@@ -420,7 +401,7 @@ def test_fuzz_damaged_data_files_give_checkpoint_errors_only(
         target = _state(13)
         before = _snapshot(target)
         try:
-            _load(path, target, ChecksumReader(path, fused=fused, hash_thread=thread))
+            _load(path, target, ChecksumReader(path, fused=fused))
         except ck.CheckpointError:
             assert damaged != original
             assert _diff(before, _snapshot(target)) == []
@@ -523,8 +504,7 @@ def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch, numpy:
     threads; torch is not asked to reduce anything), or without it in torch calls smaller
     than ATen's GRAIN_SIZE (32,768 elements). Split over torch's intra-op threads, which
     training shares and which stall on a busy core, 4 MiB reductions hashed at 0.25 GB/s
-    instead of 12 (bench/RESULTS.md, "Checkpoint integrity"). (A stream's own hashing
-    thread, where a core is spare, is another matter: see the next test.)"""
+    instead of 12 (bench/RESULTS.md, "Checkpoint integrity")."""
     if not numpy:
         monkeypatch.setattr(ig, "_np", None)
     sizes: list[int] = []
@@ -537,9 +517,9 @@ def test_hashing_stays_on_the_calling_thread(tmp_path: Path, monkeypatch, numpy:
     monkeypatch.setattr(ig.torch, "sum", counted)
     big = {"w": torch.randn(3 << 20), "v": torch.randn(1000, 1000)}  # 12 MB and 4 MB items
     path = str(tmp_path / "c")
-    dcp.save(big, storage_writer=ChecksumWriter(path, hash_thread=False), no_dist=True)
+    dcp.save(big, storage_writer=ChecksumWriter(path), no_dist=True)
     back = {k: torch.zeros_like(v) for k, v in big.items()}
-    reader = ChecksumReader(path, hash_thread=False)
+    reader = ChecksumReader(path)
     dcp.load(back, storage_reader=reader, no_dist=True)
     assert reader.verified == 2 and all(torch.equal(big[k], back[k]) for k in big)
     if numpy:
@@ -580,25 +560,19 @@ def test_numpy_and_torch_row_sums_agree(data: bytes, start: int, cuts: list) -> 
 @given(
     pieces=st.lists(
         st.one_of(
-            st.integers(min_value=0, max_value=300),
-            st.integers(min_value=60000, max_value=90000),
-            st.integers(min_value=(1 << 20) - 100, max_value=(5 << 19) + 100),
+            st.integers(min_value=0, max_value=300), st.integers(min_value=60000, max_value=90000)
         ),
         min_size=1,
         max_size=30,
     ),
     tells=st.sets(st.integers(min_value=0, max_value=30), max_size=4),
-    threaded=st.booleans(),
 )
-def test_writer_stream_gathers_small_writes_and_keeps_every_run(
-    pieces: list, tells: set, threaded: bool
-) -> None:
+def test_writer_stream_gathers_small_writes_and_keeps_every_run(pieces: list, tells: set) -> None:
     """The writer's stream gathers small writes (zip headers) before passing them on and
     hashing them: the file gets every byte in order, and each run between two ``tell``
-    calls has the checksum of its bytes; also with a hashing thread (writes of more than
-    a block hashed while the next block is written)."""
+    calls has the checksum of its bytes."""
     raw = io.BytesIO()
-    stream = ig._SummingStream(raw, ig._Helper() if threaded else None)
+    stream = ig._SummingStream(raw)
     starts, data = [0], bytearray()
     stream.tell()
     for i, n in enumerate(pieces):
@@ -615,93 +589,3 @@ def test_writer_stream_gathers_small_writes_and_keeps_every_run(
     for a, b in zip(starts, ends, strict=True):
         if b > a:
             assert stream.runs[a] == (b - a, checksum(data[a:b]))
-
-
-@pytest.mark.parametrize("thread", [True, False])
-def test_hash_thread_sums_while_the_next_block_moves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, thread: bool
-) -> None:
-    """With ``hash_thread``, the row sums of a save and of a fused load run on the stream's
-    own thread, in blocks of 1 MiB (so a block is summed while the next one is copied);
-    without, on the thread that writes or reads, in blocks of 4 MiB. Both verify."""
-    where: list[tuple[int, int]] = []  # (thread, rows) of every block summed
-    fill = ig._Sums.fill
-
-    def watched(self: Any, buf: Any, offset: int, r0: int, r1: int) -> None:
-        where.append((threading.get_ident(), r1 - r0))
-        fill(self, buf, offset, r0, r1)
-
-    monkeypatch.setattr(ig._Sums, "fill", watched)
-    big = {"w": torch.randn(3 << 20), "v": torch.randn(1000, 1000)}  # 12 MB and 4 MB items
-    path = str(tmp_path / "c")
-    dcp.save(big, storage_writer=ChecksumWriter(path, hash_thread=thread), no_dist=True)
-    saving, where[:] = list(where), []
-    back = {k: torch.zeros_like(v) for k, v in big.items()}
-    reader = ChecksumReader(path, hash_thread=thread)
-    dcp.load(back, storage_reader=reader, no_dist=True)
-    assert reader.verified == 2 and all(torch.equal(big[k], back[k]) for k in big)
-    me = threading.get_ident()
-    stored = sum(v.numel() * 4 for v in big.values())
-    for blocks in (saving, where):
-        assert sum(rows for _, rows in blocks) >= 0.95 * stored // ig._ROW_BYTES  # every row
-        # (the few rows a load never reads whole, in zip headers, are read back on close)
-        off = sum(rows for t, rows in blocks if t != me)
-        assert off >= 0.95 * stored // ig._ROW_BYTES if thread else off == 0
-        block_rows = (ig._THREAD_BLOCK if thread else ig._BLOCK) // ig._ROW_BYTES
-        # (a block read at an offset inside a row holds one whole row less)
-        assert max(rows for _, rows in blocks) in (block_rows - 1, block_rows)
-    assert not _hashing_threads()
-
-
-def test_spare_core_counts_the_processes_of_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A hashing thread by default where the process has two cores or more to itself: the
-    node's processes are LOCAL_WORLD_SIZE, else the default group's ranks, else one."""
-    monkeypatch.setattr(ig.torch.distributed, "is_initialized", lambda: False)
-    for cores, local, spare in [
-        (2, None, True),
-        (1, None, False),
-        (16, "8", True),
-        (16, "9", False),
-        (2, "1", True),
-        (2, "", True),
-        (2, "x", True),
-        (2, "0", True),
-    ]:
-        monkeypatch.setattr(ig.os, "sched_getaffinity", lambda _, c=cores: set(range(c)))
-        if local is None:
-            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-        else:
-            monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-        assert ig.spare_core() is spare, (cores, local)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    monkeypatch.setattr(ig.torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(ig.torch.distributed, "get_world_size", lambda: 4)
-    monkeypatch.setattr(ig.os, "sched_getaffinity", lambda _: set(range(8)))
-    assert ig.spare_core()
-    monkeypatch.setattr(ig.os, "sched_getaffinity", lambda _: set(range(7)))
-    assert not ig.spare_core()
-    for verify, fused in [(False, True), (True, False)]:  # nothing to sum: no thread
-        reader = ChecksumReader("/nonexistent", verify=verify, fused=fused, hash_thread=True)
-        assert reader.fs.hash_thread is False
-
-
-def test_hashing_thread_hands_errors_to_the_caller() -> None:
-    """A job that fails: ``wait`` raises its error, the jobs after it are skipped, and
-    the thread goes on with the next ones; ``close`` ends it."""
-    helper = ig._Helper()
-    ran: list[int] = []
-
-    def boom() -> None:
-        raise OSError("disk on fire")
-
-    helper.submit(ran.append, 1)
-    helper.submit(boom)
-    helper.submit(ran.append, 2)
-    with pytest.raises(OSError, match="disk on fire"):
-        helper.wait()
-    assert ran == [1]
-    helper.submit(ran.append, 3)
-    helper.wait()
-    assert ran == [1, 3]
-    helper.close()
-    assert not _hashing_threads()

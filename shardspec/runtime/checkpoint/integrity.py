@@ -34,13 +34,7 @@ cache into the tensor ``torch.load`` builds. The reader hashes each block of tha
 right after it lands (4 MiB at a time, while it is in cache), and reads back only the few
 rows ``torch.load`` never reads (parts of zip headers). Writing is the same: each block
 is hashed as the writer's stream writes it (the ~40 small writes of an item's zip headers
-are gathered and passed on together). Where the process has a core to spare
-(:func:`spare_core`; ``hash_thread=`` decides otherwise), each file's stream hashes on a
-thread of its own, 1 MiB blocks, while the next block is copied; a ``readinto`` or
-``write`` returns only once its blocks are hashed, so the buffers DCP and torch hand over
-are never read after they go back. On the 2-core VM this took a read plus row sums from
-0.92x of a plain read to 0.99x (``bench/RESULTS.md``, "The floor, measured on its own").
-The verdict on an item's bytes is reached when
+are gathered and passed on together). The verdict on an item's bytes is reached when
 ``FileSystemReader.read_data`` closes the item's file, still inside ``read_data``: a
 mismatch raises there, so ``dcp.load`` fails, and shardspec's ``load`` (which stages what
 was read and commits only after every rank's reads succeeded) leaves the model unchanged.
@@ -60,7 +54,6 @@ import contextlib
 import hashlib
 import io
 import os
-import queue
 import struct
 import sys
 import threading
@@ -95,7 +88,6 @@ ALGORITHMS = (ALGORITHM, "crc32", "adler32", *_HASHLIB)
 _ROW = 512  # words per row
 _ROW_BYTES = 8 * _ROW  # 4 KiB
 _BLOCK = 4 << 20  # bytes hashed right after they are copied: in cache still
-_THREAD_BLOCK = 1 << 20  # with a hashing thread: hashed while the next block is copied
 _SMALL = 64 << 10  # writes smaller than this are gathered, then written and hashed at once
 _MASK = (1 << 64) - 1
 _LITTLE = sys.byteorder == "little"  # rowsum64's words are little-endian
@@ -221,75 +213,6 @@ def checksum(
     return _digest(crc, sums.total())
 
 
-def spare_core() -> bool:
-    """Whether this process has a core to hash on besides the one it reads or writes on:
-    at least two cores (of those it may run on) per process of this node. The processes
-    are ``LOCAL_WORLD_SIZE`` (torchrun sets it), else the default group's ranks (as if all
-    on this node), else this one."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if local.isdigit() and int(local) > 0:
-        procs = int(local)
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        procs = torch.distributed.get_world_size()
-    else:
-        procs = 1
-    return cores >= 2 * procs
-
-
-class _Helper:
-    """A thread that hashes blocks while the caller copies the next ones: jobs run one at
-    a time, in the order given. ``wait`` returns once every job given so far has run (the
-    caller's buffers must stay valid and unchanged until then) and raises the first
-    error a job raised. numpy's reductions and torch's let go of the GIL, so the two
-    threads run at once where a core is free (:func:`spare_core`)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = threading.Semaphore(0)
-        self._owed = 0
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="shardspec-checksum", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, args = job
-            try:
-                if self._error is None:
-                    fn(*args)
-            except BaseException as e:  # handed to the caller by wait()
-                self._error = e
-            finally:
-                self._done.release()
-
-    def submit(self, fn: Any, *args: Any) -> None:
-        self._owed += 1
-        self._jobs.put((fn, args))
-
-    def wait(self) -> None:
-        while self._owed:
-            self._done.acquire()
-            self._owed -= 1
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        """Wait for the jobs given, then end the thread (errors are for ``wait``)."""
-        self._jobs.put(None)
-        self._thread.join()
-
-
-def _helper(hash_thread: bool | None) -> _Helper | None:
-    """A hashing thread for one stream, if ``hash_thread`` (None: if :func:`spare_core`)."""
-    use = spare_core() if hash_thread is None else hash_thread
-    return _Helper() if use else None
-
-
 class _Running:
     """``rowsum64`` of bytes that arrive in order, in pieces of any size (a write stream's
     ``write`` calls): whole rows are summed as they complete."""
@@ -373,10 +296,9 @@ class _SummingStream(io.RawIOBase):
     right after writing it. Runs are keyed by their start; ``ChecksumWriter`` uses a run
     only where it is exactly an item (else it reads the item back)."""
 
-    def __init__(self, raw: Any, helper: _Helper | None = None) -> None:
+    def __init__(self, raw: Any) -> None:
         super().__init__()
         self.raw = raw
-        self.helper = helper  # hashes what was written while the next block is written
         self.pos = raw.tell()
         self.runs: dict[int, tuple[int, str]] = {}  # start -> (length, digest)
         self._start = self.pos
@@ -399,13 +321,8 @@ class _SummingStream(io.RawIOBase):
         if mv.format != "B" or mv.ndim != 1:
             mv = mv.cast("B")
         n = len(mv)
-        block = _BLOCK if self.helper is None else _THREAD_BLOCK
-        try:
-            for i in range(0, n, block):
-                self._put(mv[i : i + block])
-        finally:
-            if self.helper is not None:
-                self.helper.wait()  # b goes back to the caller: hashed by now
+        for i in range(0, n, _BLOCK):
+            self._put(mv[i : i + _BLOCK])
         self.pos += n
         return n
 
@@ -413,10 +330,7 @@ class _SummingStream(io.RawIOBase):
         written = self.raw.write(part)
         if written is not None and written != len(part):
             raise CheckpointError(f"short write: {written} of {len(part)} bytes")
-        if self.helper is None:
-            self._run.update(part)
-        else:
-            self.helper.submit(self._run.update, part)
+        self._run.update(part)
 
     def _drain(self) -> None:
         if self._small:
@@ -425,8 +339,6 @@ class _SummingStream(io.RawIOBase):
 
     def _cut(self) -> None:
         self._drain()
-        if self.helper is not None:
-            self.helper.wait()
         self.runs[self._start] = (self._run.length, self._run.digest())
         self._start, self._run = self.pos, _Running()
 
@@ -443,11 +355,7 @@ class _SummingStream(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            try:
-                self._cut()
-            finally:
-                if self.helper is not None:
-                    self.helper.close()
+            self._cut()
             super().close()  # flushes
             self.raw.close()
 
@@ -455,9 +363,8 @@ class _SummingStream(io.RawIOBase):
 class _WriterFileSystem(FileSystem):
     """DCP's local file system, whose write streams keep checksums (per file name)."""
 
-    def __init__(self, hash_thread: bool | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.hash_thread = hash_thread
         self.runs: dict[str, dict[int, tuple[int, str]]] = {}
         self._lock = threading.Lock()
 
@@ -468,7 +375,7 @@ class _WriterFileSystem(FileSystem):
                 yield plain
             return
         with super().create_stream(path, mode) as raw:
-            stream = _SummingStream(raw, _helper(self.hash_thread))
+            stream = _SummingStream(raw)
             with self._lock:
                 self.runs[os.path.basename(os.fspath(path))] = stream.runs
             try:
@@ -484,9 +391,7 @@ class ChecksumWriter(FileSystemWriter):
     cover are what ``FileSystemReader`` reads). ``algorithm``: ``rowsum64`` (the default,
     computed as the bytes are written) or, for comparison, one of ``ALGORITHMS``, computed
     by reading each item back from its file once the file is written (as ``rowsum64`` is
-    with ``fused=False``). ``hash_thread``: hash each block on a thread of the stream's
-    own while the next one is written (None, the default: where :func:`spare_core` says
-    the process has a core for it)."""
+    with ``fused=False``)."""
 
     def __init__(
         self,
@@ -494,7 +399,6 @@ class ChecksumWriter(FileSystemWriter):
         *args: Any,
         algorithm: str = ALGORITHM,
         fused: bool = True,
-        hash_thread: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(path, *args, **kwargs)
@@ -507,7 +411,7 @@ class ChecksumWriter(FileSystemWriter):
             )
         self.algorithm = algorithm
         self.fused = fused
-        self.summing = _WriterFileSystem(hash_thread)
+        self.summing = _WriterFileSystem()
         self.fs = self.summing
         self.read_back = 0  # items whose checksum was computed by reading the file
 
@@ -602,11 +506,10 @@ class _FusedSlice(io.RawIOBase):
     """Bytes ``[offset, offset + length)`` of a data file, as DCP's file view reads them,
     summing each block of rows right after it is read (see :class:`_Pending`)."""
 
-    def __init__(self, raw: Any, pending: _Pending, helper: _Helper | None = None) -> None:
+    def __init__(self, raw: Any, pending: _Pending) -> None:
         super().__init__()
         self.raw = raw
         self.pending = pending
-        self.helper = helper
         self.offset = int(pending.sinfo.offset)
         self.length = pending.length
         self.pos = 0
@@ -650,21 +553,12 @@ class _FusedSlice(io.RawIOBase):
             self.pos = pos + got
             return got
         got = 0
-        helper = self.helper
-        block = _BLOCK if helper is None else _THREAD_BLOCK
-        try:
-            while got < want:
-                n = raw.readinto(mv[got : min(want, got + block)])
-                if not n:
-                    break
-                if helper is None:
-                    self.pending.saw(mv, got, pos + got, n)
-                else:
-                    helper.submit(self.pending.saw, mv, got, pos + got, n)
-                got += n
-        finally:
-            if helper is not None:
-                helper.wait()  # b goes back to the caller: summed by now
+        while got < want:
+            n = raw.readinto(mv[got : min(want, got + _BLOCK)])
+            if not n:
+                break
+            self.pending.saw(mv, got, pos + got, n)
+            got += n
         self.pos = pos + got
         return got
 
@@ -673,10 +567,9 @@ class _VerifyingStream:
     """A data file opened for reading by :class:`ChecksumReader`'s file system: what
     ``_slice_file`` receives. Items read from it in fused mode are judged when it closes."""
 
-    def __init__(self, raw: Any, name: str, helper: _Helper | None = None) -> None:
+    def __init__(self, raw: Any, name: str) -> None:
         self.raw = raw
         self.name = name
-        self.helper = helper  # sums blocks while the next ones are read (fused mode)
         self.pending: list[_Pending] = []
         self.size = os.fstat(raw.fileno()).st_size
 
@@ -699,10 +592,6 @@ class _ReaderFileSystem(FileSystem):
     """DCP's local file system, whose read streams judge the items read from them when
     ``read_data`` closes them (before it returns)."""
 
-    def __init__(self, hash_thread: bool | None = None) -> None:
-        super().__init__()
-        self.hash_thread = hash_thread
-
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
         if "r" not in mode or "+" in mode:
@@ -710,26 +599,21 @@ class _ReaderFileSystem(FileSystem):
                 yield plain
             return
         with super().create_stream(path, mode) as raw:
-            helper = _helper(self.hash_thread)
-            stream = _VerifyingStream(raw, os.fspath(path), helper)
+            stream = _VerifyingStream(raw, os.fspath(path))
             try:
+                yield stream
+            except Exception as e:
+                # torch.load may have choked on a damaged record: the checksum names it.
                 try:
-                    yield stream
-                except Exception as e:
-                    # torch.load may have choked on a damaged record: the checksum names it.
-                    try:
-                        error = stream.judge()
-                    except Exception:
-                        error = None
-                    if error is not None:
-                        raise error from e
-                    raise
-                error = stream.judge()
+                    error = stream.judge()
+                except Exception:
+                    error = None
                 if error is not None:
-                    raise error
-            finally:
-                if helper is not None:
-                    helper.close()
+                    raise error from e
+                raise
+            error = stream.judge()
+            if error is not None:
+                raise error
 
 
 class ChecksumReader(FileSystemReader):
@@ -742,9 +626,7 @@ class ChecksumReader(FileSystemReader):
     checkpoint written by DCP's own writer) are read unverified unless ``require=True``;
     a checkpoint with checksums for some items and not others is refused. ``fused=False``
     verifies every item from a copy before it is parsed (slower; for comparison).
-    ``hash_thread``: in fused mode, sum each block on a thread of the file's own while the
-    next one is read (None, the default: where :func:`spare_core` says the process has a
-    core for it). ``verified`` counts the items verified by this reader."""
+    ``verified`` counts the items verified by this reader."""
 
     def __init__(
         self,
@@ -753,7 +635,6 @@ class ChecksumReader(FileSystemReader):
         verify: bool = True,
         require: bool = False,
         fused: bool = True,
-        hash_thread: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(path, *args, **kwargs)
@@ -761,7 +642,7 @@ class ChecksumReader(FileSystemReader):
         self.require = require
         self.fused = fused
         self.verified = 0
-        self.fs = _ReaderFileSystem(hash_thread if verify and fused else False)
+        self.fs = _ReaderFileSystem()
         self._pickled: set[int] = set()  # ids of the _StorageInfo of pickled items
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args, **kwargs):
@@ -837,7 +718,7 @@ class ChecksumReader(FileSystemReader):
         ):
             pending = _Pending(self, sinfo)
             file.pending.append(pending)
-            return _FusedSlice(raw, pending, file.helper)
+            return _FusedSlice(raw, pending)
         data = _read_at(raw, offset, length)  # verified before anything parses it
         got = checksum(data, algorithm=algorithm) if len(data) == length else "(short)"
         if got != expected:

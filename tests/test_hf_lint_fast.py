@@ -5,9 +5,10 @@ and ``checks/hf.py:check_hf_units`` checks the units a parameter expands to (one
 global expert index) as a group. The oracle here shares none of that code: it builds
 each template's regex itself, tries every map line on every storage unit and every HF
 key, fills templates by plain substitution, and takes the model's storage units from a
-table written out by hand. It uses only the public, slow definitions (``hf_shape``,
-``hf_dim``, ``transform_problem``, and ``HFMap.kept``/``dropped``/``tie_of``, one glob
-or tie at a time).
+table written out by hand. Besides the parsed spec and its rules as lint builds them
+(``build_hfmap``, ``glob_problem``), it uses only the public, slow definitions
+(``hf_shape``, ``hf_dim``, ``transform_problem``, and ``HFMap.kept``/``dropped``/
+``tie_of``, one glob or tie at a time).
 
 The findings are compared as summaries read back from their messages: code, where,
 the first name shown, how many it stands for, and the detail. They come from many

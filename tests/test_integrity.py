@@ -444,6 +444,10 @@ def test_benchmark_runs_at_tiny_size() -> None:
     assert res["metadata"]["trust"] > 0
     rows = bi.run_hash(mib=16, repeat=1)
     assert {r["algorithm"] for r in rows} == set(ig.ALGORITHMS)
+    floor = bi.run_floor(mib=8, repeat=1)
+    assert [r["block"] for r in floor] == list(bi.FLOOR_BLOCKS)
+    assert all(r[k] > 0 for r in floor for k in ("plain", "summed", "thread"))
+    assert len(bi.floor_report(floor)) == 2 + len(bi.FLOOR_BLOCKS)
 
 
 def test_save_writes_and_load_verifies_by_default(tmp_path: Path) -> None:

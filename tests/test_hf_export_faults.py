@@ -47,8 +47,8 @@ def _rank(rank: int, port: int, out: str, victim: int, step: str) -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         import generated.llama as layout
         from examples.models import llama
-        from shardspec.runtime import hf as hfmod
         from shardspec.runtime.hf import EXPORT_MARKER, HFError
+        from shardspec.runtime.hf import export as hfmod
 
         mesh = layout.build_mesh(tp=1)
         model = llama.tiny()

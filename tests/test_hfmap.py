@@ -30,7 +30,8 @@ from shardspec.core.hfmap import (
     unit_names,
 )
 from shardspec.core.layout import Dim, Fusion
-from shardspec.runtime.hf import _progress, _read_box, _to_hf, _written_twice
+from shardspec.runtime.hf.export import _to_hf, _written_twice
+from shardspec.runtime.hf.load import _progress, _read_box
 
 ROPE8 = Transform("rope", 8)
 T = Transform("transpose")
@@ -308,11 +309,11 @@ def test_export_takes_the_parts_of_one_split_tensor_and_nothing_less() -> None:
 
 def test_load_and_export_refuse_a_part_that_is_no_component() -> None:
     """Lint reports it (SS081); the runtime, which may run without lint, refuses it."""
-    from shardspec.runtime.hf import _GlobalUnit, _resolve_sources
+    from shardspec.runtime.hf.common import GlobalUnit, resolve_sources
 
     m = HFMap((MapRule("a.qkv", "w", line=7, parts=(Part("q"), Part("x"))),))
-    units = {f"w.{c}": _GlobalUnit(f"w.{c}", (n, 6), torch.float32, QKV) for c, n in QKV[1]}
-    sources, problems = _resolve_sources(m, units, strict=False)
+    units = {f"w.{c}": GlobalUnit(f"w.{c}", (n, 6), torch.float32, QKV) for c, n in QKV[1]}
+    sources, problems = resolve_sources(m, units, strict=False)
     assert set(sources) == {"w.q"}
     assert problems == [
         "w.q: line 7 splits its Hugging Face tensor into 'x', which is no component of w (q, k, v)"

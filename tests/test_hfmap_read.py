@@ -1,4 +1,4 @@
-"""``shardspec.runtime.hf._read_box``: a box of the model's tensor read from a safetensors
+"""``shardspec.runtime.hf.load._read_box``: a box of the model's tensor read from a safetensors
 file through the mapping's transforms, against the same box cut from the whole tensor
 transformed by hand; and no safetensors slice (so no mmap of the file) outlives the call
 waiting for the garbage collector."""
@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shardspec.core.hfmap import Transform, rope_row
-from shardspec.runtime.hf import _read_box
+from shardspec.runtime.hf.load import _read_box
 
 ROPE = Transform("rope", 4)
 TRANSPOSE = Transform("transpose")

@@ -76,7 +76,7 @@ def test_checkpoint_files_linked_from_elsewhere_are_read_but_not_through_linked_
     if name == hfmod.SINGLE:
         _safetensors(outside / "weights.safetensors")
         (ckpt / name).symlink_to(outside / "weights.safetensors")
-        assert hfmod._weight_map(str(ckpt), {})[0] == {"w": hfmod.SINGLE}
+        assert hfmod.common.weight_map_of(str(ckpt), {})[0] == {"w": hfmod.SINGLE}
         return
     _safetensors(outside / "model-1.safetensors")
     (ckpt / "model-1.safetensors").symlink_to(outside / "model-1.safetensors")
@@ -84,7 +84,7 @@ def test_checkpoint_files_linked_from_elsewhere_are_read_but_not_through_linked_
     index = '{"weight_map": {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}}'
     (outside / "index.json").write_text(index)
     (ckpt / name).symlink_to(outside / "index.json")
-    wm, problems = hfmod._weight_map(str(ckpt), {})
+    wm, problems = hfmod.common.weight_map_of(str(ckpt), {})
     assert wm == {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}
     assert problems == [
         f"v: weight_map points to 'out/model-1.safetensors', outside the checkpoint "

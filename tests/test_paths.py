@@ -71,7 +71,7 @@ def test_a_name_that_is_not_a_string(folder: Path) -> None:
 @pytest.mark.parametrize(("name", "why"), CASES)
 def test_load_hf_and_hf_manifest_agree(folder: Path, name: str, why: Escape | None) -> None:
     (folder / INDEX).write_text(json.dumps({"weight_map": {"w": name}}))
-    weight_map, problems = hfmod._weight_map(str(folder), {})
+    weight_map, problems = hfmod.common.weight_map_of(str(folder), {})
     assert weight_map == {"w": name}
     if why is None:
         assert problems == []
@@ -114,6 +114,6 @@ def test_a_hugging_face_cache_snapshot_is_read_where_it_is(tmp_path: Path, fixed
     else:
         (snap / SINGLE).symlink_to("../../blobs/b1")
         name = SINGLE
-    assert hfmod._weight_map(str(snap), {})[0] == {"w": name}
+    assert hfmod.common.weight_map_of(str(snap), {})[0] == {"w": name}
     manifest = build_hf_manifest(snap)
     assert manifest["tensors"] == {"w": {"dtype": "F32", "shape": [2], "file": name}}

@@ -1,31 +1,5 @@
-"""Hugging Face safetensors checkpoints in and out of a sharded model, from the spec's
-``hf`` block (see :mod:`shardspec.core.hfmap`).
-
-``load_hf`` reads, on each rank, exactly the bytes of that rank's shards: it cuts the
-model's state into canonical storage units (the same units checkpoints use, see
-:mod:`shardspec.runtime.canonical`), maps each unit's chunk through the declared
-transforms to slices of Hugging Face tensors, and reads those slices with safetensors'
-slicing. It calls no ``torch.distributed`` collective: every rank knows every rank's
-shards from the spec. Everything is checked before the model changes (missing,
-unexpected and mis-shaped keys, files outside the checkpoint directory, missing or
-truncated files), and the slices are read into staging buffers that are copied into the
-model only when every read succeeded.
-
-``export_hf`` writes the model as sharded safetensors files with an index. Each stored
-chunk is sent once, by the replica the checkpoint writer balancing chose, to the rank
-that writes the tensor; tensors are spread over the ranks by bytes, so no rank gathers
-the whole model.
-
-Pipeline stages (a spec with a ``pipeline`` block): each rank's model is its stage's
-model, under its stage's names (global, or numbered from 0 per stage with ``split ...
-local``); Hugging Face keys and storage units always use the whole model's (global)
-names. The whole model's units come from the manifest, so every rank validates the whole
-checkpoint alike (a key missing for another stage fails every rank) while reading only
-its own stage's bytes, still without a collective. ``export_hf`` on a pipeline first
-shares each rank's parameter dtypes (one ``all_gather_object``), then every rank
-computes every stage's chunk senders from a canonical plan of that stage's structure
-(meta tensors), so all ranks agree on who sends what.
-"""
+"""export_hf: chunks sent once to balanced writers, written into a marked folder and
+renamed into place."""
 
 from __future__ import annotations
 
@@ -33,7 +7,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,595 +15,34 @@ import torch
 import torch.distributed as dist
 
 from shardspec.core.hfmap import (
-    Fused,
     HFMap,
     Source,
-    Split,
-    fused_of,
     model_indices,
-    runs,
-    source_indices,
-    unit_names,
 )
-from shardspec.core.layout import Mesh, ParamLayout
-from shardspec.core.paths import inside
+from shardspec.core.layout import Mesh
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
+from shardspec.runtime.hf.common import (
+    EXPORT_MARKER,
+    INDEX,
+    GlobalUnit,
+    HFError,
+    HFExportReport,
+    ModelView,
+    ParamInfo,
+    global_units,
+    hf_mesh_and_rank,
+    model_view,
+    raise_problems,
+    resolve_sources,
+    torch_dtype,
+)
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
     CheckpointError,
     Names,
     canonical_plan,
-    count_name_indexed,
-    mesh_and_rank,
-    unit_commit,
     unit_data,
 )
-
-INDEX = "model.safetensors.index.json"
-# Marks a ``<path>.partial`` folder as export_hf's own: only such a folder is ever removed.
-EXPORT_MARKER = ".shardspec-export-in-progress"
-SINGLE = "model.safetensors"
-_MAX_LISTED = 20
-# Below this many bytes to read, rank 0 shows no progress bar unless asked to.
-PROGRESS_BYTES = 256 << 20
-
-__all__ = ["HFError", "HFExportReport", "HFLoadReport", "export_hf", "load_hf"]
-
-
-class HFError(RuntimeError):
-    """A Hugging Face checkpoint that does not fit the spec's mapping or the model. Raised
-    before the model (or the target directory) is modified."""
-
-
-@dataclass
-class HFLoadReport:
-    """What one rank's ``load_hf`` did."""
-
-    files_opened: dict[str, int] = field(default_factory=dict)  # file -> times opened
-    bytes_read: int = 0  # tensor bytes read from the files (in the files' dtypes)
-    bytes_owned: int = 0  # bytes of the rank's storage-unit chunks (in the files' dtypes)
-    reads: int = 0  # slices read
-    units: int = 0  # storage-unit chunks filled
-
-
-@dataclass
-class HFExportReport:
-    """What one rank's ``export_hf`` did."""
-
-    file: str | None = None  # the file this rank wrote (None: it wrote none)
-    tensors: int = 0
-    bytes_written: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    # tie aliases (``tie A = B``) not written: the config ties them, or, without a config
-    # that says, the model's tensors are equal (the same on every rank)
-    aliases_not_written: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------- units
-
-
-@dataclass(frozen=True)
-class _GlobalUnit:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    fused: Fused | None = None  # the parameter's fused dimension, for a component
-
-
-@dataclass(frozen=True)
-class _Param:
-    """A parameter's layout, and where its name-indexed captures are in its name."""
-
-    layout: ParamLayout
-    spans: list[tuple[int, int]]
-
-
-@dataclass
-class _Model:
-    """One rank's model in the whole model's terms: its own units and tensors (``local``,
-    under its save or load ``plan``), and every parameter of the whole model by global
-    name, with its layout and dtype, and every storage unit (the same on every rank)."""
-
-    plan: CanonicalPlan
-    local: dict[str, tuple[Unit, torch.Tensor]]
-    names: Names
-    params: dict[str, _Param]
-    dtypes: dict[str, torch.dtype]
-    units: dict[str, _GlobalUnit]
-
-
-def _model_state(model: Any) -> dict[str, Any]:
-    if isinstance(model, Mapping):
-        return dict(model)
-    return dict(model.state_dict(keep_vars=True))
-
-
-def _mesh_and_rank(spec: CompiledSpec, mesh: Any, caller: str) -> tuple[Mesh, int]:
-    """The layout mesh and this rank, for ``caller`` (``load_hf``, ``export_hf``): its own
-    error, naming its own ``mesh=`` argument, when there is no mesh."""
-    mesh = mesh if mesh is not None else spec.last_mesh
-    if mesh is None:
-        raise HFError(
-            f"{caller}: no mesh: pass mesh=... to {caller}, or build the model's mesh with "
-            "build_mesh()/distribute() first"
-        )
-    return mesh_and_rank(spec, mesh)
-
-
-def _model(spec: CompiledSpec, lm: Mesh, rank: int, model: Any, *, saving: bool) -> _Model:
-    """Cut the model into this rank's units and describe the whole model, the same on every
-    rank. Without a pipeline the whole model's parameters are the model's own (every rank
-    holds a part of each). With one, a rank's model holds only its stage's: the whole
-    model's parameters come from the manifest, other stages' dtypes from its dtype strings."""
-    flat = {k: v for k, v in _model_state(model).items() if isinstance(v, torch.Tensor)}
-    plan, _rest, local = canonical_plan(spec, lm, rank, flat, saving=saving)
-    names = Names(spec, lm, rank)
-    dtypes = {names.global_of(u.source): t.dtype for u, t in local.values()}
-    if names.stages is None:
-        params = _params(spec, names, lm, flat, {u.source for u, _ in local.values()})
-    else:
-        params = _stage_params(spec, names, lm)
-        dtypes |= _manifest_dtypes(names, params, dtypes)
-    return _Model(plan, local, names, params, dtypes, _global_units(params, dtypes))
-
-
-def _params(
-    spec: CompiledSpec, names: Names, lm: Mesh, flat: Mapping[str, Any], keys: Iterable[str]
-) -> dict[str, _Param]:
-    """The layout of each parameter in ``keys``, and where its name-indexed captures are."""
-    counts = count_name_indexed(spec, names, flat)
-    out = {}
-    for key in sorted(keys):
-        shape = tuple(flat[key].shape) if names.table is None else None
-        layout = spec.layout(key, lm, shape, counts.get(key))
-        out[key] = _Param(layout, names.name_indexed_spans(key, layout))
-    return out
-
-
-def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, _Param]:
-    """Pipeline stages: every parameter of the whole model, from the manifest."""
-    assert names.stages is not None
-    if names.table is None:
-        raise HFError(
-            f"spec {spec.name!r} has pipeline stages, but its manifest does not describe the "
-            f"model on mesh {dict(zip(lm.names, lm.sizes, strict=True))} (its local axes were "
-            f"built at {spec.built_sizes}): load_hf/export_hf of a stage need the other "
-            "stages' parameters from the manifest"
-        )
-    out = {}
-    for fqn in sorted(names.stages.stage):
-        if spec.is_ignored(fqn):
-            continue
-        layout = spec.layout(fqn, lm)
-        out[fqn] = _Param(layout, names.name_indexed_spans(fqn, layout))
-    return out
-
-
-def _manifest_dtypes(
-    names: Names, params: Iterable[str], held: Mapping[str, torch.dtype]
-) -> dict[str, torch.dtype]:
-    """The manifest's dtypes of the parameters this rank does not hold."""
-    assert names.table is not None
-    return {f: _torch_dtype(names.table[f].dtype, f) for f in params if f not in held}
-
-
-def _global_units(
-    params: Mapping[str, _Param], dtypes: Mapping[str, torch.dtype]
-) -> dict[str, _GlobalUnit]:
-    """Every storage unit of every rank (the same on every rank), by name."""
-    out: dict[str, _GlobalUnit] = {}
-    for key, p in params.items():
-        fused = fused_of(p.layout.dims)
-        for name, shape in unit_names(key, p.layout.dims, p.spans):
-            out.setdefault(name, _GlobalUnit(name, shape, dtypes[key], fused))
-    return out
-
-
-def _torch_dtype(name: str, fqn: str) -> torch.dtype:
-    """The torch dtype a manifest names (``"float32"``, ``"torch.bfloat16"``)."""
-    dt = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise HFError(f"{fqn}: the manifest's dtype {name!r} is not a torch dtype")
-    return dt
-
-
-# ----------------------------------------------------------------------------- the files
-
-
-def _weight_map(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """``key -> file`` of the checkpoint at ``path`` and the problems found on the way
-    (a single-file checkpoint is opened here, into ``handles``). Every name must be a plain
-    relative path whose folders stay inside the folder; the file itself may be a link to
-    anywhere, as in Hugging Face's cache (:mod:`shardspec.core.paths`)."""
-    if not os.path.isdir(path):
-        raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
-    index = os.path.join(path, INDEX)
-    if os.path.isfile(index):
-        wm = _read_index(index)
-        problems = []
-        for key, rel in sorted(wm.items()):
-            if not inside(path, rel):
-                problems.append(
-                    f"{key}: weight_map points to {rel!r}, outside the checkpoint directory {path}"
-                )
-            elif not os.path.isfile(os.path.join(path, rel)):
-                problems.append(
-                    f"{key}: weight_map points to {rel!r}, which does not exist in {path}"
-                )
-        return wm, problems
-    single = os.path.join(path, SINGLE)
-    if not os.path.isfile(single):
-        raise HFError(f"{path}: neither {INDEX} nor {SINGLE} is there")
-    return {key: SINGLE for key in _open(path, SINGLE, handles).keys()}, []
-
-
-def _read_index(index: str) -> dict[str, str]:
-    """The ``weight_map`` of the index file ``index``."""
-    try:
-        with open(index, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise HFError(f"{index}: not readable JSON ({e})") from None
-    wm = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(wm, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
-    ):
-        raise HFError(f"{index}: no 'weight_map' object of key -> file name")
-    return dict(wm)
-
-
-def _open(root: str, rel: str, handles: dict[str, Any]) -> Any:
-    """The file's safetensors handle, opened once and kept in ``handles``."""
-    handle = handles.get(rel)
-    if handle is None:
-        from safetensors import safe_open
-
-        try:
-            handle = safe_open(os.path.join(root, rel), framework="pt")
-        except Exception as e:  # safetensors raises its own error type for bad files
-            raise HFError(
-                f"{os.path.join(root, rel)}: not a readable safetensors file ({e})"
-            ) from None
-        handles[rel] = handle
-    return handle
-
-
-def _raise(problems: list[str], path: str) -> None:
-    if not problems:
-        return
-    shown = problems[:_MAX_LISTED]
-    more = len(problems) - len(shown)
-    tail = f"\n  ... and {more} more" if more else ""
-    raise HFError(
-        f"{path} does not fit the spec's hf mapping ({len(problems)} problem"
-        f"{'s' if len(problems) != 1 else ''}); the model was not changed:\n  "
-        + "\n  ".join(shown)
-        + tail
-    )
-
-
-def _resolve_sources(
-    hfmap: HFMap, units: Mapping[str, _GlobalUnit], strict: bool
-) -> tuple[dict[str, Source], list[str]]:
-    sources: dict[str, Source] = {}
-    problems: list[str] = []
-    for name in sorted(units):
-        if hfmap.kept(name):
-            continue
-        unit = units[name]
-        found = hfmap.sources(name, unit.shape, unit.fused)
-        if len(found) == 1:
-            sources[name] = found[0]
-            problems += _split_problems(hfmap, name, found[0], unit.fused)
-        elif not found:
-            if strict:
-                problems.append(f"{name}: no rule of the hf mapping produces this parameter")
-        else:
-            rules = ", ".join(f"line {hfmap.rules[s.rule].line}" for s in found)
-            problems.append(f"{name}: produced by several rules of the hf mapping ({rules})")
-    return sources, problems
-
-
-def _split_problems(hfmap: HFMap, name: str, src: Source, fused: Fused | None) -> list[str]:
-    """A split line whose `as` list names what is no component (lint: SS081)."""
-    rule = hfmap.rules[src.rule]
-    if src.split is None or rule.parts is None or fused is None:
-        return []
-    comps = {c for c, _ in fused[1]}
-    return [
-        f"{name}: line {rule.line} splits its Hugging Face tensor into {p.name!r}, which is "
-        f"no component of {name.rpartition('.')[0]} ({', '.join(c for c, _ in fused[1])})"
-        for p in rule.parts
-        if p.name not in comps
-    ]
-
-
-# ---------------------------------------------------------------------------------- load
-
-
-def _read_runs(
-    sl: Any, dim_runs: list[list[tuple[int, int]]], d: int, prefix: tuple
-) -> torch.Tensor:
-    """Every combination of the per-dim runs, read and concatenated in order. (Module
-    level: a closure naming itself would be a reference cycle holding the slice, and the
-    file's memory map, until the next garbage collection.)"""
-    if d == len(dim_runs):
-        return sl[prefix]
-    parts = [_read_runs(sl, dim_runs, d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
-
-
-def _read_box(
-    handle: Any,
-    key: str,
-    transforms: Sequence,
-    offsets: Sequence[int],
-    sizes: Sequence[int],
-    split: Split | None = None,
-) -> torch.Tensor:
-    """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
-    its part ``split``), read with safetensors slicing (only the box's bytes)."""
-    per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
-    sl = handle.get_slice(key)
-    if not per_dim:
-        return handle.get_tensor(key)
-    dim_runs = [runs(idx) for idx in per_dim]
-
-    if any(not r for r in dim_runs):
-        shape = [len(i) for i in per_dim]
-        t = torch.empty(shape, dtype=sl[tuple(slice(0, 0) for _ in per_dim)].dtype)
-    else:
-        t = _read_runs(sl, dim_runs, 0, ())
-    for d, idx in enumerate(per_dim):
-        if isinstance(idx, range):
-            continue
-        # Positions of the requested indices inside the concatenated runs.
-        pos, base = {}, 0
-        for a, b in dim_runs[d]:
-            for i in range(a, b):
-                pos[i] = base + i - a
-            base += b - a
-        t = t.index_select(d, torch.tensor([pos[i] for i in idx], dtype=torch.long))
-    order = [model_dim_of.index(d) for d in range(len(model_dim_of))]
-    return t.permute(order) if order != list(range(len(order))) else t
-
-
-def _progress(total: int, enabled: bool | None, rank: int) -> Any:
-    show = rank == 0 and (enabled if enabled is not None else total >= PROGRESS_BYTES)
-    if not show:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # the bar is a nicety: no tqdm, no bar
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, desc="load_hf")
-
-
-@dataclass
-class _Checkpoint:
-    """The checkpoint folder: which file holds each key, and its files' safetensors
-    handles (each opened once)."""
-
-    path: str
-    weight_map: dict[str, str]
-    handles: dict[str, Any]
-
-    def handle(self, key: str) -> Any:
-        return self.handles[self.weight_map[key]]
-
-
-@dataclass
-class _Keys:
-    """The Hugging Face keys the mapping reads, against the checkpoint's index."""
-
-    # needed key -> the key read for it (itself, or the source of the tie it aliases)
-    read_from: dict[str, str] = field(default_factory=dict)
-    # needed key -> its shape by the mapping (read or missing)
-    expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)  # missing and unexpected keys
-
-
-@dataclass(frozen=True)
-class _Box:
-    """One slice read: the box ``offsets``/``sizes`` (in the model's coordinates) of the
-    tensor that the Hugging Face key ``key`` maps to."""
-
-    key: str
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _UnitRead:
-    """What fills one of this rank's storage-unit chunks: one box, or with a stacked
-    source one box per stacked entry (stacked along the unit's first dimension)."""
-
-    unit: Unit
-    tensor: torch.Tensor
-    source: Source
-    boxes: tuple[_Box, ...]
-
-
-@dataclass(frozen=True)
-class _Staged:
-    """A chunk read, cast to its tensor's dtype and device, not yet in the model."""
-
-    unit: Unit
-    tensor: torch.Tensor
-    data: torch.Tensor
-
-
-def load_hf(
-    spec: CompiledSpec,
-    hfmap: HFMap,
-    model: Any,
-    path: str | os.PathLike,
-    mesh: Any = None,
-    *,
-    progress: bool | None = None,
-    strict: bool = True,
-) -> HFLoadReport:
-    """Load the Hugging Face checkpoint at ``path`` into ``model`` (its DTensor or
-    Megatron-style local-shard parameters, as the spec lays them out), in place.
-
-    Every rank reads only its own shards' bytes and calls no collective. The whole
-    checkpoint is checked first (every rank checks the same things, so every rank raises
-    the same :class:`HFError`): missing and unexpected keys, shapes against the mapping,
-    ``weight_map`` entries outside the directory or naming missing files, truncated
-    files. With pipeline stages ``model`` is this rank's stage model (keyed by the stage's
-    names): the whole model's parameters come from the manifest, so keys of other stages
-    are expected and checked on every rank, but only this stage's bytes are read. The
-    slices are read into staging buffers and copied into the model only when every read
-    succeeded. Values are cast to the parameters' dtypes. ``strict=False`` leaves
-    parameters that no rule produces as they are (with ``strict``, that is an error).
-    ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
-    """
-    path = os.fspath(path)
-    lm, rank = _mesh_and_rank(spec, mesh, "load_hf")
-    m = _model(spec, lm, rank, model, saving=False)
-    sources, problems = _resolve_sources(hfmap, m.units, strict)
-    handles: dict[str, Any] = {}
-    weight_map, file_problems = _weight_map(path, handles)
-    keys = _needed_keys(hfmap, sources, weight_map)
-    _raise(problems + file_problems + keys.problems, path)
-
-    ckpt = _Checkpoint(path, weight_map, handles)
-    report = HFLoadReport()
-    _open_files(ckpt, report)
-    _raise(_shape_problems(ckpt, keys), path)
-    reads = _rank_reads(m.local, sources, keys.read_from)
-    _place(_stage(ckpt, reads, report, _progress(_nbytes(reads), progress, rank)))
-    return report
-
-
-def _needed_keys(
-    hfmap: HFMap, sources: Mapping[str, Source], weight_map: Mapping[str, str]
-) -> _Keys:
-    """Which key each needed Hugging Face key is read from, the shape it must have, and
-    the index's missing and unexpected keys."""
-    out = _Keys()
-    for name, src in sources.items():
-        for key in src.keys:
-            out.expected[key] = src.shape
-            if key in weight_map:
-                out.read_from[key] = key
-            elif (tied := hfmap.tie_of(key)) is not None and tied in weight_map:
-                out.read_from[key] = tied
-            else:
-                out.problems.append(f"{key}: missing from the checkpoint (needed for {name})")
-    aliases = {a for a, _ in hfmap.ties}
-    for key in sorted(weight_map):
-        if key not in out.expected and key not in aliases and not hfmap.dropped(key):
-            out.problems.append(
-                f"{key}: unexpected key (the hf mapping neither reads nor drops it)"
-            )
-    return out
-
-
-def _open_files(ckpt: _Checkpoint, report: HFLoadReport) -> None:
-    """Open every file of the index once, on every rank, so all ranks agree on whether the
-    checkpoint is good without talking to each other."""
-    bad_files = []
-    for rel in sorted(set(ckpt.weight_map.values())):
-        try:
-            _open(ckpt.path, rel, ckpt.handles)
-        except HFError as e:
-            bad_files.append(str(e))
-    report.files_opened = {rel: 1 for rel in ckpt.handles}
-    _raise(bad_files, ckpt.path)
-
-
-def _shape_problems(ckpt: _Checkpoint, keys: _Keys) -> list[str]:
-    """Every needed key's presence and shape in the file the index puts it in."""
-    file_keys = {rel: set(h.keys()) for rel, h in ckpt.handles.items()}
-    problems = []
-    for key, source_key in sorted(keys.read_from.items()):
-        rel = ckpt.weight_map[source_key]
-        if source_key not in file_keys[rel]:
-            problems.append(f"{source_key}: the index puts it in {rel}, which does not hold it")
-            continue
-        got = tuple(ckpt.handles[rel].get_slice(source_key).get_shape())
-        if got != keys.expected[key]:
-            problems.append(
-                f"{source_key}: shape {list(got)} in {rel}, the mapping expects "
-                f"{list(keys.expected[key])}"
-            )
-    return problems
-
-
-def _rank_reads(
-    local: Mapping[str, tuple[Unit, torch.Tensor]],
-    sources: Mapping[str, Source],
-    read_from: Mapping[str, str],
-) -> list[_UnitRead]:
-    """The slices that fill this rank's (non-empty, mapped) storage-unit chunks."""
-    out = []
-    for unit, tensor in local.values():
-        src = sources.get(unit.key)
-        if src is None or unit.empty:
-            continue
-        if src.stacked:
-            first, count = unit.offsets[0], unit.sizes[0]
-            boxes = tuple(
-                _Box(read_from[src.keys[e]], unit.offsets[1:], unit.sizes[1:])
-                for e in range(first, first + count)
-            )
-        else:
-            boxes = (_Box(read_from[src.keys[0]], unit.offsets, unit.sizes),)
-        out.append(_UnitRead(unit, tensor, src, boxes))
-    return out
-
-
-def _nbytes(reads: Sequence[_UnitRead]) -> int:
-    """The bytes the reads fill, in the model's dtypes."""
-    return sum(math.prod(r.unit.sizes) * r.tensor.element_size() for r in reads)
-
-
-def _stage(
-    ckpt: _Checkpoint, reads: Sequence[_UnitRead], report: HFLoadReport, bar: Any
-) -> list[_Staged]:
-    """Read every chunk into a staging buffer (the model is not touched); any failure is
-    an :class:`HFError` that says so."""
-    staged = []
-    try:
-        for r in reads:
-            box = _read_unit(ckpt, r)
-            report.reads += len(r.boxes)
-            report.bytes_read += box.numel() * box.element_size()
-            report.bytes_owned += math.prod(r.unit.sizes) * box.element_size()
-            data = box.to(dtype=r.tensor.dtype, device=r.tensor.device)
-            staged.append(_Staged(r.unit, r.tensor, data))
-            report.units += 1
-            if bar is not None:
-                bar.update(math.prod(r.unit.sizes) * r.tensor.element_size())
-    except HFError:
-        raise
-    except Exception as e:
-        raise HFError(f"reading {ckpt.path} failed; the model was not changed: {e}") from e
-    finally:
-        if bar is not None:
-            bar.close()
-    return staged
-
-
-def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> torch.Tensor:
-    """One chunk's boxes, read (and stacked for a stacked source)."""
-    src = r.source
-    parts = [
-        _read_box(ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split)
-        for b in r.boxes
-    ]
-    return torch.stack(parts) if src.stacked else parts[0]
-
-
-def _place(staged: Sequence[_Staged]) -> None:
-    """Copy the staged chunks into the model."""
-    with torch.no_grad():
-        for s in staged:
-            data = s.data.reshape(s.unit.sizes) if s.data.shape != s.unit.sizes else s.data
-            unit_commit(s.unit, s.tensor, data)
-
 
 # -------------------------------------------------------------------------------- export
 
@@ -647,7 +60,7 @@ class _Chunk:
 class _ExportPlan:
     """Who sends and who writes what, the same on every rank."""
 
-    units: list[_GlobalUnit]  # the units written, by name
+    units: list[GlobalUnit]  # the units written, by name
     sources: dict[str, Source]  # unit name -> the Hugging Face tensor(s) it is written as
     writer: dict[str, int]  # unit name -> the rank that writes its tensor(s)
     chunks: dict[str, list[_Chunk]]  # unit name -> its stored chunks, each with its sender
@@ -657,7 +70,7 @@ def _export_plan(
     spec: CompiledSpec,
     hfmap: HFMap,
     lm: Mesh,
-    m: _Model,
+    m: ModelView,
     sources: dict[str, Source],
     path: str,
 ) -> _ExportPlan:
@@ -669,7 +82,7 @@ def _export_plan(
         # Each rank's plan knows only its stage's senders: every rank computes every
         # stage's, from the stage's structure, with the dtypes every rank really holds.
         dtypes = _stage_dtypes(spec, m.names, m.local, m.dtypes, path)
-        units = _global_units(m.params, dtypes)
+        units = global_units(m.params, dtypes)
         plan_of = _stage_plans(spec, lm, m.names, dtypes)
     chunks = _global_chunks(m.names, lm, m.params, plan_of)
     todo = [units[n] for n in sorted(sources)]
@@ -680,7 +93,7 @@ def _export_plan(
 def _global_chunks(
     names: Names,
     lm: Mesh,
-    params: Mapping[str, _Param],
+    params: Mapping[str, ParamInfo],
     plan_of: Callable[[str], CanonicalPlan],
 ) -> dict[str, list[_Chunk]]:
     """Every stored chunk of every unit, with the one rank that sends it (``plan_of``: the
@@ -748,7 +161,7 @@ def _stage_dtypes(
         raise HFError(f"export to {path} failed; nothing was written there:\n  {lines}")
     for _r, items in first.values():
         for fqn, dt in items:
-            out[fqn] = _torch_dtype(dt.removeprefix("torch."), fqn)
+            out[fqn] = torch_dtype(dt.removeprefix("torch."), fqn)
     return out
 
 
@@ -811,22 +224,22 @@ def _ends(parts: list[tuple[int, int]]) -> list[int]:
     return out
 
 
-def _bundles(todo: Sequence[_GlobalUnit], sources: Mapping[str, Source]) -> list[list[_GlobalUnit]]:
+def _bundles(todo: Sequence[GlobalUnit], sources: Mapping[str, Source]) -> list[list[GlobalUnit]]:
     """Units that one rank must write together: the parts of one split HF tensor."""
-    out: dict[tuple[str, ...], list[_GlobalUnit]] = {}
+    out: dict[tuple[str, ...], list[GlobalUnit]] = {}
     for u in todo:
         src = sources[u.name]
         out.setdefault(src.keys if src.split is not None else (u.name,), []).append(u)
     return list(out.values())
 
 
-def _assign(bundles: Sequence[Sequence[_GlobalUnit]], world: int) -> dict[str, int]:
+def _assign(bundles: Sequence[Sequence[GlobalUnit]], world: int) -> dict[str, int]:
     """Which rank writes each unit: bundles (the parts of one HF tensor go together)
     largest first, to the rank with the fewest bytes."""
     load = [0] * world
     out = {}
 
-    def nbytes(b: Sequence[_GlobalUnit]) -> int:
+    def nbytes(b: Sequence[GlobalUnit]) -> int:
         return sum(math.prod(u.shape) * u.dtype.itemsize for u in b)
 
     for b in sorted(bundles, key=lambda b: (-nbytes(b), b[0].name)):
@@ -1091,10 +504,10 @@ def _export_hf(
     overwrite: bool,
     dtype: torch.dtype | None,
 ) -> HFExportReport:
-    lm, rank = _mesh_and_rank(spec, mesh, "export_hf")
-    m = _model(spec, lm, rank, model, saving=True)
-    sources, problems = _resolve_sources(hfmap, m.units, strict=True)
-    _raise(problems + _written_twice(sources), path)
+    lm, rank = hf_mesh_and_rank(spec, mesh, "export_hf")
+    m = model_view(spec, lm, rank, model, saving=True)
+    sources, problems = resolve_sources(hfmap, m.units, strict=True)
+    raise_problems(problems + _written_twice(sources), path)
     if os.path.exists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
     _check_config(config)

@@ -1,0 +1,320 @@
+"""load_hf: each rank reads only its own shards' bytes, with no collective."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shardspec.core.hfmap import (
+    HFMap,
+    Source,
+    Split,
+    runs,
+    source_indices,
+)
+from shardspec.runtime.canonical import Unit
+from shardspec.runtime.hf.common import (
+    PROGRESS_BYTES,
+    HFError,
+    HFLoadReport,
+    hf_mesh_and_rank,
+    model_view,
+    open_file,
+    raise_problems,
+    resolve_sources,
+    weight_map_of,
+)
+from shardspec.runtime.spec import CompiledSpec
+from shardspec.runtime.units import (
+    unit_commit,
+)
+
+# ---------------------------------------------------------------------------------- load
+
+
+def _read_runs(
+    sl: Any, dim_runs: list[list[tuple[int, int]]], d: int, prefix: tuple
+) -> torch.Tensor:
+    """Every combination of the per-dim runs, read and concatenated in order. (Module
+    level: a closure naming itself would be a reference cycle holding the slice, and the
+    file's memory map, until the next garbage collection.)"""
+    if d == len(dim_runs):
+        return sl[prefix]
+    parts = [_read_runs(sl, dim_runs, d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
+
+
+def _read_box(
+    handle: Any,
+    key: str,
+    transforms: Sequence,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    split: Split | None = None,
+) -> torch.Tensor:
+    """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
+    its part ``split``), read with safetensors slicing (only the box's bytes)."""
+    per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
+    sl = handle.get_slice(key)
+    if not per_dim:
+        return handle.get_tensor(key)
+    dim_runs = [runs(idx) for idx in per_dim]
+
+    if any(not r for r in dim_runs):
+        shape = [len(i) for i in per_dim]
+        t = torch.empty(shape, dtype=sl[tuple(slice(0, 0) for _ in per_dim)].dtype)
+    else:
+        t = _read_runs(sl, dim_runs, 0, ())
+    for d, idx in enumerate(per_dim):
+        if isinstance(idx, range):
+            continue
+        # Positions of the requested indices inside the concatenated runs.
+        pos, base = {}, 0
+        for a, b in dim_runs[d]:
+            for i in range(a, b):
+                pos[i] = base + i - a
+            base += b - a
+        t = t.index_select(d, torch.tensor([pos[i] for i in idx], dtype=torch.long))
+    order = [model_dim_of.index(d) for d in range(len(model_dim_of))]
+    return t.permute(order) if order != list(range(len(order))) else t
+
+
+def _progress(total: int, enabled: bool | None, rank: int) -> Any:
+    show = rank == 0 and (enabled if enabled is not None else total >= PROGRESS_BYTES)
+    if not show:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the bar is a nicety: no tqdm, no bar
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="load_hf")
+
+
+@dataclass
+class _Checkpoint:
+    """The checkpoint folder: which file holds each key, and its files' safetensors
+    handles (each opened once)."""
+
+    path: str
+    weight_map: dict[str, str]
+    handles: dict[str, Any]
+
+    def handle(self, key: str) -> Any:
+        return self.handles[self.weight_map[key]]
+
+
+@dataclass
+class _Keys:
+    """The Hugging Face keys the mapping reads, against the checkpoint's index."""
+
+    # needed key -> the key read for it (itself, or the source of the tie it aliases)
+    read_from: dict[str, str] = field(default_factory=dict)
+    # needed key -> its shape by the mapping (read or missing)
+    expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # missing and unexpected keys
+
+
+@dataclass(frozen=True)
+class _Box:
+    """One slice read: the box ``offsets``/``sizes`` (in the model's coordinates) of the
+    tensor that the Hugging Face key ``key`` maps to."""
+
+    key: str
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _UnitRead:
+    """What fills one of this rank's storage-unit chunks: one box, or with a stacked
+    source one box per stacked entry (stacked along the unit's first dimension)."""
+
+    unit: Unit
+    tensor: torch.Tensor
+    source: Source
+    boxes: tuple[_Box, ...]
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A chunk read, cast to its tensor's dtype and device, not yet in the model."""
+
+    unit: Unit
+    tensor: torch.Tensor
+    data: torch.Tensor
+
+
+def load_hf(
+    spec: CompiledSpec,
+    hfmap: HFMap,
+    model: Any,
+    path: str | os.PathLike,
+    mesh: Any = None,
+    *,
+    progress: bool | None = None,
+    strict: bool = True,
+) -> HFLoadReport:
+    """Load the Hugging Face checkpoint at ``path`` into ``model`` (its DTensor or
+    Megatron-style local-shard parameters, as the spec lays them out), in place.
+
+    Every rank reads only its own shards' bytes and calls no collective. The whole
+    checkpoint is checked first (every rank checks the same things, so every rank raises
+    the same :class:`HFError`): missing and unexpected keys, shapes against the mapping,
+    ``weight_map`` entries outside the directory or naming missing files, truncated
+    files. With pipeline stages ``model`` is this rank's stage model (keyed by the stage's
+    names): the whole model's parameters come from the manifest, so keys of other stages
+    are expected and checked on every rank, but only this stage's bytes are read. The
+    slices are read into staging buffers and copied into the model only when every read
+    succeeded. Values are cast to the parameters' dtypes. ``strict=False`` leaves
+    parameters that no rule produces as they are (with ``strict``, that is an error).
+    ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
+    """
+    path = os.fspath(path)
+    lm, rank = hf_mesh_and_rank(spec, mesh, "load_hf")
+    m = model_view(spec, lm, rank, model, saving=False)
+    sources, problems = resolve_sources(hfmap, m.units, strict)
+    handles: dict[str, Any] = {}
+    weight_map, file_problems = weight_map_of(path, handles)
+    keys = _needed_keys(hfmap, sources, weight_map)
+    raise_problems(problems + file_problems + keys.problems, path)
+
+    ckpt = _Checkpoint(path, weight_map, handles)
+    report = HFLoadReport()
+    _open_files(ckpt, report)
+    raise_problems(_shape_problems(ckpt, keys), path)
+    reads = _rank_reads(m.local, sources, keys.read_from)
+    _place(_stage(ckpt, reads, report, _progress(_nbytes(reads), progress, rank)))
+    return report
+
+
+def _needed_keys(
+    hfmap: HFMap, sources: Mapping[str, Source], weight_map: Mapping[str, str]
+) -> _Keys:
+    """Which key each needed Hugging Face key is read from, the shape it must have, and
+    the index's missing and unexpected keys."""
+    out = _Keys()
+    for name, src in sources.items():
+        for key in src.keys:
+            out.expected[key] = src.shape
+            if key in weight_map:
+                out.read_from[key] = key
+            elif (tied := hfmap.tie_of(key)) is not None and tied in weight_map:
+                out.read_from[key] = tied
+            else:
+                out.problems.append(f"{key}: missing from the checkpoint (needed for {name})")
+    aliases = {a for a, _ in hfmap.ties}
+    for key in sorted(weight_map):
+        if key not in out.expected and key not in aliases and not hfmap.dropped(key):
+            out.problems.append(
+                f"{key}: unexpected key (the hf mapping neither reads nor drops it)"
+            )
+    return out
+
+
+def _open_files(ckpt: _Checkpoint, report: HFLoadReport) -> None:
+    """Open every file of the index once, on every rank, so all ranks agree on whether the
+    checkpoint is good without talking to each other."""
+    bad_files = []
+    for rel in sorted(set(ckpt.weight_map.values())):
+        try:
+            open_file(ckpt.path, rel, ckpt.handles)
+        except HFError as e:
+            bad_files.append(str(e))
+    report.files_opened = {rel: 1 for rel in ckpt.handles}
+    raise_problems(bad_files, ckpt.path)
+
+
+def _shape_problems(ckpt: _Checkpoint, keys: _Keys) -> list[str]:
+    """Every needed key's presence and shape in the file the index puts it in."""
+    file_keys = {rel: set(h.keys()) for rel, h in ckpt.handles.items()}
+    problems = []
+    for key, source_key in sorted(keys.read_from.items()):
+        rel = ckpt.weight_map[source_key]
+        if source_key not in file_keys[rel]:
+            problems.append(f"{source_key}: the index puts it in {rel}, which does not hold it")
+            continue
+        got = tuple(ckpt.handles[rel].get_slice(source_key).get_shape())
+        if got != keys.expected[key]:
+            problems.append(
+                f"{source_key}: shape {list(got)} in {rel}, the mapping expects "
+                f"{list(keys.expected[key])}"
+            )
+    return problems
+
+
+def _rank_reads(
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
+    sources: Mapping[str, Source],
+    read_from: Mapping[str, str],
+) -> list[_UnitRead]:
+    """The slices that fill this rank's (non-empty, mapped) storage-unit chunks."""
+    out = []
+    for unit, tensor in local.values():
+        src = sources.get(unit.key)
+        if src is None or unit.empty:
+            continue
+        if src.stacked:
+            first, count = unit.offsets[0], unit.sizes[0]
+            boxes = tuple(
+                _Box(read_from[src.keys[e]], unit.offsets[1:], unit.sizes[1:])
+                for e in range(first, first + count)
+            )
+        else:
+            boxes = (_Box(read_from[src.keys[0]], unit.offsets, unit.sizes),)
+        out.append(_UnitRead(unit, tensor, src, boxes))
+    return out
+
+
+def _nbytes(reads: Sequence[_UnitRead]) -> int:
+    """The bytes the reads fill, in the model's dtypes."""
+    return sum(math.prod(r.unit.sizes) * r.tensor.element_size() for r in reads)
+
+
+def _stage(
+    ckpt: _Checkpoint, reads: Sequence[_UnitRead], report: HFLoadReport, bar: Any
+) -> list[_Staged]:
+    """Read every chunk into a staging buffer (the model is not touched); any failure is
+    an :class:`HFError` that says so."""
+    staged = []
+    try:
+        for r in reads:
+            box = _read_unit(ckpt, r)
+            report.reads += len(r.boxes)
+            report.bytes_read += box.numel() * box.element_size()
+            report.bytes_owned += math.prod(r.unit.sizes) * box.element_size()
+            data = box.to(dtype=r.tensor.dtype, device=r.tensor.device)
+            staged.append(_Staged(r.unit, r.tensor, data))
+            report.units += 1
+            if bar is not None:
+                bar.update(math.prod(r.unit.sizes) * r.tensor.element_size())
+    except HFError:
+        raise
+    except Exception as e:
+        raise HFError(f"reading {ckpt.path} failed; the model was not changed: {e}") from e
+    finally:
+        if bar is not None:
+            bar.close()
+    return staged
+
+
+def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> torch.Tensor:
+    """One chunk's boxes, read (and stacked for a stacked source)."""
+    src = r.source
+    parts = [
+        _read_box(ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split)
+        for b in r.boxes
+    ]
+    return torch.stack(parts) if src.stacked else parts[0]
+
+
+def _place(staged: Sequence[_Staged]) -> None:
+    """Copy the staged chunks into the model."""
+    with torch.no_grad():
+        for s in staged:
+            data = s.data.reshape(s.unit.sizes) if s.data.shape != s.unit.sizes else s.data
+            unit_commit(s.unit, s.tensor, data)

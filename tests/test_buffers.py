@@ -240,3 +240,24 @@ def test_dcp_keeps_buffers_and_reshards_a_local_one(tmp_path: Path) -> None:
     assert two[0] == {**whole, "stat": [100.0, 101.0]}
     assert two[1] == {**whole, "stat": [102.0, 103.0]}
     assert one == {**whole, "stat": [100.0, 101.0, 102.0, 103.0]}
+
+
+def test_explain_says_a_pipeline_stages_buffer_has_no_layout(tmp_path: Path) -> None:
+    import json
+
+    entries = [
+        {"fqn": f"layers.{i}.weight", "kind": "param", "shape": [8, 8], "dtype": "float32"}
+        for i in range(2)
+    ]
+    entries.append({"fqn": "rope.cache", "kind": "buffer", "shape": [4], "dtype": "float32"})
+    doc = {"format": "shardspec-manifest/2", "entries": entries}
+    (tmp_path / "m.json").write_text(json.dumps(doc), encoding="utf-8")
+    (tmp_path / "pp.shard").write_text(
+        'manifest "m.json"\nmesh over 4 ranks { pp: 2  dp_shard: * }\nfsdp dp_shard\n'
+        "param layers.*.weight [out, in] {}\npipeline pp { split layers.{layer} }\n",
+        encoding="utf-8",
+    )
+    rc, out = _explain(str(tmp_path / "pp.shard"), "rope.cache")
+    assert rc == 1
+    assert "'rope.cache' is a persistent buffer of" in out
+    assert "with a pipeline block, rules place parameters only" in out

@@ -320,6 +320,14 @@ def find_parameter(res: Resolved, fqn: str) -> tuple[str, Match] | Diagnostic:
     if m is not None:
         return fqn, m
     where = display_path(res.manifest.path)
+    if any(e.fqn == fqn and e.kind == "buffer" for e in res.manifest.entries):
+        return diag(
+            "SS004",
+            f"{fqn!r} is a persistent buffer of {where}; with a pipeline block, rules place "
+            "parameters only",
+            Span("<command line>", 1, 1),
+            "a stage's buffers are saved whole, as they are: there is no layout to explain",
+        )
     close = closest_few(fqn, list(res.matches), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"the manifest's names are in {where}"
     return diag(

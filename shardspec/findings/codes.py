@@ -330,10 +330,11 @@ CHECKS: tuple[Check, ...] = (
         "entry of the manifest.",
         "Usually a typo (the hint names the closest parameters), a rule for modules that do "
         "not exist (bias rules when the model is built with bias=False), or a rule for a "
-        "name that only state_dict() has: a buffer, or a key a state-dict hook writes in "
-        "place of a parameter (torchtitan's fused wqkv shown as wq/wk/wv). Rules match "
-        "parameters as the model holds them; the hint names the hook's module and the "
-        "parameter to write the rule for.",
+        "name that only state_dict() has: a key a state-dict hook writes in place of a "
+        "parameter (torchtitan's fused wqkv shown as wq/wk/wv), or a buffer of a pipeline "
+        "stage (saved as it is). Rules match parameters as the model holds them, and "
+        "persistent buffers (SS087); the hint names the hook's module and the parameter to "
+        "write the rule for.",
         "param layers.*.attention.wq.weight [out, in] {}   # wq: a state-dict hook's key",
         "param layers.*.attention.qkv_linear.wqkv.weight [out, in] {}   # the parameter",
         True,

@@ -19,9 +19,10 @@ configuration near a wanted count.
 With ``--hf`` (:func:`write_hf`) it also writes ``DIR/moe_hf.shard``: the same spec plus an
 ``hf "moe.hf.json" { ... }`` block of identity map lines, one per parameter template
 (``model.layers.{i}.mlp.experts.{e}.gate_proj.weight -> model.layers.{i}.mlp.experts.{e}.
-gate_proj.weight``), a ``drop`` for the router's ``e_score_correction_bias`` and ``config``
-bindings; and ``DIR/moe.hf.json``, the HF manifest (``shardspec-hf-manifest/1``) of the
-matching Hugging Face checkpoint: every key with its shape, routed experts under their
+gate_proj.weight``), one for the router's persistent buffer ``e_score_correction_bias``
+(stored as parameters are, whole on every rank) and ``config`` bindings; and
+``DIR/moe.hf.json``, the HF manifest (``shardspec-hf-manifest/1``) of the matching Hugging
+Face checkpoint: every key with its shape, routed experts under their
 global index (``experts_per_rank * ep`` per layer, one storage unit each). The pair lints
 clean, so the HF-manifest checks (keys, shapes, config values) run in full. Without the
 HF manifest (``hf_manifest=False``) the block names no file and suppresses SS079.
@@ -83,8 +84,9 @@ class Config:
 
     @property
     def n_units(self) -> int:
-        """Storage units (and HF tensors mapped to them): experts under global indices."""
-        return 3 + 12 * self.first_dense + self.moe_layers * (13 + 3 * self.experts)
+        """Storage units (and HF tensors mapped to them): experts under global indices, and
+        the router's buffer."""
+        return 3 + 12 * self.first_dense + self.moe_layers * (14 + 3 * self.experts)
 
 
 def config_for(n_params: int, **overrides: int) -> Config:
@@ -240,11 +242,13 @@ def param_templates(cfg: Config) -> list[str]:
 
 
 def hf_block(cfg: Config, hf_manifest_name: str | None = "moe.hf.json") -> str:
-    """The ``hf`` block: identity map lines (HF names are the model's), one per template."""
+    """The ``hf`` block: identity map lines (HF names are the model's), one per template
+    and one for the router's buffer."""
     head = f'hf "{hf_manifest_name}" {{' if hf_manifest_name else "hf {  # shardspec: ignore[SS079]"
     lines = [f"    {t} -> {t}" for t in param_templates(cfg)]
+    bias = "model.layers.{i}.mlp.gate.e_score_correction_bias"
     lines += [
-        "    drop model.layers.*.mlp.gate.e_score_correction_bias",
+        f"    {bias} -> {bias}",
         "    config hidden = hidden_size",
         "    config vocab = vocab_size",
         "    config q_lora = q_lora_rank",
@@ -258,7 +262,7 @@ def hf_block(cfg: Config, hf_manifest_name: str | None = "moe.hf.json") -> str:
 
 def hf_tensors(cfg: Config) -> dict[str, tuple[list[int], str]]:
     """The HF checkpoint's tensors: ``{key: (shape, file)}``, routed experts under every
-    global index, plus the router's ``e_score_correction_bias`` (dropped by the block)."""
+    global index, plus the router's ``e_score_correction_bias`` (a buffer)."""
     files = cfg.layers + 1
     out: dict[str, tuple[list[int], str]] = {}
     for e in manifest_entries(cfg):

@@ -712,7 +712,7 @@ def test_synthetic_benchmark_model(
     spec = synth.write_hf(cfg, tmp_path, hf_manifest=with_file)
     *_, found, asked = run_fast(spec, monkeypatch)
     assert found == []
-    groups = 3 + 12 * cfg.first_dense + cfg.moe_layers * 16  # n_units, experts grouped
+    groups = 3 + 12 * cfg.first_dense + cfg.moe_layers * 17  # n_units, experts grouped
     assert len(asked) == len(set(asked)) == groups < cfg.n_units
 
 

@@ -20,6 +20,8 @@ import torch
 from examples.models import llama, moe
 
 __all__ = [
+    "deepseek_v3_config",
+    "deepseek_v3_tiny",
     "gpt2_config",
     "gpt2_tiny",
     "hf_rope_to_meta",
@@ -234,3 +236,47 @@ def gpt2_tiny(**overrides: Any) -> Any:
     import transformers
 
     return transformers.GPT2LMHeadModel(gpt2_config(**overrides))
+
+
+def deepseek_v3_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.DeepseekV3Config``: multi-head latent attention, one dense layer
+    then one MoE layer with 4 routed experts (stacked ``gate_up_proj`` [experts, gate|up,
+    hidden] and ``down_proj`` in the model, one tensor per expert in the checkpoint), a
+    shared expert, and group-limited routing (2 groups, 1 chosen) whose router holds the
+    persistent buffer ``mlp.gate.e_score_correction_bias``: an HF key as well as model
+    state."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "attn_implementation": "eager",
+        **overrides,
+    }
+    return transformers.DeepseekV3Config(**fields)
+
+
+def deepseek_v3_tiny(**overrides: Any) -> Any:
+    """``transformers.DeepseekV3ForCausalLM`` from :func:`deepseek_v3_config`, used as it is:
+    the manifest factory of ``specs/deepseek_v3.shard``."""
+    import transformers
+
+    return transformers.DeepseekV3ForCausalLM(deepseek_v3_config(**overrides))

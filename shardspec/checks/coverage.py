@@ -31,8 +31,8 @@ def check_unmatched(res: Resolved) -> list[Diagnostic]:
     """SS040: every parameter has a rule or an ignore, every extra state an ignore."""
     out = []
     for fqn, m in sorted(res.matches.items()):
-        if m.ignored_by is not None or m.winner is not None:
-            continue
+        if m.ignored_by is not None or m.winner is not None or m.buffer:
+            continue  # (a buffer no rule matches is whole on every rank)
         if m.entry.kind == "extra_state":
             out.append(
                 diag(
@@ -64,8 +64,13 @@ def check_unused(res: Resolved) -> list[Diagnostic]:
     winners: dict[int, int] = defaultdict(int)
     beaten_by: dict[int, int] = {}
     only_ignored: dict[int, int] = {}  # rule -> an ignore that takes a parameter it matches
-    # A pipeline tie's alias is a parameter of its stage: a rule for it is used.
+    # A pipeline tie's alias is a parameter of its stage: a rule for it is used. So is a
+    # rule for a buffer, unless the manifest is of format 1, where a "buffer" may be a
+    # key that a state-dict hook writes (the hint says so).
+    legacy = res.manifest is not None and res.manifest.from_state_dict
     for m in [*res.matches.values(), *res.tie_matches.values()]:
+        if legacy and m.buffer:
+            continue
         if m.ignored_by is not None:
             for c in m.candidates:
                 only_ignored.setdefault(c, m.ignored_by)
@@ -149,6 +154,7 @@ class _Names:
         manifest = self.res.manifest
         assert manifest is not None
         kind = "legacy" if manifest.from_state_dict else "buffer"
+        # (Outside pipeline stages, rules match a format-2 manifest's buffers.)
         out = [(e.fqn, kind) for e in manifest.entries if e.kind == "buffer"]
         if manifest.state_dict is not None:
             out += [(k.fqn, "hook") for k in manifest.state_dict.added()]
@@ -181,8 +187,9 @@ class _Names:
             return self._hook_hint(pattern, hits[0][0], more)
         if hits and hits[0][1] == "buffer":
             return (
-                f"`{hits[0][0]}`{more} is a buffer, not a parameter: rules place parameters, "
-                "and buffers are saved whole as they are; delete the rule"
+                f"`{hits[0][0]}`{more} is a buffer: with a pipeline block, rules place "
+                "parameters only, and a stage's buffers are saved whole as they are; delete "
+                "the rule"
             )
         if hits:
             return (
@@ -288,4 +295,55 @@ def check_ambiguous(res: Resolved) -> list[Diagnostic]:
     return out
 
 
-COVERAGE_CHECKS = (check_unmatched, check_unused, check_ambiguous)
+def check_buffers(res: Resolved) -> list[Diagnostic]:
+    """SS087: a rule shards a persistent buffer over a mesh axis at run time. FSDP2 and
+    torch's tensor-parallel styles leave buffers as plain tensors, whole on every rank (or
+    the local shard a module holds), so no rank would hold the shard the rule describes."""
+    legacy = res.manifest is not None and res.manifest.from_state_dict
+    # A format-1 manifest's rule that matches buffers only is SS041's (said once).
+    used: set[int] = set()
+    if legacy:
+        used = {c for m in res.matches.values() if m.entry.kind == "param" for c in m.candidates}
+    found: dict[int, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    for fqn, m in res.buffers:
+        if m.winner is None or m.layout is None or (legacy and m.winner not in used):
+            continue
+        axes = tuple(a for d in m.layout.dims for a in d.axes if a not in m.layout.local)
+        if axes:
+            found[m.winner].append((fqn, axes))
+    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    out = []
+    for index, hits in sorted(found.items()):
+        rule = res.spec.rules[index]
+        fqn, axes = hits[0]
+        stated = {a.text for s in rule.shards for a in s.axes}
+        by_default = fsdp in axes and fsdp not in stated
+        what = ", ".join(f"{a} (the fsdp default)" if a == fsdp and by_default else a for a in axes)
+        more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
+        fix = (
+            f"write `param {rule.pattern.text} [...] replicate` (whole on every rank, as a "
+            "buffer no rule matches is)"
+            + (f", or `replicate {fsdp}`" if by_default else "")
+            + "; `local AXIS` if the module holds its shard; `checkpoint shard DIM over AXIS` "
+            "to split only what checkpoints store"
+        )
+        if legacy:
+            fix = (
+                "the manifest is of format 1, built from state_dict(), where a state-dict "
+                "hook's key looks like a buffer: rebuild it with `shardspec manifest`; if it "
+                "is a buffer, " + fix
+            )
+        out.append(
+            diag(
+                "SS087",
+                f"buffer {fqn!r}{more} is sharded over {what} by rule "
+                f"{rule.pattern.text!r}, but FSDP2 and torch's tensor-parallel styles keep "
+                "buffers whole on every rank",
+                rule.pattern.span,
+                fix,
+            )
+        )
+    return out
+
+
+COVERAGE_CHECKS = (check_unmatched, check_unused, check_ambiguous, check_buffers)

@@ -237,24 +237,33 @@ def _join(parts: tuple[str, ...], values: tuple[int, ...]) -> str:
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
-    """Every storage unit of the placed parameters, from their layouts, one by one (the
-    first parameter to name a unit keeps it)."""
+    """Every storage unit of the placed parameters and buffers, from their layouts, one by
+    one (the first parameter to name a unit keeps it)."""
     units: dict[str, _Unit] = {}
     for fqn, m, spans in _placed(res):
-        assert m.layout is not None and m.winner is not None
+        assert m.layout is not None
         fused = fused_of(m.layout.dims)
         for name, shape in unit_names(fqn, m.layout.dims, spans):
-            units.setdefault(name, _Unit(name, shape, fqn, m.winner, fused))
+            units.setdefault(name, _Unit(name, shape, fqn, _rule_of(m), fused))
     return units
 
 
+def _rule_of(m: Any) -> int:
+    """The spec rule that places a match (-1: a buffer no rule matches, whole everywhere)."""
+    return -1 if m.winner is None else m.winner
+
+
 def _placed(res: Resolved) -> list[tuple[str, Any, list[tuple[int, int]]]]:
-    """``(fqn, match, indexed spans)`` of each placed parameter whose units count: one
-    parameter per module name pattern when name-indexed dims expand it to every global index."""
-    out = []
+    """``(fqn, match, indexed spans)`` of each placed parameter and stored buffer whose
+    units count: one parameter per module name pattern when name-indexed dims expand it to
+    every global index."""
+    out: list[tuple[str, Any, list[tuple[int, int]]]] = []
     done: set[tuple[int, str]] = set()
-    for fqn, m in res.params:
-        if m.layout is None or m.winner is None:
+    for fqn, m in res.stored:
+        if m.layout is None:
+            continue
+        if m.winner is None:  # a buffer no rule matches: one unit, its whole tensor
+            out.append((fqn, m, []))
             continue
         glob = res.globs.get(m.winner)
         if glob is None:
@@ -282,7 +291,7 @@ def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
     same unit, every unit is its own group, as :func:`_units` makes them."""
     groups: list[_Group] = []
     for fqn, m, spans in _placed(res):
-        assert m.layout is not None and m.winner is not None
+        assert m.layout is not None
         dims = m.layout.dims
         plain = [d for d in dims if not d.name_indexed]
         # Sizes in span order, as unit_names expands them.
@@ -296,7 +305,7 @@ def _groups(res: Resolved) -> tuple[list[_Group], dict[str, _Group]]:
         for name, shape in unit_names(fqn, plain, ()):
             parts = [fqn[cuts[k] : cuts[k + 1]] for k in range(0, len(cuts), 2)]
             parts[-1] += name[len(fqn) :]  # the component, if any
-            groups.append(_Group(tuple(parts), counts, shape, fqn, m.winner, fused))
+            groups.append(_Group(tuple(parts), counts, shape, fqn, _rule_of(m), fused))
     by_name: dict[str, _Group] = {}
     total = 0
     for grp in groups:
@@ -803,6 +812,7 @@ def _check_keys(
                 "map them, or `drop` them",
             )
         )
+    out += _check_drops(res, hfmap, hfm, acc, units)
     for g in hf.drops:
         if glob_problem(g.pattern.text) is not None:
             continue
@@ -818,6 +828,83 @@ def _check_keys(
                 )
             )
     return out
+
+
+def _check_drops(
+    res: Resolved, hfmap: HFMap, hfm: HFManifest, acc: _Acc, units: dict[str, _Group]
+) -> list[Diagnostic]:
+    """SS086: a dropped HF key that holds model state no map line fills. Its target is
+    the parameter, buffer or storage unit of its own name, what a map line would make of
+    it, or its sibling in a mapped module (``...mlp.gate.bias`` beside a line for
+    ``...mlp.gate.weight``); one finding per drop item (its first key and a count)."""
+    hf = res.spec.hf
+    assert hf is not None
+    dropped = sorted(k for k in hfm.tensors.keys() - acc.needed.keys() if hfmap.dropped(k))
+    if not dropped:
+        return []
+    entries = {f: m for f, m in res.stored}
+    siblings = _sibling_map(hfmap)
+    per_unit: dict[str, list[str]] = defaultdict(list)  # entry -> its units
+    for name, grp in units.items():
+        per_unit[grp.fqn].append(name)
+
+    def filled(unit: str) -> bool:
+        grp = units[unit]
+        return not hfmap.kept(unit) and bool(hfmap.sources(unit, grp.shape, grp.fused))
+
+    found: dict[int, list[tuple[str, str]]] = defaultdict(list)  # drop item -> (key, target)
+    for key in dropped:
+        targets = [key, *(u for _, u, _ in hfmap.consumers(key))]
+        targets += [u for _, u, _ in siblings.consumers(key)]
+        for target in targets:
+            names = [target] if target in units else per_unit.get(target, [])
+            if not names or all(filled(n) for n in names):
+                continue
+            item = next(i for i, g in enumerate(hf.drops) if _drops(g.pattern.text, key))
+            found[item].append((key, target))
+            break
+    out = []
+    for item, hits in sorted(found.items()):
+        key, target = hits[0]
+        fqn = units[target].fqn if target in units else target
+        kind = "buffer" if entries[fqn].buffer else "parameter"
+        what = f"{kind} {fqn!r}" + (f" (unit {target!r})" if target != fqn else "")
+        more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
+        kept = " (a `keep` leaves it as it is)" if hfmap.kept(target) else ""
+        out.append(
+            diag(
+                "SS086",
+                f"drop {hf.drops[item].pattern.text!r} discards HF key {key!r}{more}, which holds "
+                f"the model's {what}: no map line fills it{kept}, so load_hf leaves it as it "
+                "is and export_hf omits the key",
+                hf.drops[item].pattern.span,
+                f"map it, `{_template_of(key)} -> {_template_of(target)}`, and delete the drop "
+                "(and any `keep` of it)",
+            )
+        )
+    return out
+
+
+def _drops(pattern: str, key: str) -> bool:
+    """Whether the drop item ``pattern`` matches HF key ``key``."""
+    return HFMap(drops=(pattern,)).dropped(key)
+
+
+def _sibling_map(hfmap: HFMap) -> HFMap:
+    """Lines that map any last segment of each line's modules: ``model.layers.{i}.mlp.gate.
+    {x} -> layers.{i}.moe.router.{x}`` for ``model.layers.{i}.mlp.gate.weight -> layers.{i}.
+    moe.router.weight``, what an HF key beside a mapped tensor obviously maps to."""
+    rules: dict[tuple[str, str], MapRule] = {}
+    for r in hfmap.rules:
+        hf_mod, _, _ = r.hf.rpartition(".")
+        target_mod, _, _ = r.target.rpartition(".")
+        if r.stack or not hf_mod or not target_mod:
+            continue
+        if set(template_captures(hf_mod)) != set(template_captures(target_mod)):
+            continue
+        rule = MapRule(f"{hf_mod}.{{sibling_}}", f"{target_mod}.{{sibling_}}")
+        rules.setdefault((rule.hf, rule.target), rule)
+    return HFMap(tuple(rules.values()))
 
 
 def _bases(units: dict[str, _Group]) -> dict[str, _Group]:

@@ -388,9 +388,9 @@ def render_module(
     fsdp = spec.fsdp.text if spec.fsdp else None
     all_params = res.params
     first_layout: dict[int, object] = {}
-    for _fqn, m in all_params:
-        if m.layout is not None:
-            first_layout.setdefault(m.winner, m.layout)  # type: ignore[arg-type]
+    for _fqn, m in res.stored:  # a rule may place buffers only
+        if m.layout is not None and m.winner is not None:
+            first_layout.setdefault(m.winner, m.layout)
     for m in res.tie_matches.values():  # a rule for a pipeline tie's alias only
         if m.layout is not None and m.winner is not None and m.ignored_by is None:
             first_layout.setdefault(m.winner, m.layout)

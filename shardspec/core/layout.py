@@ -1273,3 +1273,8 @@ def _cut(
     start, name, _, head, base = heads.at(index)
     into = (index - start) % head
     return HeadCut(axis, j, outer, index, name, (base + index - start) // head, head, index - into)
+
+
+# The rule of a persistent buffer that no rule matches: whole on every rank, whatever its
+# rank (FSDP2 and torch's tensor-parallel styles leave buffers as plain tensors).
+WHOLE = RuleSpec(pattern="**", dims=(), any_rank=True)

@@ -248,11 +248,16 @@ class Explanation:
     sources: dict[str, str] | None = field(default=None, repr=False)
 
     @property
+    def buffer(self) -> bool:
+        """A persistent buffer (whole on every rank where no rule matches it)."""
+        return self.entry.kind == "buffer"
+
+    @property
     def status(self) -> int:
-        """1 when the parameter has no rule or no layout, else 0."""
+        """1 when the parameter has no rule (a buffer: no layout), else 0."""
         if self.ignored is not None:
             return 0
-        return 1 if self.rules is None or self.layout is None else 0
+        return 1 if (self.rules is None and not self.buffer) or self.layout is None else 0
 
 
 # ----------------------------------------------------------------------------- computing
@@ -278,9 +283,10 @@ def explain_facts(
     if m.ignored_by is not None:
         ig = res.spec.ignores[m.ignored_by]
         return replace(x, ignored=Ignored(ig.pattern.text, ig.span.line))
-    if not m.candidates:
+    if not m.candidates and not m.buffer:
         return x
-    x = replace(x, rules=rule_choice(res, m))
+    if m.candidates:  # (a buffer no rule matches is whole on every rank)
+        x = replace(x, rules=rule_choice(res, m))
     if m.layout is None or res.mesh is None:
         return replace(x, no_layout=str(m.layout_error or res.mesh_error))
     return replace(
@@ -314,6 +320,14 @@ def find_parameter(res: Resolved, fqn: str) -> tuple[str, Match] | Diagnostic:
     if m is not None:
         return fqn, m
     where = display_path(res.manifest.path)
+    if any(e.fqn == fqn and e.kind == "buffer" for e in res.manifest.entries):
+        return diag(
+            "SS004",
+            f"{fqn!r} is a persistent buffer of {where}; with a pipeline block, rules place "
+            "parameters only",
+            Span("<command line>", 1, 1),
+            "a stage's buffers are saved whole, as they are: there is no layout to explain",
+        )
     close = closest_few(fqn, list(res.matches), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"the manifest's names are in {where}"
     return diag(
@@ -345,8 +359,17 @@ def rule_choice(res: Resolved, m: Match) -> RuleChoice:
 
 
 def layout_facts(res: Resolved, m: Match, mesh: Mesh, layout: ParamLayout) -> LayoutFacts:
-    """The layout of ``m``'s parameter, its heads, and its DTensor and style."""
-    assert m.winner is not None
+    """The layout of ``m``'s parameter (or buffer), its heads, and its DTensor and style."""
+    if m.winner is None:  # a buffer no rule matches: whole on every rank
+        return LayoutFacts(
+            mesh,
+            layout,
+            (),
+            (),
+            dtensor_mesh(layout, mesh).names,
+            dtensor_placements(layout, mesh),
+            Style(StyleSource.NONE),
+        )
     return LayoutFacts(
         mesh,
         layout,

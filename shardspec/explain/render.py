@@ -32,7 +32,7 @@ def render_text(x: Explanation | Refusal) -> str:
     if x.no_layout is not None:
         lines.append(f"  no layout: {x.no_layout}")
     if x.layout is not None:
-        lines += _layout_lines(x.spec_path, x.layout)
+        lines += _layout_lines(x.spec_path, x.layout, buffer=x.buffer)
         if x.stage is not None:
             lines.append(_stage_line(x.stage))
         if x.table is not None:
@@ -56,12 +56,15 @@ def _head_lines(x: Explanation) -> list[str]:
     if x.entry.kind == "extra_state":
         lines.append(f"{x.fqn}  (extra state)")
     else:
-        lines.append(f"{x.fqn}  {list(x.entry.shape)} {x.entry.dtype}".rstrip())
+        kind = "  (persistent buffer)" if x.buffer else ""
+        lines.append(f"{x.fqn}  {list(x.entry.shape)} {x.entry.dtype}".rstrip() + kind)
     if x.ignored is not None:
         lines.append(
             f"  ignored by `ignore {x.ignored.pattern}` ({x.spec_path}:{x.ignored.line}): not "
             "converted or saved"
         )
+    elif x.rules is None and x.buffer:
+        lines.append("  matched by no rule: whole on every rank, as buffers are by default")
     elif x.rules is None:
         lines.append("  matched by no rule (SS040)")
     return lines
@@ -87,13 +90,21 @@ def _rule_lines(shown: str, rules: RuleChoice) -> list[str]:
     return lines
 
 
-def _layout_lines(shown: str, f: LayoutFacts) -> list[str]:
+def _layout_lines(shown: str, f: LayoutFacts, *, buffer: bool = False) -> list[str]:
     mesh = f.mesh
     sizes = ", ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.sizes, strict=True))
     lines = [f"  mesh: {sizes}", f"  global dims: {'; '.join(map(_dim_text, f.layout.dims))}"]
     lines += [_heads_line(h) for h in f.heads]
     if f.local:
         lines.append(f"  local axes (the module holds its shard): {', '.join(f.local)}")
+    if buffer:
+        held = "its local shard" if f.local else "the whole tensor"
+        lines.append(
+            f"  a plain tensor, not a DTensor: every rank holds {held} (FSDP2 and torch's "
+            "styles leave buffers so)"
+        )
+        lines.append("  checkpoints, load_hf and export_hf store it as they store parameters")
+        return lines
     if f.placements is None:
         lines.append("  DTensor: none (a rule shards it over the pipeline axis: SS090)")
     else:

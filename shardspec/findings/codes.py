@@ -330,10 +330,11 @@ CHECKS: tuple[Check, ...] = (
         "entry of the manifest.",
         "Usually a typo (the hint names the closest parameters), a rule for modules that do "
         "not exist (bias rules when the model is built with bias=False), or a rule for a "
-        "name that only state_dict() has: a buffer, or a key a state-dict hook writes in "
-        "place of a parameter (torchtitan's fused wqkv shown as wq/wk/wv). Rules match "
-        "parameters as the model holds them; the hint names the hook's module and the "
-        "parameter to write the rule for.",
+        "name that only state_dict() has: a key a state-dict hook writes in place of a "
+        "parameter (torchtitan's fused wqkv shown as wq/wk/wv), or a buffer of a pipeline "
+        "stage (saved as it is). Rules match parameters as the model holds them, and "
+        "persistent buffers (SS087); the hint names the hook's module and the parameter to "
+        "write the rule for.",
         "param layers.*.attention.wq.weight [out, in] {}   # wq: a state-dict hook's key",
         "param layers.*.attention.qkv_linear.wqkv.weight [out, in] {}   # the parameter",
         True,
@@ -568,6 +569,37 @@ CHECKS: tuple[Check, ...] = (
         "the checkpoint does not have, would read the wrong rows.",
         "model.layers.{i}.mlp.gate_up_proj.weight -> layers.{i}.w13.weight as up 32, gate 32, down",
         "model.layers.{i}.mlp.gate_up_proj.weight -> layers.{i}.w13.weight as up 64, gate 64",
+        True,
+    ),
+    Check(
+        "SS086",
+        "dropped-model-state",
+        W,
+        "A `drop` discards a Hugging Face tensor that holds a parameter or persistent buffer "
+        "of the model (the key names it, or names its sibling of a mapped module), while no "
+        "map line fills that entry: load_hf leaves it as it is and export_hf omits the key.",
+        "A dropped key is gone without a word: a router's score-correction bias left at its "
+        "initial value loads and exports cleanly, and the export's logits differ from the "
+        "original's.",
+        "model.layers.{i}.mlp.gate.weight -> layers.{i}.moe.router.weight\n"
+        "drop model.layers.*.mlp.gate.e_score_correction_bias   # the model's router has it",
+        "model.layers.{i}.mlp.gate.weight -> layers.{i}.moe.router.weight\n"
+        "model.layers.{i}.mlp.gate.e_score_correction_bias -> "
+        "layers.{i}.moe.router.e_score_correction_bias",
+        True,
+    ),
+    Check(
+        "SS087",
+        "sharded-buffer",
+        E,
+        "A rule shards a persistent buffer over a mesh axis at run time (the `fsdp` default "
+        "included): only whole buffers, local shards (`local AXIS`) and checkpoint-only "
+        "splits (`checkpoint shard`) describe one.",
+        "FSDP2 and torch's tensor-parallel styles leave buffers as plain tensors, whole on "
+        "every rank; a checkpoint or load_hf cutting one by the rule's layout would read and "
+        "write the wrong indices.",
+        "param layers.*.moe.router.bias [experts] {}   # a buffer: FSDP shards experts",
+        "param layers.*.moe.router.bias [experts] replicate",
         True,
     ),
     # --- pipeline stages ---------------------------------------------------------------

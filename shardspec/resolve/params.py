@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from shardspec.core.layout import (
     MAX_WORLD,
+    WHOLE,
     LayoutError,
     Mesh,
     ParamLayout,
@@ -41,6 +42,12 @@ class Match:
     layout: ParamLayout | None = None
     layout_error: LayoutError | None = None
     ignored_by: int | None = None  # ignore-rule index
+
+    @property
+    def buffer(self) -> bool:
+        """A persistent buffer: stored as parameters are, whole on every rank where no rule
+        matches it (``winner`` None, ``layout`` the whole tensor's)."""
+        return self.entry.kind == "buffer"
 
 
 @dataclass
@@ -76,6 +83,18 @@ class Resolved:
             for f, m in self.matches.items()
             if m.entry.kind == "param" and m.winner is not None and m.ignored_by is None
         )
+
+    @property
+    def buffers(self) -> list[tuple[str, Match]]:
+        """Persistent buffers stored as units of their own (not ignored; without pipeline
+        stages), sorted by name: placed by a rule, or whole on every rank."""
+        return sorted((f, m) for f, m in self.matches.items() if m.buffer and m.ignored_by is None)
+
+    @property
+    def stored(self) -> list[tuple[str, Match]]:
+        """What checkpoints and the hf block store, sorted by name: the placed parameters
+        and the persistent buffers."""
+        return sorted([*self.params, *self.buffers])
 
 
 class MeshError(ValueError):
@@ -305,8 +324,11 @@ def _match_all(res: Resolved) -> None:
     ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
     rules = [(index, g.regex.match, g.key) for index, g in ordered]
     ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
+    # Buffers are placed as parameters are, outside pipeline stages (a stage model's
+    # buffers are saved whole, as they are).
+    buffers = res.spec.pipeline is None
     for entry in res.manifest.entries:
-        if entry.kind != "buffer":
+        if entry.kind != "buffer" or buffers:
             res.matches[entry.fqn] = _match_one(res, entry, rules, ignores)
 
 
@@ -323,7 +345,7 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
         if match(fqn):
             m.ignored_by = i
             break
-    if entry.kind == "param":
+    if entry.kind in ("param", "buffer"):
         best_key = None
         for index, match, key in rules:
             found = match(fqn)
@@ -350,16 +372,21 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
     for index, per_dim in values.items():
         res.name_indexed_counts[index] = {d: len(vals) for d, vals in per_dim.items()}
     # Parameters of one rule with one shape share a layout object: build it once.
-    built: dict[tuple[int, tuple[int, ...]], ParamLayout | LayoutError] = {}
+    # A buffer no rule matches is whole on every rank (its layout has no rule: key None).
+    built: dict[tuple[int | None, tuple[int, ...]], ParamLayout | LayoutError] = {}
     for m in [*res.matches.values(), *res.tie_matches.values()]:
-        if m.winner is None or m.ignored_by is not None or m.winner not in res.rule_specs:
+        default = m.buffer and m.winner is None
+        if m.ignored_by is not None or (not default and m.winner not in res.rule_specs):
             continue
         key = (m.winner, m.entry.shape)
         got = built.get(key)
         if got is None:
-            rs = res.rule_specs[m.winner]
+            if m.winner is None:
+                rs, counts = WHOLE, None
+            else:
+                rs, counts = res.rule_specs[m.winner], res.name_indexed_counts.get(m.winner)
             try:
-                got = build_layout(rs, m.entry.shape, sizes, res.name_indexed_counts.get(m.winner))
+                got = build_layout(rs, m.entry.shape, sizes, counts)
             except LayoutError as e:
                 got = e
             built[key] = got

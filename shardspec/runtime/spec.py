@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.layout import (
+    WHOLE,
     LayoutError,
     LayoutProblem,
     Mesh,
@@ -100,9 +101,10 @@ class CompiledSpec:
         self.params = dict(params) if params is not None else None
         self.ignore = ignore
         # The manifest's state-dict entries that are no parameter: persistent buffers
-        # (saved as they are), and the keys the model's state-dict hooks write, each with
-        # the module whose hook writes it and the parameters it comes from (save refuses
-        # them: no rule places them).
+        # (storage units as parameters are, outside pipeline stages: whole on every rank
+        # unless a rule places them, see buffer_layout), and the keys the model's
+        # state-dict hooks write, each with the module whose hook writes it and the
+        # parameters it comes from (save refuses them: no rule places them).
         self.buffers = frozenset(buffers)
         self.hook_keys = {k: (m, tuple(f)) for k, (m, f) in (hook_keys or {}).items()}
         # The FSDP2 axis (`fsdp AXIS`), and the tensor-parallel styles rules state
@@ -308,6 +310,14 @@ class CompiledSpec:
 
     def match(self, fqn: str) -> tuple[int, dict[str, str]]:
         """The winning rule's index for ``fqn`` and its captures (by precedence)."""
+        found = self._winner(fqn)
+        if found is None:
+            raise SpecError(f"parameter {fqn!r} is matched by no rule of spec {self.name!r}")
+        return found
+
+    def _winner(self, fqn: str) -> tuple[int, dict[str, str]] | None:
+        """:meth:`match`, with None where no rule matches (rules of equal precedence that
+        both match raise)."""
         best: list[tuple[int, dict[str, str]]] = []
         best_key = None
         for i, g in enumerate(self._globs):
@@ -319,7 +329,7 @@ class CompiledSpec:
             elif g.key == best_key:
                 best.append((i, caps))
         if not best:
-            raise SpecError(f"parameter {fqn!r} is matched by no rule of spec {self.name!r}")
+            return None
         if len(best) > 1:
             pats = " and ".join(repr(self.rules[i].pattern) for i, _ in best)
             raise SpecError(f"rules {pats} have equal precedence and both match {fqn!r}")
@@ -367,6 +377,8 @@ class CompiledSpec:
         lm = self.layout_mesh(mesh)
         sizes = dict(zip(lm.names, lm.sizes, strict=True))
         table = self.table(lm)
+        if self.stores_buffer(fqn):
+            return self.buffer_layout(fqn, lm, shape, name_indexed_counts)
         if table is not None:
             p = table.get(fqn)
             if p is None:
@@ -412,6 +424,51 @@ class CompiledSpec:
             )
         return layout
 
+    def stores_buffer(self, fqn: str) -> bool:
+        """Whether ``fqn`` is a persistent buffer of the manifest that checkpoints and the
+        hf block store as a unit of its own, as parameters are (without pipeline stages:
+        a stage model's buffers are saved whole, as they are)."""
+        return self.pipeline is None and fqn in self.buffers
+
+    def buffer_layout(
+        self,
+        fqn: str,
+        mesh: object,
+        shape: Iterable[int] | None,
+        name_indexed_counts: Mapping[str, int] | None = None,
+    ) -> ParamLayout:
+        """The layout of persistent buffer ``fqn`` whose tensor has ``shape``: its rule's,
+        or whole on every rank where no rule matches it (FSDP2 and torch's styles leave
+        buffers whole). A rule may hold it as a local shard (``local``), never shard it
+        over an axis at run time: lint refuses that (SS087), and so does this."""
+        lm = self.layout_mesh(mesh)
+        sizes = dict(zip(lm.names, lm.sizes, strict=True))
+        if shape is None:
+            raise SpecError(f"buffer {fqn!r}: pass the tensor's shape", None)
+        found = self._winner(fqn)
+        if found is None:
+            return build_layout(WHOLE, tuple(shape), sizes)
+        rule = found[0]
+        counts = name_indexed_counts
+        if self.table(lm) is not None:
+            counts = self.name_indexed_counts.get(rule)
+        try:
+            layout = build_layout(
+                self.rules[rule], tuple(shape), sizes, dict(counts) if counts else None
+            )
+        except LayoutError as e:
+            raise SpecError(f"buffer {fqn!r}: {e}", None, e.hint, e.problem) from None
+        sharded = sorted({a for d in layout.dims for a in d.axes if a not in layout.local})
+        if sharded:
+            raise SpecError(
+                f"buffer {fqn!r}: rule {self.rules[rule].pattern!r} shards it over "
+                f"{', '.join(sharded)}, but FSDP2 and torch's styles keep buffers whole on "
+                "every rank",
+                "SS087",
+                "recompile the spec: lint reports this (SS087)",
+            )
+        return layout
+
     def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):
         """Every rank's global indices of ``fqn`` (see :func:`shardspec.core.layout.rank_table`)."""
         lm = self.layout_mesh(mesh)
@@ -428,7 +485,10 @@ class CompiledSpec:
         for fqn in names:
             if self.is_ignored(fqn):
                 continue
-            rule, caps = self.match(fqn)
+            found = self._winner(fqn) if self.stores_buffer(fqn) else self.match(fqn)
+            if found is None:
+                continue  # a buffer no rule matches: whole on every rank
+            rule, caps = found
             matched[fqn] = rule
             for v in self.rules[rule].name_indexed:
                 values[(rule, v)].add(caps[v])

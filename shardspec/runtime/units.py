@@ -129,6 +129,8 @@ class Names:
         return None
 
     def _is_param(self, name: str) -> bool:
+        if self.spec.stores_buffer(name):  # stored as a unit of its own, as parameters are
+            return True
         if self.stages is not None:
             g = self.stages.global_name(name, self.stage)  # type: ignore[arg-type]
             return g is not None and (self.names is None or g in self.names)
@@ -139,6 +141,14 @@ class Names:
         except SpecError:
             return False
         return True
+
+    def shape_for_layout(self, fqn: str, value: Any) -> tuple[int, ...] | None:
+        """The shape :meth:`CompiledSpec.layout` needs for ``fqn`` holding ``value``: the
+        tensor's where the manifest's table does not describe it (no table, or a buffer,
+        which the table does not list), else None (the table's)."""
+        if self.table is not None and not self.spec.stores_buffer(fqn):
+            return None
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
     def name_indexed_spans(self, fqn: str, layout: ParamLayout) -> list[tuple[int, int]]:
         """Where, in ``fqn``, the captures behind the layout's name-indexed dims are (in
@@ -328,7 +338,11 @@ def _structural(
         if spec.is_ignored(fqn):
             continue
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-        layout = spec.layout(fqn, mesh, shape if names.table is None else None, counts.get(fqn))
+        if spec.stores_buffer(fqn) and shape is None:
+            rest.append((key, key))  # not the buffer's tensor: DCP stores it as it is
+            structure[key] = _describe(value)
+            continue
+        layout = spec.layout(fqn, mesh, names.shape_for_layout(fqn, value), counts.get(fqn))
         declared = layout  # what the fingerprint describes, for saving and loading alike
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())

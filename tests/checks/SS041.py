@@ -1,5 +1,6 @@
 """SS041 unused-rule: a rule or ignore that matches nothing. The hint tells a name that
-exists only in state_dict() (a state-dict hook's key, a buffer) from a typo."""
+exists only in state_dict() (a state-dict hook's key, a buffer of a pipeline stage) from a
+typo. A rule for a buffer outside pipeline stages places it (see SS087)."""
 
 import json
 
@@ -148,21 +149,37 @@ ignore rope.cache
         "expect": [],
     },
     {
-        "name": "a rule for a buffer",
+        "name": "a rule for a buffer places it",
         "spec": HEAD
         + """\
 param layers.*.attention.qkv_linear.wqkv.weight [out, in] {}
 param layers.*.attention.wo.weight [out, in] {}
-param rope.cache [a, b] {}
+param rope.cache [a, b] replicate
+ignore layers.*.attention.w{q,k,v}.weight
 """,
         "manifest_text": HOOKED,
+        "expect": [],
+    },
+    {
+        "name": "a rule for a buffer of a pipeline stage",
+        "spec": """\
+manifest "m.json"
+mesh over 8 ranks { pp: 2  dp_shard: * }
+fsdp dp_shard
+param layers.*.weight [out, in] {}
+param rope.cache [a, b] replicate
+pipeline pp { split layers.{layer} }
+""",
+        "manifest": {"layers.0.weight": [8, 8], "layers.1.weight": [8, 8]},
+        "buffers": {"rope.cache": [16, 8]},
         "expect": [
             (
                 "SS041",
-                6,
+                5,
                 "rule 'rope.cache' matches no parameter",
                 "rope.cache",
-                "`rope.cache` is a buffer, not a parameter",
+                "`rope.cache` is a buffer: with a pipeline block, rules place parameters "
+                "only, and a stage's buffers are saved whole as they are",
             )
         ],
     },

@@ -143,8 +143,7 @@ def _params(
     counts = count_name_indexed(spec, names, flat)
     out = {}
     for key in sorted(keys):
-        shape = tuple(flat[key].shape) if names.table is None else None
-        layout = spec.layout(key, lm, shape, counts.get(key))
+        layout = spec.layout(key, lm, names.shape_for_layout(key, flat[key]), counts.get(key))
         out[key] = ParamInfo(layout, names.name_indexed_spans(key, layout))
     return out
 
@@ -286,7 +285,9 @@ def resolve_sources(
             problems += _split_problems(hfmap, name, found[0], unit.fused)
         elif not found:
             if strict:
-                problems.append(f"{name}: no rule of the hf mapping produces this parameter")
+                problems.append(
+                    f"{name}: no rule of the hf mapping produces this parameter or buffer"
+                )
         else:
             rules = ", ".join(f"line {hfmap.rules[s.rule].line}" for s in found)
             problems.append(f"{name}: produced by several rules of the hf mapping ({rules})")

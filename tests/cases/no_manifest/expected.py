@@ -96,9 +96,10 @@ IGNORE: tuple[str, ...] = ("**._extra_state", "**.rope.cache")
 PARAMS: dict[str, Param] | None = None
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
-# hooks write in place of parameters: key -> (the hook's module, the parameters). No rule
-# places a hook's key, so save refuses a state dict that holds one (strict=False: a warning).
+# The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
+# every rank unless a rule places them), and the keys the model's state-dict hooks write in
+# place of parameters: key -> (the hook's module, the parameters). No rule places a hook's
+# key, so save refuses a state dict that holds one (strict=False: a warning).
 BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 

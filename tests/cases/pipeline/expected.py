@@ -127,9 +127,10 @@ PARAMS: dict[str, Param] | None = {
     "tok_embeddings.weight": Param(0, (256, 64), "float32"),
 }
 
-# The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
-# hooks write in place of parameters: key -> (the hook's module, the parameters). No rule
-# places a hook's key, so save refuses a state dict that holds one (strict=False: a warning).
+# The manifest's persistent buffers (a stage's are saved whole, as they are), and the keys
+# the model's state-dict hooks write in place of parameters: key -> (the hook's module, the
+# parameters). No rule places a hook's key, so save refuses a state dict that holds one
+# (strict=False: a warning).
 BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 

@@ -52,6 +52,8 @@ def _save(kind: str, folder: Path) -> None:
         model = hf.phi3_tiny()
     elif kind == "gpt2":
         model = hf.gpt2_tiny()
+    elif kind == "gpt_oss":
+        model = hf.gpt_oss_tiny()
     else:
         model = transformers.Qwen3MoeForCausalLM(qwen3_moe_config())
     model.save_pretrained(folder)
@@ -69,6 +71,7 @@ MANIFESTS = {
     "deepseek_moe_local.hf.json": "qwen3_moe",
     "phi3.hf.json": "phi3",  # transformers' own models, used as they are
     "gpt2.hf.json": "gpt2",
+    "gpt_oss.hf.json": "gpt_oss",
 }
 
 

@@ -147,26 +147,52 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/deepseek_moe.shard, lines 51-76).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "embed.weight", None, (), 52),
-        MapRule("lm_head.weight", "head.weight", None, (), 53),
-        MapRule("model.norm.weight", "norm.weight", None, (), 55),
+        MapRule("model.embed_tokens.weight", "embed.weight", None, (), 52, dtypes=("F32",)),
+        MapRule("lm_head.weight", "head.weight", None, (), 53, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 55, dtypes=("F32",)),
         MapRule(
-            "model.layers.{i}.input_layernorm.weight", "layers.{i}.attn_norm.weight", None, (), 56
+            "model.layers.{i}.input_layernorm.weight",
+            "layers.{i}.attn_norm.weight",
+            None,
+            (),
+            56,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.wq.weight", None, (), 57
+            "model.layers.{i}.self_attn.q_proj.weight",
+            "layers.{i}.attn.wq.weight",
+            None,
+            (),
+            57,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.wk.weight", None, (), 58
+            "model.layers.{i}.self_attn.k_proj.weight",
+            "layers.{i}.attn.wk.weight",
+            None,
+            (),
+            58,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.wv.weight", None, (), 59
+            "model.layers.{i}.self_attn.v_proj.weight",
+            "layers.{i}.attn.wv.weight",
+            None,
+            (),
+            59,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.wo.weight", None, (), 60
+            "model.layers.{i}.self_attn.o_proj.weight",
+            "layers.{i}.attn.wo.weight",
+            None,
+            (),
+            60,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_norm.weight",
@@ -174,6 +200,7 @@ HF = HFMap(
             None,
             (),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_norm.weight",
@@ -181,6 +208,7 @@ HF = HFMap(
             None,
             (),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -188,14 +216,23 @@ HF = HFMap(
             None,
             (),
             63,
+            dtypes=("F32",),
         ),
-        MapRule("model.layers.{i}.mlp.gate.weight", "layers.{i}.moe.router.weight", None, (), 64),
+        MapRule(
+            "model.layers.{i}.mlp.gate.weight",
+            "layers.{i}.moe.router.weight",
+            None,
+            (),
+            64,
+            dtypes=("F32",),
+        ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
             "layers.{i}.moe.experts.w1",
             "e",
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
@@ -203,6 +240,7 @@ HF = HFMap(
             "e",
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
@@ -210,6 +248,7 @@ HF = HFMap(
             "e",
             (),
             67,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

@@ -122,18 +122,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/llama.shard, lines 56-80).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "tok_embeddings.weight", None, (), 57),
-        MapRule("lm_head.weight", "output.weight", None, (), 58),
-        MapRule("model.norm.weight", "norm.weight", None, (), 60),
+        MapRule(
+            "model.embed_tokens.weight", "tok_embeddings.weight", None, (), 57, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "output.weight", None, (), 58, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 60, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "layers.{i}.attention_norm.weight",
             None,
             (),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_proj.weight",
@@ -141,6 +145,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_proj.weight",
@@ -148,6 +153,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             63,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.v_proj.weight",
@@ -155,6 +161,7 @@ HF = HFMap(
             None,
             (),
             64,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -162,6 +169,7 @@ HF = HFMap(
             None,
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -169,6 +177,7 @@ HF = HFMap(
             None,
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_proj.weight",
@@ -176,6 +185,7 @@ HF = HFMap(
             None,
             (),
             67,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.up_proj.weight",
@@ -183,6 +193,7 @@ HF = HFMap(
             None,
             (),
             68,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -190,6 +201,7 @@ HF = HFMap(
             None,
             (),
             69,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

@@ -128,18 +128,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/llama_local.shard, lines 55-79).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "tok_embeddings.weight", None, (), 56),
-        MapRule("lm_head.weight", "output.weight", None, (), 57),
-        MapRule("model.norm.weight", "norm.weight", None, (), 59),
+        MapRule(
+            "model.embed_tokens.weight", "tok_embeddings.weight", None, (), 56, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "output.weight", None, (), 57, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 59, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "layers.{i}.attention_norm.weight",
             None,
             (),
             60,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_proj.weight",
@@ -147,6 +151,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_proj.weight",
@@ -154,6 +159,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.v_proj.weight",
@@ -161,6 +167,7 @@ HF = HFMap(
             None,
             (),
             63,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -168,6 +175,7 @@ HF = HFMap(
             None,
             (),
             64,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -175,6 +183,7 @@ HF = HFMap(
             None,
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_proj.weight",
@@ -182,6 +191,7 @@ HF = HFMap(
             None,
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.up_proj.weight",
@@ -189,6 +199,7 @@ HF = HFMap(
             None,
             (),
             67,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -196,6 +207,7 @@ HF = HFMap(
             None,
             (),
             68,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

@@ -122,18 +122,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/phi3.shard, lines 45-63).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 46),
-        MapRule("lm_head.weight", "lm_head.weight", None, (), 47),
-        MapRule("model.norm.weight", "model.norm.weight", None, (), 48),
+        MapRule(
+            "model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 46, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "lm_head.weight", None, (), 47, dtypes=("F32",)),
+        MapRule("model.norm.weight", "model.norm.weight", None, (), 48, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "model.layers.{i}.input_layernorm.weight",
             None,
             (),
             49,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -141,6 +145,7 @@ HF = HFMap(
             None,
             (),
             50,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.qkv_proj.weight",
@@ -148,6 +153,7 @@ HF = HFMap(
             None,
             (),
             52,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -155,6 +161,7 @@ HF = HFMap(
             None,
             (),
             53,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_up_proj.weight",
@@ -162,6 +169,7 @@ HF = HFMap(
             None,
             (),
             54,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -169,6 +177,7 @@ HF = HFMap(
             None,
             (),
             55,
+            dtypes=("F32",),
         ),
     ),
     drops=(),

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe.shard"
 SPEC_SHA256 = "2194a25c1b26edd63dd8b0251fd4ece7645391b0e089f1871f468f1d3ce316d5"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe_local.shard"
 SPEC_SHA256 = "4f2c31f1f55a0729731306d9d65bd7588401932309115f486fbf6af3adae638d"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/gpt2.shard"
 SPEC_SHA256 = "391f69c93e14683d5191d0315bc0f5a49c4b3d0cfd2f3390c9d274a65dc104dd"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/gpt_oss.shard"
 SPEC_SHA256 = "dc0704f10f5b3ce02372b8eb28503db6f18cd8c14b7ffc9a33fe3c232bc5f14b"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama.shard"
 SPEC_SHA256 = "6c39da8288ef58bc1de450ffbadd0ae2d84539d26ff663c212567517dd632ea7"

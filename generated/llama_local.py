@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_local.shard"
 SPEC_SHA256 = "a8168d39199f5b3f31077a169a9ead63cb4a039dc6f65b0e1f6f32796952d511"

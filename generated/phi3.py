@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/phi3.shard"
 SPEC_SHA256 = "24c63912e24265a6ee8e38ad5374f8810bd55e51d147b13b8f3a4a34acd3e49d"

@@ -144,3 +144,31 @@ def test_the_generated_module_carries_one_dtype_tuple_per_line() -> None:
     assert {r.dtypes for r in mod.HF.rules} == {("F32",)}
     text = (REPO / "generated" / "gpt_oss.py").read_text(encoding="utf-8")
     assert text.count('dtypes=("F32",)') == len(mod.HF.rules)
+
+
+def test_each_map_line_records_its_keys_dtypes() -> None:
+    """with_dtypes: the sorted dtypes of the keys a line reads (two for a line whose keys
+    differ), a tie alias absent from the checkpoint its source's, none for a line that
+    reads no key of the HF manifest."""
+    from shardspec.core.hfmap import HFMap, MapRule
+    from shardspec.inputs.hfmanifest import HFManifest, HFTensor
+    from shardspec.resolve.hf import with_dtypes
+
+    def t(dtype: str) -> HFTensor:
+        return HFTensor(shape=(2,), dtype=dtype, file="model.safetensors")
+
+    tensors = {"emb": t("BF16"), "l.0.w": t("F32"), "l.1.w": t("BF16"), "pos": t("I64")}
+    hfm = HFManifest("hf.json", {}, tensors)
+    m = HFMap(
+        (
+            MapRule("emb", "embed"),
+            MapRule("head", "out"),  # a tie alias the checkpoint lacks
+            MapRule("l.{i}.w", "layers.{i}.w"),
+            MapRule("pos", "position_ids"),
+            MapRule("gone", "x"),
+        ),
+        ties=(("head", "emb"),),
+    )
+    got = [r.dtypes for r in with_dtypes(m, hfm).rules]
+    assert got == [("BF16",), ("BF16",), ("BF16", "F32"), ("I64",), ()]
+    assert with_dtypes(m, None) is m

@@ -72,7 +72,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
         ("none i32", "gpt_oss_none", "f32_as_i32", None, {}),
         ("none bf16", "gpt_oss_none", "bf16", "bf16", {}),
     ]
-    (out,) = run_ranks(hf_dtype_scenarios.run_all, 1, str(root), cases, timeout=600)
+    (out,) = run_ranks(hf_dtype_scenarios.run_all, 1, str(root), cases, FUZZ, timeout=600)
     return out
 
 
@@ -136,6 +136,18 @@ def test_another_float_dtype_than_the_manifest_s_is_declared(results: dict) -> N
         "(1 problem)",
     )
     _loaded(results, "none bf16")  # no HF manifest: float to float is the normal cast
+
+
+FUZZ = 40  # relabelled headers loaded in the fuzz test
+
+
+def test_fuzzed_header_dtypes_load_or_refuse_cleanly(results: dict) -> None:
+    """A random key's header dtype set to any safetensors dtype or to a string that is
+    none, the bytes left: load_hf loads only the unchanged label and otherwise raises an
+    HFError with the model as it was (no other exception, no silent cast)."""
+    fuzz = results["fuzz"]
+    assert fuzz["bad"] == [], "\n".join(fuzz["bad"])
+    assert fuzz["loaded"] + fuzz["refused"] == FUZZ and fuzz["refused"] > FUZZ // 2, fuzz
 
 
 def test_the_generated_module_carries_one_dtype_tuple_per_line() -> None:

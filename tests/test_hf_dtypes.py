@@ -184,3 +184,25 @@ def test_each_map_line_records_its_keys_dtypes() -> None:
     got = [r.dtypes for r in with_dtypes(m, hfm).rules]
     assert got == [("BF16",), ("BF16",), ("BF16", "F32"), ("I64",), ()]
     assert with_dtypes(m, None) is m
+
+
+def test_dtype_problems_both_ways_and_per_line() -> None:
+    """Floats into an integer or bool buffer are refused like integers into a float;
+    another float than the line's HF manifest dtype only without other_dtypes; a line
+    without recorded dtypes (no HF manifest) checks kinds only."""
+    from shardspec.core.hfmap import MapRule
+    from shardspec.runtime.hf.load import _dtype_problem
+
+    line = MapRule("a", "b", line=9, dtypes=("F32",))
+    bare = MapRule("a", "b")
+    for got, dtype in [("F32", torch.int64), ("BF16", torch.bool), ("I64", torch.float32)]:
+        for rule in (line, bare):
+            for other in (False, True):
+                found = _dtype_problem(got, dtype, rule, other)
+                assert found is not None and "never casts between" in found[1]
+    found = _dtype_problem("BF16", torch.float32, line, False)
+    assert found is not None and found[0].endswith("HF manifest says F32 (line 9)")
+    assert _dtype_problem("BF16", torch.float32, line, True) is None
+    assert _dtype_problem("BF16", torch.float32, bare, False) is None
+    assert _dtype_problem("F32", torch.bfloat16, line, False) is None  # the model's cast
+    assert _dtype_problem("I32", torch.int64, MapRule("a", "b", dtypes=("I32",)), False) is None

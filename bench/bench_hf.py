@@ -97,9 +97,11 @@ TARGET_READ = 1.1  # bytes read / bytes owned per rank, sharded tensors
 def bench_hfmap(model_cfg: dict[str, int]) -> Any:
     """``generated.llama.HF`` with every ``rope`` transform's head size set to this model's
     (the spec file says 16, the tiny model's)."""
+    import dataclasses
+
     import generated.llama as L
     from examples.models.llama import LlamaConfig
-    from shardspec.core.hfmap import HFMap, MapRule, Transform
+    from shardspec.core.hfmap import HFMap, Transform
 
     head_dim = LlamaConfig(**model_cfg).head_dim
     rules = []
@@ -107,7 +109,7 @@ def bench_hfmap(model_cfg: dict[str, int]) -> Any:
         transforms = tuple(
             Transform("rope", head_dim) if t.kind == "rope" else t for t in r.transforms
         )
-        rules.append(MapRule(r.hf, r.target, r.stack, transforms, r.line))
+        rules.append(dataclasses.replace(r, transforms=transforms))
     return HFMap(rules=tuple(rules), drops=L.HF.drops, ties=L.HF.ties, keeps=L.HF.keeps)
 
 

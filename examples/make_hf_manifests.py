@@ -54,6 +54,8 @@ def _save(kind: str, folder: Path) -> None:
         model = hf.gpt2_tiny()
     elif kind == "deepseek_v3":
         model = hf.deepseek_v3_tiny()
+    elif kind == "gpt_oss":
+        model = hf.gpt_oss_tiny()
     else:
         model = transformers.Qwen3MoeForCausalLM(qwen3_moe_config())
     model.save_pretrained(folder)
@@ -72,6 +74,7 @@ MANIFESTS = {
     "phi3.hf.json": "phi3",  # transformers' own models, used as they are
     "gpt2.hf.json": "gpt2",
     "deepseek_v3.hf.json": "deepseek_v3",
+    "gpt_oss.hf.json": "gpt_oss",
 }
 
 

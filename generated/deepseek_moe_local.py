@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe_local.shard"
 SPEC_SHA256 = "4f2c31f1f55a0729731306d9d65bd7588401932309115f486fbf6af3adae638d"
@@ -171,26 +171,52 @@ HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/deepseek_moe_local.shard, lines
 #     51-76).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "embed.weight", None, (), 52),
-        MapRule("lm_head.weight", "head.weight", None, (), 53),
-        MapRule("model.norm.weight", "norm.weight", None, (), 55),
+        MapRule("model.embed_tokens.weight", "embed.weight", None, (), 52, dtypes=("F32",)),
+        MapRule("lm_head.weight", "head.weight", None, (), 53, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 55, dtypes=("F32",)),
         MapRule(
-            "model.layers.{i}.input_layernorm.weight", "layers.{i}.attn_norm.weight", None, (), 56
+            "model.layers.{i}.input_layernorm.weight",
+            "layers.{i}.attn_norm.weight",
+            None,
+            (),
+            56,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.wq.weight", None, (), 57
+            "model.layers.{i}.self_attn.q_proj.weight",
+            "layers.{i}.attn.wq.weight",
+            None,
+            (),
+            57,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.wk.weight", None, (), 58
+            "model.layers.{i}.self_attn.k_proj.weight",
+            "layers.{i}.attn.wk.weight",
+            None,
+            (),
+            58,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.wv.weight", None, (), 59
+            "model.layers.{i}.self_attn.v_proj.weight",
+            "layers.{i}.attn.wv.weight",
+            None,
+            (),
+            59,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.wo.weight", None, (), 60
+            "model.layers.{i}.self_attn.o_proj.weight",
+            "layers.{i}.attn.wo.weight",
+            None,
+            (),
+            60,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_norm.weight",
@@ -198,6 +224,7 @@ HF = HFMap(
             None,
             (),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_norm.weight",
@@ -205,6 +232,7 @@ HF = HFMap(
             None,
             (),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -212,14 +240,23 @@ HF = HFMap(
             None,
             (),
             63,
+            dtypes=("F32",),
         ),
-        MapRule("model.layers.{i}.mlp.gate.weight", "layers.{i}.moe.router.weight", None, (), 64),
+        MapRule(
+            "model.layers.{i}.mlp.gate.weight",
+            "layers.{i}.moe.router.weight",
+            None,
+            (),
+            64,
+            dtypes=("F32",),
+        ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
             "layers.{i}.moe.local_experts.{e}.w1.weight",
             None,
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
@@ -227,6 +264,7 @@ HF = HFMap(
             None,
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
@@ -234,6 +272,7 @@ HF = HFMap(
             None,
             (),
             67,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_v3.shard"
 SPEC_SHA256 = "9811db79b6231f1c13add90d3208af7b3ce785e18e266db70e5bce125677ccc1"
@@ -124,18 +124,22 @@ BUFFERS: tuple[str, ...] = ("model.layers.1.mlp.gate.e_score_correction_bias",)
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/deepseek_v3.shard, lines 32-52).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 33),
-        MapRule("lm_head.weight", "lm_head.weight", None, (), 34),
-        MapRule("model.norm.weight", "model.norm.weight", None, (), 35),
+        MapRule(
+            "model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 33, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "lm_head.weight", None, (), 34, dtypes=("F32",)),
+        MapRule("model.norm.weight", "model.norm.weight", None, (), 35, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "model.layers.{i}.input_layernorm.weight",
             None,
             (),
             36,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -143,6 +147,7 @@ HF = HFMap(
             None,
             (),
             37,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.{p}.weight",
@@ -150,6 +155,7 @@ HF = HFMap(
             None,
             (),
             38,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.{p}_proj.weight",
@@ -157,6 +163,7 @@ HF = HFMap(
             None,
             (),
             39,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.shared_experts.{p}.weight",
@@ -164,9 +171,15 @@ HF = HFMap(
             None,
             (),
             40,
+            dtypes=("F32",),
         ),
         MapRule(
-            "model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.gate.weight", None, (), 41
+            "model.layers.{i}.mlp.gate.weight",
+            "model.layers.{i}.mlp.gate.weight",
+            None,
+            (),
+            41,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate.e_score_correction_bias",
@@ -174,6 +187,7 @@ HF = HFMap(
             None,
             (),
             43,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
@@ -181,6 +195,7 @@ HF = HFMap(
             "e",
             (),
             45,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
@@ -188,6 +203,7 @@ HF = HFMap(
             "e",
             (),
             46,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
@@ -195,6 +211,7 @@ HF = HFMap(
             "e",
             (),
             47,
+            dtypes=("F32",),
         ),
     ),
     drops=(),

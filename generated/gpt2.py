@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/gpt2.shard"
 SPEC_SHA256 = "391f69c93e14683d5191d0315bc0f5a49c4b3d0cfd2f3390c9d274a65dc104dd"
@@ -148,20 +148,45 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/gpt2.shard, lines 48-62).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("transformer.wte.weight", "transformer.wte.weight", None, (), 49),
-        MapRule("transformer.wpe.weight", "transformer.wpe.weight", None, (), 50),
-        MapRule("transformer.ln_f.{p}", "transformer.ln_f.{p}", None, (), 51),
-        MapRule("transformer.h.{i}.{ln}.{p}", "transformer.h.{i}.{ln}.{p}", None, (), 52),
+        MapRule("transformer.wte.weight", "transformer.wte.weight", None, (), 49, dtypes=("F32",)),
+        MapRule("transformer.wpe.weight", "transformer.wpe.weight", None, (), 50, dtypes=("F32",)),
+        MapRule("transformer.ln_f.{p}", "transformer.ln_f.{p}", None, (), 51, dtypes=("F32",)),
         MapRule(
-            "transformer.h.{i}.attn.c_attn.{p}", "transformer.h.{i}.attn.c_attn.{p}", None, (), 54
+            "transformer.h.{i}.{ln}.{p}",
+            "transformer.h.{i}.{ln}.{p}",
+            None,
+            (),
+            52,
+            dtypes=("F32",),
         ),
         MapRule(
-            "transformer.h.{i}.{m}.c_proj.{p}", "transformer.h.{i}.{m}.c_proj.{p}", None, (), 55
+            "transformer.h.{i}.attn.c_attn.{p}",
+            "transformer.h.{i}.attn.c_attn.{p}",
+            None,
+            (),
+            54,
+            dtypes=("F32",),
         ),
-        MapRule("transformer.h.{i}.mlp.c_fc.{p}", "transformer.h.{i}.mlp.c_fc.{p}", None, (), 56),
+        MapRule(
+            "transformer.h.{i}.{m}.c_proj.{p}",
+            "transformer.h.{i}.{m}.c_proj.{p}",
+            None,
+            (),
+            55,
+            dtypes=("F32",),
+        ),
+        MapRule(
+            "transformer.h.{i}.mlp.c_fc.{p}",
+            "transformer.h.{i}.mlp.c_fc.{p}",
+            None,
+            (),
+            56,
+            dtypes=("F32",),
+        ),
     ),
     drops=(),
     ties=(),

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama.shard"
 SPEC_SHA256 = "6c39da8288ef58bc1de450ffbadd0ae2d84539d26ff663c212567517dd632ea7"
@@ -123,18 +123,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/llama.shard, lines 56-80).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "tok_embeddings.weight", None, (), 57),
-        MapRule("lm_head.weight", "output.weight", None, (), 58),
-        MapRule("model.norm.weight", "norm.weight", None, (), 60),
+        MapRule(
+            "model.embed_tokens.weight", "tok_embeddings.weight", None, (), 57, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "output.weight", None, (), 58, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 60, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "layers.{i}.attention_norm.weight",
             None,
             (),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_proj.weight",
@@ -142,6 +146,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_proj.weight",
@@ -149,6 +154,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             63,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.v_proj.weight",
@@ -156,6 +162,7 @@ HF = HFMap(
             None,
             (),
             64,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -163,6 +170,7 @@ HF = HFMap(
             None,
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -170,6 +178,7 @@ HF = HFMap(
             None,
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_proj.weight",
@@ -177,6 +186,7 @@ HF = HFMap(
             None,
             (),
             67,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.up_proj.weight",
@@ -184,6 +194,7 @@ HF = HFMap(
             None,
             (),
             68,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -191,6 +202,7 @@ HF = HFMap(
             None,
             (),
             69,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

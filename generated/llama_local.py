@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_local.shard"
 SPEC_SHA256 = "a8168d39199f5b3f31077a169a9ead63cb4a039dc6f65b0e1f6f32796952d511"
@@ -129,18 +129,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/llama_local.shard, lines 55-79).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "tok_embeddings.weight", None, (), 56),
-        MapRule("lm_head.weight", "output.weight", None, (), 57),
-        MapRule("model.norm.weight", "norm.weight", None, (), 59),
+        MapRule(
+            "model.embed_tokens.weight", "tok_embeddings.weight", None, (), 56, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "output.weight", None, (), 57, dtypes=("F32",)),
+        MapRule("model.norm.weight", "norm.weight", None, (), 59, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "layers.{i}.attention_norm.weight",
             None,
             (),
             60,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.q_proj.weight",
@@ -148,6 +152,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             61,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.k_proj.weight",
@@ -155,6 +160,7 @@ HF = HFMap(
             None,
             (Transform("rope", 16),),
             62,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.v_proj.weight",
@@ -162,6 +168,7 @@ HF = HFMap(
             None,
             (),
             63,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -169,6 +176,7 @@ HF = HFMap(
             None,
             (),
             64,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -176,6 +184,7 @@ HF = HFMap(
             None,
             (),
             65,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_proj.weight",
@@ -183,6 +192,7 @@ HF = HFMap(
             None,
             (),
             66,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.up_proj.weight",
@@ -190,6 +200,7 @@ HF = HFMap(
             None,
             (),
             67,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -197,6 +208,7 @@ HF = HFMap(
             None,
             (),
             68,
+            dtypes=("F32",),
         ),
     ),
     drops=("model.rotary_emb.inv_freq",),

@@ -27,7 +27,7 @@ from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_pp.shard"
 SPEC_SHA256 = "b6b0f1c6612bdb9be736ae1a4156e577a208d40fa73e0d17807ad7a49265cbc3"

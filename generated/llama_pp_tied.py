@@ -27,7 +27,7 @@ from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_pp_tied.shard"
 SPEC_SHA256 = "ab235160dad4f5dc25bd8d9db68daaa061ec0b713083bd4878c47e70d1ea1c79"

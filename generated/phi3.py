@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/phi3.shard"
 SPEC_SHA256 = "24c63912e24265a6ee8e38ad5374f8810bd55e51d147b13b8f3a4a34acd3e49d"
@@ -123,18 +123,22 @@ BUFFERS: tuple[str, ...] = ()
 HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 # How a Hugging Face checkpoint maps onto the storage units (specs/phi3.shard, lines 45-63).
-# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line).
+# MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line; dtypes: its HF
+#     tensors' dtypes in the HF manifest, which load_hf checks).
 HF = HFMap(
     rules=(
-        MapRule("model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 46),
-        MapRule("lm_head.weight", "lm_head.weight", None, (), 47),
-        MapRule("model.norm.weight", "model.norm.weight", None, (), 48),
+        MapRule(
+            "model.embed_tokens.weight", "model.embed_tokens.weight", None, (), 46, dtypes=("F32",)
+        ),
+        MapRule("lm_head.weight", "lm_head.weight", None, (), 47, dtypes=("F32",)),
+        MapRule("model.norm.weight", "model.norm.weight", None, (), 48, dtypes=("F32",)),
         MapRule(
             "model.layers.{i}.input_layernorm.weight",
             "model.layers.{i}.input_layernorm.weight",
             None,
             (),
             49,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.post_attention_layernorm.weight",
@@ -142,6 +146,7 @@ HF = HFMap(
             None,
             (),
             50,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.qkv_proj.weight",
@@ -149,6 +154,7 @@ HF = HFMap(
             None,
             (),
             52,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.self_attn.o_proj.weight",
@@ -156,6 +162,7 @@ HF = HFMap(
             None,
             (),
             53,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.gate_up_proj.weight",
@@ -163,6 +170,7 @@ HF = HFMap(
             None,
             (),
             54,
+            dtypes=("F32",),
         ),
         MapRule(
             "model.layers.{i}.mlp.down_proj.weight",
@@ -170,6 +178,7 @@ HF = HFMap(
             None,
             (),
             55,
+            dtypes=("F32",),
         ),
     ),
     drops=(),

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/qwen2.shard"
 SPEC_SHA256 = "6634deb6c51aec86854920406b122715fbf9c7a835cbd2cdbd164b28ad32c186"

@@ -11,4 +11,5 @@ __version__ = "0.1.0"
 # 2: generated modules pass buffers= and hook_keys= (manifest format 2).
 # 3: "name-indexed" for what was "virtual": RuleSpec(name_indexed=...), NAME_INDEXED_COUNTS,
 #    CompiledSpec(name_indexed_counts=...).
-RUNTIME_API = 3
+# 4: MapRule(grouped=..., dtypes=...): grouped split lines, the HF manifest's dtypes per line.
+RUNTIME_API = 4

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,23 +60,36 @@ def factory(model: str) -> Any:
     return hfm.phi3_tiny() if model == "phi3" else hfm.gpt2_tiny()
 
 
-def split_case(root: str, case: SplitCase, item: Item) -> None:
+def fresh_load(
+    case: Any, make: Callable[[], Any], hf_dir: str, item: Item, prepare: Callable = lambda m: None
+) -> tuple[Any, Any, Any]:
+    """``(module, mesh, model)``: the model ``make()`` builds on the meta device,
+    distributed through ``case.module`` on a mesh of ``case.sizes``, materialized
+    (``prepare`` then runs on it), its parameters filled with 7 (what the load must
+    overwrite) and loaded from ``hf_dir``; a collective, or bytes read that the rank does
+    not own, are failures."""
     mod = importlib.import_module(case.module)
     mesh = mod.build_mesh(**dict(case.sizes))
     with torch.device("meta"):
-        model = factory(case.model)
+        model = make()
     mod.distribute(model, mesh)
     model.to_empty(device="cpu")
+    prepare(model)
     with torch.no_grad():
         for p in model.parameters():
-            p.fill_(7.0)  # what the load must overwrite
-    hf_dir = os.path.join(root, case.hf)
+            p.fill_(7.0)
     with count_collectives() as calls:
         report = mod.load_hf(model, hf_dir, mesh)
     if calls:
         item.fail.append(f"{item.label}: load_hf communicated: {calls}")
     if report.bytes_read != report.bytes_owned:
         item.fail.append(f"{item.label}: read {report.bytes_read} for {report.bytes_owned}")
+    return mod, mesh, model
+
+
+def split_case(root: str, case: SplitCase, item: Item) -> None:
+    hf_dir = os.path.join(root, case.hf)
+    mod, mesh, model = fresh_load(case, lambda: factory(case.model), hf_dir, item)
     truth = hf_state(os.path.join(root, case.truth))
     tied = TIED.get(case.model, {})
     for fqn, p in sorted(model.state_dict(keep_vars=True).items()):
@@ -119,6 +133,12 @@ def compare(case: SplitCase, item: Item, out: str, hf_dir: str, logits: bool) ->
 
 
 def run_all(rank: int, world: int, root: str, cases: list[SplitCase]) -> dict[str, Item]:
+    return run_each(root, cases, split_case)
+
+
+def run_each(root: str, cases: Sequence[Any], one: Callable[[str, Any, Item], None]) -> dict:
+    """``one(root, case, item)`` for each case (with ``root/gen``'s compiled variants
+    importable), on every rank: each case's Item by its label."""
     gen = os.path.join(root, "gen")
     if gen not in sys.path:
         sys.path.insert(0, gen)
@@ -128,7 +148,7 @@ def run_all(rank: int, world: int, root: str, cases: list[SplitCase]) -> dict[st
     for case in cases:
         item = Item(case.label)
         try:
-            split_case(root, case, item)
+            one(root, case, item)
         except Exception:
             item.fail.append(f"{item.label} raised:\n{traceback.format_exc()}")
         dist.barrier()

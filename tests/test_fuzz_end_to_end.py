@@ -61,7 +61,8 @@ def specs(draw) -> str:
             body.append(f"shard {draw(st.sampled_from(dims))} over {draw(st.sampled_from(axes))}")
         if dims and draw(st.booleans()):
             n = draw(NUMBERS)
-            body.append(f"fuse {dims[0]} as q {n}, k {draw(NUMBERS)}")
+            groups = draw(st.sampled_from(["", "", f"{draw(NUMBERS)} groups of "]))
+            body.append(f"fuse {dims[0]} as {groups}q {n}, k {draw(NUMBERS)}")
         if draw(st.booleans()):
             body.append(draw(st.sampled_from(["style colwise", "style rowwise", "style none"])))
         if draw(st.booleans()):
@@ -88,7 +89,14 @@ def specs(draw) -> str:
         for _ in range(draw(st.integers(0, 3))):
             tail = draw(
                 st.sampled_from(
-                    ["", " transpose", " as q, k", " transpose as k 4 rope 2, q (a * 2)"]
+                    [
+                        "",
+                        " transpose",
+                        " as q, k",
+                        " transpose as k 4 rope 2, q (a * 2)",
+                        " grouped",
+                        " transpose grouped as k, q",
+                    ]
                 )
             )
             hf.append(f"    {draw(patterns())} -> {draw(patterns())}{tail}")
@@ -158,7 +166,11 @@ def state_dict_sections(draw, entries: list[str], names=None) -> dict:
 @st.composite
 def hf_manifests(draw) -> str:
     tensors = {
-        draw(fqns()): {"shape": draw(st.lists(NUMBERS, max_size=3)), "dtype": "F32", "file": "a"}
+        draw(fqns()): {
+            "shape": draw(st.lists(NUMBERS, max_size=3)),
+            "dtype": draw(st.sampled_from(["F32", "F32", "BF16", "I32", "BOOL", "Q4"])),
+            "file": "a",
+        }
         for _ in range(draw(st.integers(0, 4)))
     }
     config = draw(st.dictionaries(st.sampled_from(["hidden_size", "head_dim"]), NUMBERS))

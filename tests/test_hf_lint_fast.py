@@ -98,7 +98,7 @@ def oracle_sources(
         target = template_regex(rule.target)
         keys = _keys_of(rule, shape)
         m = target.fullmatch(name)
-        if m is not None and rule.parts is None and keys is not None:
+        if m is not None and rule.parts is None and not rule.grouped and keys is not None:
             sub = shape[1:] if rule.stack else shape
             chain = rule.transforms
             out.append(
@@ -108,7 +108,8 @@ def oracle_sources(
         m = target.fullmatch(base) if fused is not None and base else None
         if m is None or fused is None or keys is None:
             continue
-        at, comps = fused
+        at, comps, groups = fused
+        groups = groups if rule.grouped else 1
         sizes = dict(comps)
         parts = list(rule.parts) if rule.parts is not None else [Part(c) for c, _ in comps]
         order = [p.name for p in parts]
@@ -118,11 +119,12 @@ def oracle_sources(
         chain = rule.transforms + parts[order.index(comp)].transforms
         sub = shape[1:] if rule.stack else shape
         # The HF tensor is the parts one after another along the fused dimension (a part
-        # that is no component counts 0), seen through the transforms.
+        # that is no component counts 0), seen through the transforms; grouped, one group's
+        # rows of every part after another, group after group.
         whole = list(sub)
         whole[d] = sum(sizes.get(p, 0) for p in order)
-        start = sum(sizes.get(p, 0) for p in order[: order.index(comp)])
-        split = Split(hf_dim(len(sub), chain, d), start, sub[d], whole[d])
+        start = sum(sizes.get(p, 0) // groups for p in order[: order.index(comp)])
+        split = Split(hf_dim(len(sub), chain, d), start, sub[d], whole[d], groups)
         caps = m.groupdict()
         out.append(Source(i, keys(caps), hf_shape(whole, chain), bool(rule.stack), chain, split))
     return out
@@ -164,7 +166,7 @@ class Unit:
     fused: Fused | None = None
 
 
-W13: Fused = (0, (("up", 4), ("gate", 4)))  # `fuse ffn as up, gate` on ffn 8
+W13: Fused = Fused(0, (("up", 4), ("gate", 4)))  # `fuse ffn as up, gate` on ffn 8
 
 
 def model_units() -> dict[str, Unit]:
@@ -719,7 +721,7 @@ def test_synthetic_benchmark_model(
 # ------------------------------------------------------- HFMap against every regex
 
 SEGMENTS = ["model", "layers", "0", "1", "12", "w1", "w12", "experts", "gate", "x", "weight"]
-COMPONENTS = (("gate", 3), ("up", 5))  # a fused dimension's, out of name order
+COMPONENTS = (("gate", 6), ("up", 10))  # a fused dimension's, out of name order
 T = Transform("transpose")
 
 
@@ -759,7 +761,7 @@ def _random_rule(rng: random.Random, caps: list[str]) -> MapRule:
     if rng.random() < 0.3:  # an `as` list: the components in some order, or a stranger
         names = rng.sample(["gate", "up", "down"], rng.randint(1, 3))
         parts = tuple(Part(n, (T,) if rng.random() < 0.2 else ()) for n in names)
-    return MapRule(hf, target, stack, transforms, 0, parts)
+    return MapRule(hf, target, stack, transforms, 0, parts, grouped=rng.random() < 0.2)
 
 
 def defined(sources: list[Source], shape: tuple[int, ...]) -> list[Any]:
@@ -790,7 +792,7 @@ def regex_cases(seed: int) -> list[Case]:
         fused = None
         if len(shape) > 1 and rng.random() < 0.5:  # name one component of a fused dim
             name += "." + rng.choice(["gate", "up"])
-            fused = (rng.randrange(len(shape)), COMPONENTS)
+            fused = Fused(rng.randrange(len(shape)), COMPONENTS, rng.choice([1, 2]))
         out.append((rules, name, shape, fused, _random_name(rng, keys)))
     return out
 

@@ -162,3 +162,33 @@ def test_the_checkpoint_variant_is_not_the_original() -> None:
     stored = torch.cat([hfm.meta_rope_to_hf(k, 16), hfm.meta_rope_to_hf(q, 16), v]).t()
     assert stored.shape == (64, 128) and not torch.equal(stored.t()[32:96], q)
     assert torch.equal(hfm.hf_rope_to_meta(stored.t()[32:96], 16), q)
+
+
+def test_lint_catches_phi3_declared_with_megatron_groups(tmp_path: Path) -> None:
+    """Phi3's checkpoint and forward hold q|k|v as three blocks; `specs/phi3.shard` declares
+    them so. Declared instead with Megatron's groups (2 kv groups of q 32, k 16, v 16), the
+    identity split line would read q, k and v rows from the wrong places: SS082, the one
+    finding, with both ways out in its hint."""
+    import contextlib
+    import io
+
+    from shardspec import cli
+
+    text = (REPO / "specs" / "phi3.shard").read_text(encoding="utf-8")
+    right = "fuse qkv as q 64, k 32, v 32"
+    assert text.count(right) == 1
+    for f in ("phi3.manifest.json", "phi3.hf.json"):
+        shutil.copy(REPO / "specs" / f, tmp_path / f)
+    spec = tmp_path / "phi3_groups.shard"
+    spec.write_text(text.replace(right, "fuse qkv as 2 groups of q 32, k 16, v 16"), "utf-8")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(["lint", str(spec)])
+    found = err.getvalue()
+    assert rc == 1 and "1 error(s), 0 warning(s)" in found, found
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if t.startswith(f"    {QKV} ->"))
+    assert f"phi3_groups.shard:{line}:" in found and "error SS082" in found, found
+    assert "the model holds 2 groups of q 32, k 16, v 16" in found
+    assert f"`{QKV} -> {QKV} grouped`" in found
+    assert f"drop the groups: `{right}`" in found
+    assert cli.main(["lint", str(REPO / "specs" / "phi3.shard")]) == 0

@@ -19,18 +19,20 @@ from shardspec.core.hfmap import (
     Part,
     Split,
     Transform,
+    dtype_kind,
     fused_of,
     hf_shape,
     model_indices,
     rope_row,
     runs,
     source_indices,
+    strided_runs,
     template_captures,
     transform_problem,
     unit_names,
 )
 from shardspec.core.layout import Dim, Fusion
-from shardspec.runtime.hf.export import _to_hf, _written_twice
+from shardspec.runtime.hf.export import _place_part, _to_hf, _written_twice
 from shardspec.runtime.hf.load import _progress, _read_box
 
 ROPE8 = Transform("rope", 8)
@@ -205,7 +207,7 @@ def test_export_refuses_two_units_under_one_key() -> None:
 # ------------------------------------------------------------------- split lines
 
 
-QKV: Fused = (0, (("q", 8), ("k", 4), ("v", 4)))
+QKV: Fused = Fused(0, (("q", 8), ("k", 4), ("v", 4)))
 
 
 def test_a_line_to_the_fused_parameter_splits_in_declared_order() -> None:
@@ -242,12 +244,12 @@ def test_an_as_list_orders_the_parts_with_transforms_of_their_own() -> None:
 
 def test_stacked_experts_split_each_slice() -> None:
     m = HFMap((MapRule("x.{i}.e.{e}.gate_up", "m.{i}.w13", "e"),))
-    fused: Fused = (1, (("gate", 2), ("up", 2)))
+    fused: Fused = Fused(1, (("gate", 2), ("up", 2)))
     [src] = m.sources("m.0.w13.up", (3, 2, 5), fused)
     assert src.stacked and src.keys == tuple(f"x.0.e.{e}.gate_up" for e in range(3))
     assert src.shape == (4, 5) and src.split == Split(0, 2, 2, 4)
     # the stack index cannot run over the fused dimension
-    assert m.sources("m.0.w13.up", (2, 5), (0, (("gate", 1), ("up", 1)))) == []
+    assert m.sources("m.0.w13.up", (2, 5), Fused(0, (("gate", 1), ("up", 1)))) == []
 
 
 def test_fused_of_positions_the_dimension_without_name_indexed_dims() -> None:
@@ -256,7 +258,7 @@ def test_fused_of_positions_the_dimension_without_name_indexed_dims() -> None:
         Dim("hidden", 6),
         Dim("ffn", 8, ("tp",), Fusion((("gate", 2), ("up", 2)), groups=2)),
     )
-    assert fused_of(dims) == (1, (("gate", 4), ("up", 4)))
+    assert fused_of(dims) == Fused(1, (("gate", 4), ("up", 4)), 2)
     assert fused_of((Dim("hidden", 6),)) is None
 
 
@@ -273,7 +275,7 @@ def test_read_box_of_a_part_equals_the_part_converted(
 
     line, own = SPLIT_CHAINS[k]
     parts = (Part("k", own), Part("q", own), Part("v"))  # q and k 8 rows each: rope 8 fits
-    fused: Fused = (0, (("q", 16), ("k", 8), ("v", 8)))
+    fused: Fused = Fused(0, (("q", 16), ("k", 8), ("v", 8)))
     m = HFMap((MapRule("qkv", "w", transforms=line, parts=parts),))
     name, rows = ("w.k", 8) if comp == 0 else ("w.q", 16) if comp == 1 else ("w.v", 8)
     [src] = m.sources(name, (rows, 6), fused)
@@ -318,3 +320,164 @@ def test_load_and_export_refuse_a_part_that_is_no_component() -> None:
     assert problems == [
         "w.q: line 7 splits its Hugging Face tensor into 'x', which is no component of w (q, k, v)"
     ]
+
+
+# ------------------------------------------------------------------- grouped splits
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=25))
+def test_strided_runs_cover_exactly_the_indices(indices: set[int]) -> None:
+    got = strided_runs(tuple(indices))
+    assert [i for a, b, step in got for i in range(a, b, step)] == sorted(indices)
+    assert all(step >= 1 and b > a for a, b, step in got)
+    assert strided_runs(tuple(range(0, 64, 2))) == [(0, 63, 2)]  # gate of gate/up: one slice
+    assert strided_runs(range(3, 9)) == [(3, 9, 1)]
+
+
+# gpt-oss: 4 groups of gate 1, up 1; Megatron GQA: 2 groups of q 4, k 2, v 2.
+GATE_UP = Fused(0, (("gate", 4), ("up", 4)), 4)
+MEGATRON = Fused(0, (("q", 8), ("k", 4), ("v", 4)), 2)
+
+
+def test_a_grouped_line_reads_each_group_s_rows() -> None:
+    m = HFMap((MapRule("a.gate_up", "w", grouped=True),))
+    [gate] = m.sources("w.gate", (4, 6), GATE_UP)
+    [up] = m.sources("w.up", (4, 6), GATE_UP)
+    assert gate.split == Split(0, 0, 4, 8, 4) and up.split == Split(0, 1, 4, 8, 4)
+    assert [up.split.hf_index(i) for i in range(4)] == [1, 3, 5, 7]
+    m = HFMap((MapRule("a.qkv", "w", grouped=True),))
+    [k] = m.sources("w.k", (4, 6), MEGATRON)
+    assert k.split == Split(0, 4, 4, 16, 2)
+    assert [k.split.hf_index(i) for i in range(4)] == [4, 5, 12, 13]
+    # an `as` list orders the parts within each group
+    m = HFMap((MapRule("a.kqv", "w", (), (), 0, (Part("k"), Part("q"), Part("v")), True),))
+    [q] = m.sources("w.q", (8, 6), MEGATRON)
+    assert [q.split.hf_index(i) for i in range(8)] == [2, 3, 4, 5, 10, 11, 12, 13]  # type: ignore[union-attr]
+    # not grouped: the declared order, contiguous (what issue 20's gpt-oss load did)
+    [up] = HFMap((MapRule("a.gate_up", "w"),)).sources("w.up", (4, 6), GATE_UP)
+    assert up.split == Split(0, 4, 4, 8) and up.split.hf_index(0) == 4
+    # `grouped` names no unit of its own: only the parts of a fused parameter
+    assert HFMap((MapRule("a.w", "w", grouped=True),)).sources("w", (2, 2)) == []
+
+
+def _by_hand(hf: torch.Tensor, dim: int, split: Split) -> torch.Tensor:
+    """A unit's part of its HF tensor, with plain torch: every group's block, the part's
+    rows of each."""
+    g = split.groups
+    blocks = hf.unflatten(dim, (g, split.total // g))
+    return blocks.narrow(dim + 1, split.start, split.size // g).flatten(dim, dim + 1)
+
+
+GROUPED_CASES = [
+    ("gpt-oss gate_up [expert, hidden, 2F]", Fused(2, (("gate", 8), ("up", 8)), 8), (3, 5, 16), ()),
+    ("Megatron qkv", Fused(0, (("q", 8), ("k", 4), ("v", 4)), 2), (16, 6), ()),
+    ("Megatron qkv, Conv1D", Fused(0, (("q", 8), ("k", 4), ("v", 4)), 2), (6, 16), (T,)),
+    ("one group", Fused(1, (("gate", 3), ("up", 3)), 1), (4, 6), ()),
+    ("Megatron qkv, rope", Fused(0, (("q", 16), ("k", 8), ("v", 8)), 2), (32, 6), (ROPE8,)),
+]
+
+
+@settings(max_examples=80, deadline=None)
+@given(k=st.integers(0, len(GROUPED_CASES) - 1), data=st.data())
+def test_read_box_of_a_grouped_part_equals_the_part_by_hand(
+    tmp_path_factory: pytest.TempPathFactory, k: int, data: st.DataObject
+) -> None:
+    """Every box of every part, read through safetensors slicing, equals the part cut
+    from the whole HF tensor by hand; export's placement writes the parts back bitwise."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    _, fused, hf_shape_, line = GROUPED_CASES[k]
+    comps = [c for c, _ in fused.components]
+    order = data.draw(st.permutations(comps))
+    m = HFMap((MapRule("x", "w", None, line, 0, tuple(Part(c) for c in order), True),))
+    gen = torch.Generator().manual_seed(k)
+    hf = torch.randn(hf_shape_, generator=gen)
+    path = tmp_path_factory.mktemp("grouped") / "x.safetensors"
+    save_file({"x": hf}, str(path))
+    rebuilt = torch.full_like(hf, float("nan"))
+    for comp, size in fused.components:
+        shape = list(hf_shape(hf_shape_, line))  # the model's shape of the whole parameter
+        shape[fused.at] = size
+        [src] = m.sources(f"w.{comp}", tuple(shape), fused)
+        assert src.split is not None and src.split.groups == fused.groups
+        model = forward(_by_hand(hf, src.split.dim, src.split), src.transforms)
+        assert tuple(model.shape) == tuple(shape)
+        offsets = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
+        sizes = tuple(data.draw(st.integers(0, n - o)) for n, o in zip(shape, offsets, strict=True))
+        with safe_open(str(path), framework="pt") as f:
+            box = _read_box(f, "x", src.transforms, offsets, sizes, src.split)
+        want = model[tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))]
+        assert torch.equal(box, want), (comp, offsets, sizes)
+        _place_part(rebuilt, _to_hf(model, src.transforms), src.split)
+    assert torch.equal(rebuilt, hf)
+
+
+class _CountingHandle:
+    """A safetensors handle whose slices count the reads made through them."""
+
+    def __init__(self, handle: object) -> None:
+        self.handle, self.reads = handle, 0
+
+    def get_slice(self, key: str) -> object:
+        outer, sl = self, self.handle.get_slice(key)  # type: ignore[attr-defined]
+
+        class Slice:
+            def __getitem__(self, index: object) -> object:
+                outer.reads += 1
+                return sl[index]
+
+        return Slice()
+
+
+def test_an_interleaved_part_is_read_in_one_strided_slice(tmp_path: Path) -> None:
+    """gpt-oss's gate of [expert, hidden, 2F] (every second column): one read per box,
+    whatever F, not one per column."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    fused = Fused(2, (("gate", 64), ("up", 64)), 64)
+    m = HFMap((MapRule("x", "w", grouped=True),))
+    [src] = m.sources("w.up", (4, 8, 64), fused)
+    hf = torch.randn(4, 8, 128)
+    save_file({"x": hf}, str(tmp_path / "x.safetensors"))
+    with safe_open(str(tmp_path / "x.safetensors"), framework="pt") as f:
+        counting = _CountingHandle(f)
+        box = _read_box(counting, "x", (), (1, 0, 16), (2, 8, 32), src.split)
+    assert counting.reads == 1
+    assert torch.equal(box, hf[1:3, :, 33:97:2])
+
+
+def test_export_tiles_grouped_parts_per_group() -> None:
+    m = HFMap((MapRule("a.qkv", "w", grouped=True),))
+    sources = {f"w.{c}": m.sources(f"w.{c}", (n, 6), MEGATRON)[0] for c, n in MEGATRON[1]}
+    assert _written_twice(sources) == []
+    del sources["w.v"]
+    assert _written_twice(sources) == [
+        "a.qkv: both w.k and w.q would be written under it, not as parts that tile it"
+    ]
+    # a grouped and a plain line under one key do not tile it either
+    plain = HFMap((MapRule("a.qkv", "w"),)).sources("w.v", (4, 6), MEGATRON)[0]
+    assert _written_twice({**sources, "w.v": plain}) != []
+
+
+def test_dtype_kinds() -> None:
+    for name, kind in [
+        ("F32", "float"),
+        ("BF16", "float"),
+        ("F8_E4M3", "float"),
+        ("I32", "int"),
+        ("U8", "int"),
+        ("BOOL", "bool"),
+        ("float32", "float"),
+        ("torch.bfloat16", "float"),
+        ("float8_e4m3fn", "float"),
+        ("int64", "int"),
+        ("uint8", "int"),
+        ("bool", "bool"),
+        ("complex64", "complex"),
+        ("not_a_dtype", None),
+        ("f32", None),
+    ]:
+        assert dtype_kind(name) == kind, name

@@ -24,6 +24,8 @@ __all__ = [
     "deepseek_v3_tiny",
     "gpt2_config",
     "gpt2_tiny",
+    "gpt_oss_config",
+    "gpt_oss_tiny",
     "hf_rope_to_meta",
     "llama_config",
     "llama_from_hf",
@@ -280,3 +282,38 @@ def deepseek_v3_tiny(**overrides: Any) -> Any:
     import transformers
 
     return transformers.DeepseekV3ForCausalLM(deepseek_v3_config(**overrides))
+
+
+def gpt_oss_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.GptOssConfig``: stacked experts whose ``gate_up_proj``
+    ``[expert, hidden, 2 * intermediate]`` (and its bias) interleave gate and up (gate is
+    ``[..., ::2]``, up ``[..., 1::2]``); attention with biases and sinks, GQA with 2 kv
+    heads of 16."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 128,
+        "sliding_window": 8,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
+        "tie_word_embeddings": False,
+        "attn_implementation": "eager",
+        **overrides,
+    }
+    return transformers.GptOssConfig(**fields)
+
+
+def gpt_oss_tiny(**overrides: Any) -> Any:
+    """``transformers.GptOssForCausalLM`` from :func:`gpt_oss_config`, used as it is: the
+    manifest factory of ``specs/gpt_oss.shard``."""
+    import transformers
+
+    return transformers.GptOssForCausalLM(gpt_oss_config(**overrides))

@@ -27,6 +27,7 @@ from shardspec.core.hfmap import (
     HFMap,
     MapRule,
     _glob_regex,
+    dtype_kind,
     fused_of,
     hf_dim,
     template_captures,
@@ -662,7 +663,7 @@ def _not_produced_hint(unit: _Unit, hfm: HFManifest | None) -> str:
     if unit.fused is None:
         return f"add a map line `HF_NAME -> {_template_of(unit.name)}`, {keep}"
     base = unit.name.rpartition(".")[0]
-    order = ", ".join(c for c, _ in unit.fused[1])
+    order = ", ".join(c for c, _ in unit.fused.components)
     found = None if hfm is None else _fused_key(unit, base, hfm)
     if found is not None:
         key, shape, transposed = found
@@ -701,7 +702,7 @@ def _fused_key(unit: _Unit, base: str, hfm: HFManifest) -> tuple[str, tuple[int,
     import difflib
 
     assert unit.fused is not None
-    at, comps = unit.fused
+    at, comps = unit.fused.at, unit.fused.components
     whole = list(unit.shape)
     whole[at] = sum(size for _, size in comps)
     shape = tuple(whole)
@@ -736,9 +737,11 @@ def _check_keys(
     # Each finding shows the first key of its kind (in sorted order) and a count.
     missing: dict[int, list[Any]] = {}  # rule -> [first key, count]
     wrong: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[Any]] = {}
+    kinds: dict[tuple[int, str, str], list[Any]] = {}  # (line, HF dtype, model dtype)
+    model_dtype = _model_dtypes(res)
     read: set[str] = set()
     get = tensors.get
-    for key, (_, i, expected) in acc.needed.items():
+    for key, (name, i, expected) in acc.needed.items():
         t = get(key)
         if t is not None:
             present = key
@@ -752,6 +755,10 @@ def _check_keys(
         read.add(present)
         if expected is not None and t.shape != expected:
             _first(wrong, (i, expected, t.shape), key, present)
+        grp = units.get(name)
+        dtype = model_dtype.get(grp.fqn) if grp is not None else None
+        if dtype is not None and not _same_kind(t.dtype, dtype):
+            _first(kinds, (i, t.dtype, dtype), key, present)
     for i, (_, keys, n) in sorted(missing.items()):
         m = hf.maps[i]
         out.append(
@@ -774,6 +781,25 @@ def _check_keys(
                 m.hf.span,
                 "the expected shape is the unit's, inverted through the transforms "
                 "(and without the stacked first dimension for `[e]`)",
+            )
+        )
+    for (i, hf_dtype, dtype), (_, present, n) in sorted(kinds.items()):
+        m = hf.maps[i]
+        kind = dtype_kind(hf_dtype)
+        what = (
+            f"{hf_dtype} ({kind} values)"
+            if kind
+            else f"{hf_dtype!r}, which is no safetensors dtype"
+        )
+        out.append(
+            diag(
+                "SS084",
+                f"HF key {_more_n(present, n)} is {what} in the HF manifest, and line "
+                f"{m.span.line} loads it into a {dtype} parameter",
+                m.hf.span,
+                f"load_hf never casts {kind or 'unknown'} data to {dtype_kind(dtype)}: check "
+                "that the HF manifest describes the checkpoint (rebuild it with `shardspec "
+                "hf-manifest`), or map the key onto a parameter of its kind",
             )
         )
     unexpected: dict[str, list[str]] = defaultdict(list)
@@ -905,6 +931,17 @@ def _sibling_map(hfmap: HFMap) -> HFMap:
         rule = MapRule(f"{hf_mod}.{{sibling_}}", f"{target_mod}.{{sibling_}}")
         rules.setdefault((rule.hf, rule.target), rule)
     return HFMap(tuple(rules.values()))
+
+
+def _model_dtypes(res: Resolved) -> dict[str, str]:
+    """The manifest's dtype of each stored entry (placed parameter or persistent buffer)
+    whose dtype is a known one (an unknown dtype string is another check's finding)."""
+    return {fqn: m.entry.dtype for fqn, m in res.stored if dtype_kind(m.entry.dtype) is not None}
+
+
+def _same_kind(hf_dtype: str, dtype: str) -> bool:
+    kind = dtype_kind(hf_dtype)
+    return kind is not None and kind == dtype_kind(dtype)
 
 
 def _bases(units: dict[str, _Group]) -> dict[str, _Group]:
@@ -1052,10 +1089,11 @@ def _check_splits(
     units: dict[str, _Group],
     hfm: HFManifest | None,
 ) -> list[Diagnostic]:
-    """SS081: split lines that do not fit their target: an `as` list on a parameter
-    without a fused dimension, a part that is no component of it, a stated size that
-    differs from the component's, transforms that move the fused dimension of some parts
-    only, or a stack index over the fused dimension itself."""
+    """SS081: split lines that do not fit their target: an `as` list or `grouped` on a
+    parameter without a fused dimension, a part that is no component of it, a stated size
+    that differs from the component's, transforms that move the fused dimension of some
+    parts only, or a stack index over the fused dimension itself. SS082 and SS083: a
+    split line's storage that contradicts the fused dimension's groups."""
     hf = res.spec.hf
     assert hf is not None
     rules = hfmap.rules
@@ -1063,7 +1101,7 @@ def _check_splits(
     if not splitting:
         return []
     # Per map line, the first fused parameter (by name) it splits and the first plain unit
-    # its `as` list names.
+    # its `as` list (or `grouped`) names.
     first_fused: dict[int, tuple[str, _Group]] = {}
     first_plain: dict[int, str] = {}
     index = hfmap._target_index
@@ -1076,7 +1114,8 @@ def _check_splits(
         else:
             for i in index.candidates(name):
                 r = rules[i]
-                if r.parts is not None and i not in first_plain and r.target_regex.match(name):
+                splits = r.parts is not None or r.grouped
+                if splits and i not in first_plain and r.target_regex.match(name):
                     first_plain[i] = name
     out: list[Diagnostic] = []
     for i, name in sorted(first_plain.items()):
@@ -1088,20 +1127,73 @@ def _check_splits(
                 "SS081",
                 f"line {m.span.line} splits {name!r}, which has no fused dimension",
                 m.target.span,
-                "an `as` list names the components of a `fuse` dimension; map a tensor "
-                "to a plain parameter without it",
+                "an `as` list and `grouped` say how an HF tensor holds the components of "
+                "a `fuse` dimension; map a tensor to a plain parameter without them",
             )
         )
     for i, (base, grp) in sorted(first_fused.items()):
         out += _split_problems(hf.maps[i], rules[i], base, grp, hfm)
+        out += _grouped_problems(res, hf.maps[i], rules[i], base, grp)
     return out
+
+
+def _grouped_problems(
+    res: Resolved, m: ir.HFMapItem, rule: MapRule, base: str, grp: _Group
+) -> list[Diagnostic]:
+    """SS082: a split line that reads the parameter's own name (the model loads its own
+    checkpoint, which stores the model's layout) as contiguous components, while the
+    fused dimension declares groups. SS083: `grouped` on a fused dimension without groups.
+    """
+    assert grp.fused is not None
+    groups = grp.fused.groups
+    fuse = _fuse_item(res, grp.rule)
+    comps = ", ".join(f"{c} {n}" for c, n in grp.fused.components)
+    dim = fuse.dim.text if fuse is not None else "DIM"
+    if m.grouped is not None and groups == 1:
+        return [
+            diag(
+                "SS083",
+                f"line {m.span.line} reads its Hugging Face tensor group by group, but the "
+                f"fused dimension of {base!r} declares no groups",
+                m.grouped,
+                f"if the tensor interleaves the components (gpt-oss's gate_up_proj, Megatron's "
+                f"qkv), declare the model's groups: `fuse {dim} as N groups of ...` with the "
+                "sizes per group; if it holds them one after another, delete `grouped`",
+            )
+        ]
+    per_group = ", ".join(f"{c} {n // groups}" for c, n in grp.fused.components)
+    transforms = [*m.transforms, *(t for p in m.parts or [] for t in p.transforms)]
+    own = _CAPTURE_NAME.sub("{}", rule.hf) == _CAPTURE_NAME.sub("{}", rule.target)
+    if m.grouped is not None or groups == 1 or not own or rule.stack or transforms:
+        return []
+    return [
+        diag(
+            "SS082",
+            f"line {m.span.line} reads the Hugging Face tensor named as {base!r} (the "
+            f"model's own) as {comps} one after another, but the model holds {groups} "
+            f"groups of {per_group}",
+            m.target.span,
+            "a tensor named as the parameter is the model's own checkpoint, stored as the "
+            f"model holds it: if the model really is grouped, add `grouped` "
+            f"(`{m.hf.text} -> {m.target.text} grouped`); if it holds the components one "
+            f"after another (Phi3's q|k|v), drop the groups: `fuse {dim} as {comps}`",
+        )
+    ]
+
+
+def _fuse_item(res: Resolved, rule: int) -> ir.FuseItem | None:
+    """The `fuse` item of spec rule ``rule`` (by its index)."""
+    for r in res.spec.rules:
+        if r.index == rule:
+            return r.fusions[0] if r.fusions else None
+    return None
 
 
 def _split_problems(
     m: ir.HFMapItem, rule: MapRule, base: str, grp: _Group, hfm: HFManifest | None
 ) -> list[Diagnostic]:
     assert grp.fused is not None
-    at, comps = grp.fused
+    at, comps = grp.fused.at, grp.fused.components
     sizes = dict(comps)
     known = ", ".join(f"{c} {n}" for c, n in comps)
     out = []

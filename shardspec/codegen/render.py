@@ -19,7 +19,8 @@ from shardspec import RUNTIME_API, __version__
 from shardspec.core.hfmap import MapRule, Transform
 from shardspec.core.layout import RuleSpec, dtensor_placements
 from shardspec.frontend import ir
-from shardspec.resolve.hf import build_hfmap
+from shardspec.inputs.hfmanifest import HFManifest
+from shardspec.resolve.hf import build_hfmap, with_dtypes
 from shardspec.resolve.params import Resolved, rule_spec
 
 LINE = 100
@@ -46,6 +47,14 @@ class Call:
 
     func: str
     args: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class Kw:
+    """A keyword argument of a :class:`Call`: ``name=value``."""
+
+    name: str
+    value: object
 
 
 def py_str(value: str) -> str:
@@ -76,6 +85,8 @@ def py(value: object) -> str:
         return repr(value)
     if isinstance(value, Call):
         return f"{value.func}(" + ", ".join(py(a) for a in value.args) + ")"
+    if isinstance(value, Kw):
+        return f"{value.name}={py(value.value)}"
     if isinstance(value, tuple):
         if len(value) == 1:
             return f"({py(value[0])},)"
@@ -90,7 +101,11 @@ def py(value: object) -> str:
 def _brackets(value: object) -> tuple[str, str, list[tuple[str, object]]] | None:
     """Opening text, closing text and (prefix, element) pairs of a splittable value."""
     if isinstance(value, Call) and value.args:
-        return f"{value.func}(", ")", [("", a) for a in value.args]
+        return (
+            f"{value.func}(",
+            ")",
+            [(f"{a.name}=", a.value) if isinstance(a, Kw) else ("", a) for a in value.args],
+        )
     if isinstance(value, tuple) and value:
         return "(", ")", [("", v) for v in value]
     if isinstance(value, list) and value:
@@ -110,7 +125,7 @@ def layout(value: object, indent: int = 0, head: str = "", tail: str = "") -> li
     open_, close, items = parts
     inner = indent + INDENT
     if isinstance(value, Call):
-        hug = " " * inner + ", ".join(py(v) for _, v in items)
+        hug = " " * inner + ", ".join(prefix + py(v) for prefix, v in items)
         if len(hug) <= LINE:
             return [pad + head + open_, hug, pad + close + tail]
     lines = [pad + head + open_]
@@ -233,12 +248,15 @@ def _pipeline_context(res: Resolved) -> dict[str, object] | None:
     return {"comment": doc, "table": table, "ties": bool(p.ties)}
 
 
-def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
+def _hf_context(
+    spec: ir.Spec, spec_path: str, hf_manifest: HFManifest | None
+) -> dict[str, str] | None:
     """The generated module's ``HF`` table and the names it imports, or ``None`` when the
-    spec has no ``hf`` block (the module is then exactly what it was before hf blocks)."""
+    spec has no ``hf`` block (the module is then exactly what it was before hf blocks).
+    Each rule records the dtypes the HF manifest gives its keys, which load_hf checks."""
     if spec.hf is None:
         return None
-    hfmap = build_hfmap(spec.hf)
+    hfmap = with_dtypes(build_hfmap(spec.hf), hf_manifest)
 
     def transforms(items: tuple[Transform, ...]) -> tuple[Call, ...]:
         return tuple(
@@ -256,8 +274,15 @@ def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
             ),
         )
 
+    def options(r: MapRule) -> tuple[Kw, ...]:
+        grouped = (Kw("grouped", True),) if r.grouped else ()
+        return (*grouped, *((Kw("dtypes", r.dtypes),) if r.dtypes else ()))
+
     rules = tuple(
-        Call("MapRule", (r.hf, r.target, r.stack, transforms(r.transforms), r.line, *parts(r)))
+        Call(
+            "MapRule",
+            (r.hf, r.target, r.stack, transforms(r.transforms), r.line, *parts(r), *options(r)),
+        )
         for r in hfmap.rules
     )
     fields = [("rules", rules), ("drops", hfmap.drops), ("ties", hfmap.ties)]
@@ -282,11 +307,13 @@ def _hf_context(spec: ir.Spec, spec_path: str) -> dict[str, str] | None:
     words = "How a Hugging Face checkpoint maps onto the storage units".split()
     words += [f"({spec_path},", "lines", f"{first}-{last})."]
     legend = "MapRule(HF name, storage unit, stack index, transforms from HF to model, spec line"
-    legend += (
-        ", parts of a split HF tensor in its order)."
-        if any(r.parts is not None for r in hfmap.rules)
-        else ")."
-    )
+    if any(r.parts is not None for r in hfmap.rules):
+        legend += ", parts of a split HF tensor in its order"
+    if any(r.grouped for r in hfmap.rules):
+        legend += "; grouped: the parts stored group by group"
+    if any(r.dtypes for r in hfmap.rules):
+        legend += "; dtypes: its HF tensors' dtypes in the HF manifest, which load_hf checks"
+    legend += ")."
     text = comment(words) + "\n" + comment(legend.split())
     return {"table": "\n".join(lines), "imports": ", ".join(imports), "comment": text}
 
@@ -473,7 +500,7 @@ def render_module(
         "buffers": assign("BUFFERS: tuple[str, ...]", _buffers(res)),
         "hook_keys": assign("HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]]", _hook_keys(res)),
         "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec, res)),
-        "hf": _hf_context(spec, spec_path),
+        "hf": _hf_context(spec, spec_path, res.hf_manifest),
         "pipeline": _pipeline_context(res),
     }
     ctx["runtime_imports"] = _runtime_imports(ctx)

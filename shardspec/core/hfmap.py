@@ -14,6 +14,10 @@ A target that names a parameter with a fused dimension (no component suffix) *sp
 the HF tensor is that parameter's components one after another along the fused
 dimension, in declared order, or in the order of an ``as`` list (``as k, q, v``, each
 part with transforms of its own: ``as q rope 16, k rope 16, v``); export joins them.
+A ``grouped`` split line says that the HF tensor stores the model's own grouped layout
+(``fuse ffn as 32 groups of gate 1, up 1``): group after group, each group the parts'
+rows of that group, so a component's rows are strided in the HF tensor (gpt-oss's
+interleaved ``gate_up_proj``, Megatron's per-group q|k|v).
 Transforms apply in the order written, from the HF tensor to the model's:
 
 * ``transpose``: swap the two dimensions of a 2-D tensor;
@@ -33,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
+from typing import NamedTuple
 
 __all__ = [
     "Fused",
@@ -42,6 +47,7 @@ __all__ = [
     "Source",
     "Split",
     "Transform",
+    "dtype_kind",
     "fused_of",
     "hf_dim",
     "hf_shape",
@@ -177,10 +183,14 @@ class Part:
 
 @dataclass(frozen=True)
 class MapRule:
-    """``hf -> target[stack] transforms... [as part, ...]``; ``line`` points back into the
-    spec. ``parts`` is None without an ``as`` list; the target then names a unit, or a
-    parameter with a fused dimension whose components all come from the HF tensor, in
-    declared order."""
+    """``hf -> target[stack] transforms... [grouped] [as part, ...]``; ``line`` points back
+    into the spec. ``parts`` is None without an ``as`` list; the target then names a unit,
+    or a parameter with a fused dimension whose components all come from the HF tensor, in
+    declared order. ``grouped``: the split HF tensor holds the parts group by group, as the
+    model's fused dimension does (see :class:`Split`). ``dtypes``: the safetensors dtypes
+    (``"F32"``) of the HF tensors the line reads, as the spec's HF manifest recorded them
+    when the spec was compiled (empty without an HF manifest); load_hf checks the files
+    against them."""
 
     hf: str
     target: str
@@ -188,6 +198,8 @@ class MapRule:
     transforms: tuple[Transform, ...] = ()
     line: int = 0
     parts: tuple[Part, ...] | None = None
+    grouped: bool = False
+    dtypes: tuple[str, ...] = ()
 
     @cached_property
     def target_regex(self) -> re.Pattern[str]:
@@ -201,25 +213,42 @@ class MapRule:
     def __str__(self) -> str:
         stack = f"[{self.stack}]" if self.stack else ""
         tail = "".join(f" {t}" for t in self.transforms)
+        grouped = " grouped" if self.grouped else ""
         parts = "" if self.parts is None else " as " + ", ".join(map(str, self.parts))
-        return f"{self.hf} -> {self.target}{stack}{tail}{parts}"
+        return f"{self.hf} -> {self.target}{stack}{tail}{grouped}{parts}"
 
 
 @dataclass(frozen=True)
 class Split:
-    """Where a split line's unit lies in its HF tensor: along HF dimension ``dim`` (of each
-    stacked slice), ``size`` indices from ``start``; ``total`` is that dimension's size
-    (every part)."""
+    """Where a split line's unit lies in its HF tensor, along HF dimension ``dim`` (of each
+    stacked slice): the unit has ``size`` indices there, ``total`` is that dimension's size
+    (every part). The dimension is ``groups`` blocks of ``total // groups`` indices, and in
+    each block the unit's ``size // groups`` indices start at ``start`` (one block, the
+    whole dimension, unless the line is ``grouped``): the unit's index ``i`` is the HF
+    index :meth:`hf_index` gives."""
 
     dim: int
     start: int
     size: int
     total: int
+    groups: int = 1
+
+    def hf_index(self, i: int) -> int:
+        """The HF index (along ``dim``) of the unit's index ``i``."""
+        if self.groups == 1:
+            return self.start + i
+        g, j = divmod(i, self.size // self.groups)
+        return g * (self.total // self.groups) + self.start + j
 
 
-# A fused dimension, as the split lines need it: its position in the unit's shape and the
-# components in declared order with their global sizes (all groups).
-Fused = tuple[int, tuple[tuple[str, int], ...]]
+class Fused(NamedTuple):
+    """A fused dimension, as the split lines need it: its position in the unit's shape,
+    the components in declared order with their global sizes (all groups), and the number
+    of groups."""
+
+    at: int
+    components: tuple[tuple[str, int], ...]
+    groups: int = 1
 
 
 @dataclass(frozen=True)
@@ -244,7 +273,7 @@ def fused_of(dims: Sequence) -> Fused | None:
             continue
         if d.fusion is not None:
             comps = tuple((name, size * d.fusion.groups) for name, size in d.fusion.components)
-            return at, comps
+            return Fused(at, comps, d.fusion.groups)
         at += 1
     return None
 
@@ -326,16 +355,22 @@ def source_indices(
         elif t.kind == "rope":
             d, idx = cur[0]
             cur[0] = (d, tuple(rope_row(m, t.head_dim) for m in idx))
-    if split is not None and split.start:
+    if split is not None and (split.start or split.groups > 1):
         d, idx = cur[split.dim]
-        cur[split.dim] = (d, _shifted(idx, split.start))
+        cur[split.dim] = (d, _in_split(idx, split))
     return tuple(i for _, i in cur), tuple(d for d, _ in cur)
 
 
-def _shifted(idx: Index, by: int) -> Index:
-    if isinstance(idx, range):
-        return range(idx.start + by, idx.stop + by)
-    return tuple(i + by for i in idx)
+def _in_split(idx: Index, split: Split) -> Index:
+    """The HF indices of the unit's indices ``idx`` (a range stays a range where it can)."""
+    if isinstance(idx, range) and split.groups == 1:
+        return range(idx.start + split.start, idx.stop + split.start)
+    if isinstance(idx, range) and len(idx) and split.size:
+        per = split.size // split.groups
+        if idx.start // per == (idx.stop - 1) // per:  # within one group
+            first = split.hf_index(idx.start)
+            return range(first, first + len(idx))
+    return tuple(split.hf_index(i) for i in idx)
 
 
 def model_indices(
@@ -370,6 +405,53 @@ def runs(idx: Index) -> list[tuple[int, int]]:
         else:
             out.append((i, i + 1))
     return out
+
+
+def strided_runs(idx: Index) -> list[tuple[int, int, int]]:
+    """``(start, stop, step)`` slices covering the sorted, distinct indices of ``idx``
+    exactly: the :func:`runs`, with consecutive single indices an equal step apart read
+    as one strided slice (gate/up interleaved: every second column is one slice, not one
+    slice per column)."""
+    out: list[tuple[int, int, int]] = []
+    for a, b in runs(idx):
+        if b - a == 1 and out:
+            start, stop, step = out[-1]
+            count = len(range(start, stop, step))
+            last = start + (count - 1) * step
+            if count == 1 or (step > 1 and a - last == step):
+                out[-1] = (start, a + 1, a - last if count == 1 else step)
+                continue
+        out.append((a, b, 1))
+    return out
+
+
+def dtype_kind(name: str) -> str | None:
+    """``"float"``, ``"int"``, ``"bool"`` or ``"complex"`` for a safetensors dtype name
+    (``"F32"``, ``"BF16"``, ``"I64"``, ``"U8"``, ``"BOOL"``, ``"F8_E4M3"``) or a torch dtype
+    name (``"float32"``, ``"torch.bfloat16"``, ``"int64"``); None for a name that is
+    neither. Load never casts between kinds: integers are no floats' bit patterns."""
+    if name in _SAFETENSORS_KINDS:
+        return _SAFETENSORS_KINDS[name]
+    name = name.removeprefix("torch.")
+    for kind, pattern in _TORCH_KINDS:
+        if pattern.fullmatch(name):
+            return kind
+    return None
+
+
+_SAFETENSORS_KINDS = {
+    "BOOL": "bool",
+    **dict.fromkeys(("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"), "int"),
+    **dict.fromkeys(("F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0"), "float"),
+    **dict.fromkeys(("F16", "BF16", "F32", "F64"), "float"),
+    "C64": "complex",
+}
+_TORCH_KINDS = (
+    ("float", re.compile(r"b?float[0-9]+(?:_[a-z0-9]+)*|half|double|float")),
+    ("int", re.compile(r"u?int[0-9]*|long|short")),
+    ("bool", re.compile(r"bool")),
+    ("complex", re.compile(r"complex[0-9]+|c(?:half|float|double)")),
+)
 
 
 @dataclass(frozen=True)
@@ -421,8 +503,8 @@ class HFMap:
         rules = self.rules
         for i in self._target_index.candidates(name):
             rule = rules[i]
-            if rule.parts is not None:
-                continue  # an `as` list needs a fused parameter (lint: SS081)
+            if rule.parts is not None or rule.grouped:
+                continue  # an `as` list or `grouped` needs a fused parameter (lint: SS081)
             m = rule.target_regex.match(name)
             if m is None:
                 continue
@@ -442,7 +524,7 @@ class HFMap:
 
     def _split_sources(self, name: str, shape: Sequence[int], fused: Fused) -> list[Source]:
         base, _, comp = name.rpartition(".")
-        at, comps = fused
+        at, comps = fused.at, fused.components
         out = []
         for i in self._target_index.candidates(base):
             rule = self.rules[i]
@@ -466,10 +548,12 @@ class HFMap:
                 continue  # the stack index cannot be the fused dimension (lint: SS081)
             k = hf_dim(len(sub), chain, d)
             hshape = list(hf_shape(sub, chain))
-            start = sum(sizes[p] for p in order[: order.index(comp)])
+            # Grouped: each group's block holds every part's rows of that group.
+            groups = fused.groups if rule.grouped else 1
+            start = sum(sizes[p] // groups for p in order[: order.index(comp)])
             size = hshape[k]
             hshape[k] = sum(sizes[p] for p in order)
-            split = Split(k, start, size, hshape[k])
+            split = Split(k, start, size, hshape[k], groups)
             if rule.stack:
                 keys = tuple(_fill(rule.hf, {**caps, rule.stack: str(e)}) for e in range(shape[0]))
             else:

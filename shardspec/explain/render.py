@@ -254,6 +254,11 @@ def _source_text(shown: str, s: HFSource) -> str:
     tail = "".join(f", {t}" for t in src.transforms)
     if src.split is not None:
         sp = src.split
-        keys += f"[{sp.start}:{sp.start + sp.size} of dim {sp.dim}]"
+        if sp.groups == 1:
+            keys += f"[{sp.start}:{sp.start + sp.size} of dim {sp.dim}]"
+        else:  # `grouped`: the part's rows of every group
+            per, block = sp.size // sp.groups, sp.total // sp.groups
+            keys += f"[{sp.start}:{sp.start + per} of each of {sp.groups} groups of {block}"
+            keys += f" of dim {sp.dim}]"
     count = f" ({len(src.keys)} tensors, stacked)" if src.stacked else ""
     return f"{keys} {list(src.shape)}{count}  ({shown}:{s.line}{tail})"

@@ -572,6 +572,57 @@ CHECKS: tuple[Check, ...] = (
         True,
     ),
     Check(
+        "SS082",
+        "hf-own-tensor-not-grouped",
+        E,
+        "A split line reads a Hugging Face tensor named as the fused parameter itself (the "
+        "model's own checkpoint) as its components one after another, while the parameter's "
+        "fused dimension declares `N groups of` components.",
+        "A checkpoint of the model's own names stores the tensor as the model holds it, "
+        "groups included, and a split line without `grouped` reads all of one component, "
+        "then all of the next: every component's rows would come from the wrong places, "
+        "and export would write them back the same way, so a round trip hides it. Either "
+        "the storage is grouped (gpt-oss's interleaved gate_up_proj: add `grouped`), or the "
+        "model is not (Phi3's q|k|v blocks: drop `N groups of`). A line with transforms "
+        "declares a storage of its own and is not checked.",
+        "param **.experts.gate_up_proj [expert, hidden, ffn] {\n"
+        "    fuse ffn as 32 groups of gate 1, up 1\n}\n"
+        "hf {\n    m.{i}.experts.gate_up_proj -> m.{i}.experts.gate_up_proj\n}",
+        "param **.experts.gate_up_proj [expert, hidden, ffn] {\n"
+        "    fuse ffn as 32 groups of gate 1, up 1\n}\n"
+        "hf {\n    m.{i}.experts.gate_up_proj -> m.{i}.experts.gate_up_proj grouped\n}",
+        True,
+    ),
+    Check(
+        "SS083",
+        "hf-grouped-without-groups",
+        E,
+        "A split line says `grouped`, but its fused parameter declares no groups.",
+        "`grouped` reads the Hugging Face tensor group by group, as the fused dimension's "
+        "`N groups of` lays it out; without groups it changes nothing, so the tensor is read "
+        "as its components one after another, which is not what the line says.",
+        "param **.gate_up_proj [expert, hidden, ffn] { fuse ffn as gate, up }\n"
+        "hf {\n    m.{i}.gate_up_proj -> m.{i}.gate_up_proj grouped\n}",
+        "param **.gate_up_proj [expert, hidden, ffn] { fuse ffn as 32 groups of gate 1, up 1 }\n"
+        "hf {\n    m.{i}.gate_up_proj -> m.{i}.gate_up_proj grouped\n}",
+        True,
+    ),
+    Check(
+        "SS084",
+        "hf-dtype-kind",
+        E,
+        "The HF manifest gives a key that a map line reads a dtype of another kind than its "
+        "parameter's (integer or bool data for a floating parameter, or the reverse), or a "
+        "dtype that is no safetensors dtype.",
+        "load_hf casts between floating dtypes (a bf16 checkpoint into an fp32 model), but "
+        "never between kinds: integers are not the bit patterns of floats, so such a load "
+        "would be garbage, and load_hf refuses it. A header relabelled from F32 to I32 (the "
+        "same bytes) is the usual cause; a quantized checkpoint needs a conversion of its own.",
+        '"model.norm.weight": {"shape": [64], "dtype": "I32", ...}   # norm.weight: float32',
+        '"model.norm.weight": {"shape": [64], "dtype": "F32", ...}',
+        True,
+    ),
+    Check(
         "SS086",
         "dropped-model-state",
         W,

@@ -136,14 +136,15 @@ class HFPart(Node):
 
 
 class HFMapItem(Node):
-    """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform... [as PART, ...]`` in an ``hf``
-    block."""
+    """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform... [grouped] [as PART, ...]`` in
+    an ``hf`` block; ``grouped`` is the keyword's span, or None without it."""
 
     hf: Pattern
     target: Pattern
     stack: Name | None = None
     transforms: list[HFTransform] = []
     parts: list[HFPart] | None = None
+    grouped: Span | None = None
 
 
 class HFGlob(Node):

@@ -389,6 +389,14 @@ class _ToIR(Transformer):
             stack=next((c for c in rest if isinstance(c, ir.Name)), None),
             transforms=[c for c in rest if isinstance(c, ir.HFTransform)],
             parts=parts.parts if parts is not None else None,
+            grouped=next(
+                (
+                    _tok_span(self.path, c)
+                    for c in rest
+                    if isinstance(c, Token) and c.type == "GROUPED"
+                ),
+                None,
+            ),
         )
 
     def hf_parts(self, children):

@@ -7,10 +7,12 @@ and the runtime reads that table. No torch, no lark.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
 from shardspec.frontend import ir
+from shardspec.inputs.hfmanifest import HFManifest
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -27,6 +29,7 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
             parts=None
             if m.parts is None
             else tuple(Part(p.name.text, _transforms(p.transforms)) for p in m.parts),
+            grouped=m.grouped is not None,
         )
         for m in block.maps
     )
@@ -36,6 +39,27 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
         ties=tuple((t.alias.text, t.source.text) for t in block.ties),
         keeps=tuple(k.pattern.text for k in block.keeps),
     )
+
+
+def with_dtypes(hfmap: HFMap, hfm: HFManifest | None) -> HFMap:
+    """``hfmap`` with each rule's ``dtypes``: the dtypes the HF manifest records for the
+    keys the rule reads (a tie alias's key absent from it: its source's), sorted. A rule
+    that reads no key of the manifest, or a map without one, records none."""
+    if hfm is None:
+        return hfmap
+    found: list[set[str]] = [set() for _ in hfmap.rules]
+    for key, t in hfm.tensors.items():
+        for i, _, _ in hfmap.consumers(key):
+            found[i].add(t.dtype)
+    for alias, source in hfmap.ties:
+        if alias not in hfm.tensors and source in hfm.tensors:
+            for i, _, _ in hfmap.consumers(alias):
+                found[i].add(hfm.tensors[source].dtype)
+    rules = tuple(
+        dataclasses.replace(r, dtypes=tuple(sorted(d)))
+        for r, d in zip(hfmap.rules, found, strict=True)
+    )
+    return dataclasses.replace(hfmap, rules=rules)
 
 
 def _transforms(items: list[ir.HFTransform]) -> tuple[Transform, ...]:

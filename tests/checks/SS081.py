@@ -19,6 +19,27 @@ def split(line: str) -> str:
     return HEAD + GOOD.replace(LINES, f"    {line}\n")
 
 
+def on_plain(name: str, tail: str) -> dict:
+    """The norm line (line 7) with ``tail``, which only a split line may have."""
+    return {
+        "name": name,
+        "spec": HEAD + GOOD.replace("norm.weight\n", f"norm.weight{tail}\n", 1),
+        "manifest": MANIFEST,
+        "hf_manifest": HF,
+        "expect": [
+            (
+                "SS081",
+                7,
+                "line 7 splits 'norm.weight', which has no fused dimension",
+                "norm.weight",
+                "an `as` list and `grouped` say how an HF tensor holds the components",
+            ),
+            ("SS071", "m.json:6", "storage unit 'norm.weight' [8] is produced by no hf map line"),
+            ("SS078", 7, "map line model.norm.weight -> norm.weight produces no storage unit"),
+        ],
+    }
+
+
 CASES = [
     {
         "name": "a part that is no component",
@@ -67,22 +88,8 @@ CASES = [
         "hf_manifest": HF_FUSED,
         "expect": [("SS081", 8, "config.json has no key 'ffn_size'", "ffn_size")],
     },
-    {
-        "name": "an as list on a parameter without a fused dimension",
-        "spec": HEAD + GOOD.replace("norm.weight\n", "norm.weight as a, b\n", 1),
-        "manifest": MANIFEST,
-        "hf_manifest": HF,
-        "expect": [
-            (
-                "SS081",
-                7,
-                "line 7 splits 'norm.weight', which has no fused dimension",
-                "norm.weight",
-            ),
-            ("SS071", "m.json:6", "storage unit 'norm.weight' [8] is produced by no hf map line"),
-            ("SS078", 7, "map line model.norm.weight -> norm.weight produces no storage unit"),
-        ],
-    },
+    on_plain("an as list on a parameter without a fused dimension", " as a, b"),
+    on_plain("grouped on a parameter without a fused dimension", " grouped"),
     {
         "name": "up first, sizes from the fuse line, from numbers and from config.json",
         "spec": split(

@@ -256,12 +256,15 @@ def open_file(root: str, rel: str, handles: dict[str, Any]) -> Any:
     return handle
 
 
-def raise_problems(problems: list[str], path: str) -> None:
+def raise_problems(problems: list[str], path: str, hints: Iterable[str] = ()) -> None:
+    """An :class:`HFError` listing ``problems`` (the first of them), then ``hints`` (what
+    to do about a kind of problem, said once), unless there are none."""
     if not problems:
         return
     shown = problems[:_MAX_LISTED]
     more = len(problems) - len(shown)
     tail = f"\n  ... and {more} more" if more else ""
+    tail += "".join(f"\n{h}" for h in hints)
     raise HFError(
         f"{path} does not fit the spec's hf mapping ({len(problems)} problem"
         f"{'s' if len(problems) != 1 else ''}); the model was not changed:\n  "
@@ -299,10 +302,10 @@ def _split_problems(hfmap: HFMap, name: str, src: Source, fused: Fused | None) -
     rule = hfmap.rules[src.rule]
     if src.split is None or rule.parts is None or fused is None:
         return []
-    comps = {c for c, _ in fused[1]}
+    comps = {c for c, _ in fused.components}
     return [
         f"{name}: line {rule.line} splits its Hugging Face tensor into {p.name!r}, which is "
-        f"no component of {name.rpartition('.')[0]} ({', '.join(c for c, _ in fused[1])})"
+        f"no component of {name.rpartition('.')[0]} ({', '.join(c for c, _ in fused.components)})"
         for p in rule.parts
         if p.name not in comps
     ]

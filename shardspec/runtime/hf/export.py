@@ -17,6 +17,7 @@ import torch.distributed as dist
 from shardspec.core.hfmap import (
     HFMap,
     Source,
+    Split,
     model_indices,
 )
 from shardspec.core.layout import Mesh
@@ -201,18 +202,28 @@ def _written_twice(sources: Mapping[str, Source]) -> list[str]:
         if len(found) == 1 and found[0][1].split is None:
             continue
         splits = [src.split for _, src in found]
-        parts = sorted((sp.start, sp.size) for sp in splits if sp is not None)
-        tiled = (
-            None not in splits
-            and len({(src.rule, src.split.dim, src.split.total) for _, src in found}) == 1  # type: ignore[union-attr]
-            and all(a == b for (a, _), b in zip(parts, _ends(parts), strict=True))
-            and sum(n for _, n in parts) == found[0][1].split.total  # type: ignore[union-attr]
+        tiled = None not in splits and _tile(
+            [(src.rule, src.split) for _, src in found]  # type: ignore[misc]
         )
         if not tiled:
             names = " and ".join(n for n, _ in found)
             how = ", not as parts that tile it" if any(splits) else ""
             out.append(f"{key}: both {names} would be written under it{how}")
     return out
+
+
+def _tile(parts: list[tuple[int, Split]]) -> bool:
+    """Whether the parts of one line's split tensor tile its split dimension exactly (per
+    group: one group is the whole dimension unless the line is ``grouped``)."""
+    shared = {(rule, sp.dim, sp.total, sp.groups) for rule, sp in parts}
+    if len(shared) != 1:
+        return False
+    (_, _, total, groups), *_ = shared
+    blocks = sorted((sp.start, sp.size // groups) for _, sp in parts)
+    return (
+        all(a == b for (a, _), b in zip(blocks, _ends(blocks), strict=True))
+        and sum(n for _, n in blocks) * groups == total
+    )
 
 
 def _ends(parts: list[tuple[int, int]]) -> list[int]:
@@ -673,8 +684,17 @@ def _hf_tensors(
             whole = out.tensors.get(key)
             if whole is None:
                 whole = out.tensors[key] = torch.empty(src.shape, dtype=part.dtype)
-            whole.narrow(src.split.dim, src.split.start, src.split.size).copy_(part)
+            _place_part(whole, part, src.split)
     return out
+
+
+def _place_part(whole: torch.Tensor, part: torch.Tensor, split: Split) -> None:
+    """Copy ``part`` into its place in ``whole``: along ``split.dim``, ``groups`` blocks,
+    in each block the part's rows of that group from ``split.start``."""
+    g, d = split.groups, split.dim
+    blocks = whole.unflatten(d, (g, split.total // g))
+    per = split.size // g
+    blocks.narrow(d + 1, split.start, per).copy_(part.unflatten(d, (g, per)))
 
 
 def _index(

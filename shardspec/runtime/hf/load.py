@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -14,12 +15,14 @@ from shardspec.core.hfmap import (
     HFMap,
     Source,
     Split,
-    runs,
+    dtype_kind,
     source_indices,
+    strided_runs,
 )
 from shardspec.runtime.canonical import Unit
 from shardspec.runtime.hf.common import (
     PROGRESS_BYTES,
+    GlobalUnit,
     HFError,
     HFLoadReport,
     hf_mesh_and_rank,
@@ -38,14 +41,16 @@ from shardspec.runtime.units import (
 
 
 def _read_runs(
-    sl: Any, dim_runs: list[list[tuple[int, int]]], d: int, prefix: tuple
+    sl: Any, dim_runs: list[list[tuple[int, int, int]]], d: int, prefix: tuple
 ) -> torch.Tensor:
-    """Every combination of the per-dim runs, read and concatenated in order. (Module
-    level: a closure naming itself would be a reference cycle holding the slice, and the
-    file's memory map, until the next garbage collection.)"""
+    """Every combination of the per-dim (strided) runs, read and concatenated in order.
+    (Module level: a closure naming itself would be a reference cycle holding the slice,
+    and the file's memory map, until the next garbage collection.)"""
     if d == len(dim_runs):
         return sl[prefix]
-    parts = [_read_runs(sl, dim_runs, d + 1, (*prefix, slice(a, b))) for a, b in dim_runs[d]]
+    parts = [
+        _read_runs(sl, dim_runs, d + 1, (*prefix, slice(a, b, step))) for a, b, step in dim_runs[d]
+    ]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=d)
 
 
@@ -58,12 +63,13 @@ def _read_box(
     split: Split | None = None,
 ) -> torch.Tensor:
     """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
-    its part ``split``), read with safetensors slicing (only the box's bytes)."""
+    its part ``split``), read with safetensors slicing (only the box's bytes; a grouped
+    part's strided indices as strided slices)."""
     per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
     sl = handle.get_slice(key)
     if not per_dim:
         return handle.get_tensor(key)
-    dim_runs = [runs(idx) for idx in per_dim]
+    dim_runs = [strided_runs(idx) for idx in per_dim]
 
     if any(not r for r in dim_runs):
         shape = [len(i) for i in per_dim]
@@ -71,14 +77,13 @@ def _read_box(
     else:
         t = _read_runs(sl, dim_runs, 0, ())
     for d, idx in enumerate(per_dim):
-        if isinstance(idx, range):
-            continue
+        if isinstance(idx, range) or all(a < b for a, b in itertools.pairwise(idx)):
+            continue  # ascending: the runs hold the indices in order
         # Positions of the requested indices inside the concatenated runs.
-        pos, base = {}, 0
-        for a, b in dim_runs[d]:
-            for i in range(a, b):
-                pos[i] = base + i - a
-            base += b - a
+        pos: dict[int, int] = {}
+        for a, b, step in dim_runs[d]:
+            for i in range(a, b, step):
+                pos[i] = len(pos)
         t = t.index_select(d, torch.tensor([pos[i] for i in idx], dtype=torch.long))
     order = [model_dim_of.index(d) for d in range(len(model_dim_of))]
     return t.permute(order) if order != list(range(len(order))) else t
@@ -116,6 +121,8 @@ class _Keys:
     read_from: dict[str, str] = field(default_factory=dict)
     # needed key -> its shape by the mapping (read or missing)
     expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # needed key -> (the unit it fills, the map line's index, the unit's dtype)
+    unit_of: dict[str, tuple[str, int, torch.dtype]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # missing and unexpected keys
 
 
@@ -158,6 +165,7 @@ def load_hf(
     *,
     progress: bool | None = None,
     strict: bool = True,
+    other_dtypes: bool = False,
 ) -> HFLoadReport:
     """Load the Hugging Face checkpoint at ``path`` into ``model`` (its DTensor or
     Megatron-style local-shard parameters, as the spec lays them out), in place.
@@ -173,6 +181,12 @@ def load_hf(
     succeeded. Values are cast to the parameters' dtypes. ``strict=False`` leaves
     parameters that no rule produces as they are (with ``strict``, that is an error).
     ``progress``: a bar on rank 0 (default: for loads of 256 MiB or more).
+
+    Each file's dtype must be the one the spec's HF manifest recorded for the key (the map
+    line's ``dtypes``; a relabelled header, F32 bytes called I32, is refused), unless
+    ``other_dtypes`` accepts another dtype of the same kind (a bf16 copy of an fp32
+    checkpoint). Integer or bool data into a floating parameter, or the reverse, is
+    refused whatever the options: a cast between kinds is never a load.
     """
     path = os.fspath(path)
     lm, rank = hf_mesh_and_rank(spec, mesh, "load_hf")
@@ -180,27 +194,32 @@ def load_hf(
     sources, problems = resolve_sources(hfmap, m.units, strict)
     handles: dict[str, Any] = {}
     weight_map, file_problems = weight_map_of(path, handles)
-    keys = _needed_keys(hfmap, sources, weight_map)
+    keys = _needed_keys(hfmap, sources, weight_map, m.units)
     raise_problems(problems + file_problems + keys.problems, path)
 
     ckpt = _Checkpoint(path, weight_map, handles)
     report = HFLoadReport()
     _open_files(ckpt, report)
-    raise_problems(_shape_problems(ckpt, keys), path)
+    problems, hints = _tensor_problems(ckpt, keys, hfmap, other_dtypes)
+    raise_problems(problems, path, hints)
     reads = _rank_reads(m.local, sources, keys.read_from)
     _place(_stage(ckpt, reads, report, _progress(_nbytes(reads), progress, rank)))
     return report
 
 
 def _needed_keys(
-    hfmap: HFMap, sources: Mapping[str, Source], weight_map: Mapping[str, str]
+    hfmap: HFMap,
+    sources: Mapping[str, Source],
+    weight_map: Mapping[str, str],
+    units: Mapping[str, GlobalUnit],
 ) -> _Keys:
-    """Which key each needed Hugging Face key is read from, the shape it must have, and
-    the index's missing and unexpected keys."""
+    """Which key each needed Hugging Face key is read from, the shape it must have, the
+    unit it fills, and the index's missing and unexpected keys."""
     out = _Keys()
     for name, src in sources.items():
         for key in src.keys:
             out.expected[key] = src.shape
+            out.unit_of[key] = (name, src.rule, units[name].dtype)
             if key in weight_map:
                 out.read_from[key] = key
             elif (tied := hfmap.tie_of(key)) is not None and tied in weight_map:
@@ -229,22 +248,65 @@ def _open_files(ckpt: _Checkpoint, report: HFLoadReport) -> None:
     raise_problems(bad_files, ckpt.path)
 
 
-def _shape_problems(ckpt: _Checkpoint, keys: _Keys) -> list[str]:
-    """Every needed key's presence and shape in the file the index puts it in."""
+def _tensor_problems(
+    ckpt: _Checkpoint, keys: _Keys, hfmap: HFMap, other_dtypes: bool
+) -> tuple[list[str], list[str]]:
+    """Every needed key's presence, shape and dtype in the file the index puts it in; and
+    a hint per kind of dtype problem found."""
     file_keys = {rel: set(h.keys()) for rel, h in ckpt.handles.items()}
     problems = []
+    hints: dict[str, None] = {}
     for key, source_key in sorted(keys.read_from.items()):
         rel = ckpt.weight_map[source_key]
         if source_key not in file_keys[rel]:
             problems.append(f"{source_key}: the index puts it in {rel}, which does not hold it")
             continue
-        got = tuple(ckpt.handles[rel].get_slice(source_key).get_shape())
+        sl = ckpt.handles[rel].get_slice(source_key)
+        got = tuple(sl.get_shape())
         if got != keys.expected[key]:
             problems.append(
                 f"{source_key}: shape {list(got)} in {rel}, the mapping expects "
                 f"{list(keys.expected[key])}"
             )
-    return problems
+        name, rule, dtype = keys.unit_of[key]
+        found = _dtype_problem(sl.get_dtype(), dtype, hfmap.rules[rule], other_dtypes)
+        if found is not None:
+            problems.append(f"{source_key}: {found[0]} (in {rel}, for {name})")
+            hints[found[1]] = None
+    return problems, list(hints)
+
+
+_CROSS_KIND = (
+    "load_hf never casts between integer, bool and floating data: the header may have been "
+    "relabelled (F32 bytes called I32), or the checkpoint needs a conversion of its own "
+    "(a quantized one)"
+)
+_NOT_MANIFEST = (
+    "A dtype other than the HF manifest's: a relabelled header, or another checkpoint than "
+    "the one the HF manifest describes. Rebuild the HF manifest from this checkpoint "
+    "(shardspec hf-manifest DIR -o FILE) and recompile the spec, or pass "
+    "other_dtypes=True to cast it to the model's dtypes"
+)
+
+
+def _dtype_problem(
+    got: str, dtype: torch.dtype, rule: Any, other_dtypes: bool
+) -> tuple[str, str] | None:
+    """Why a file tensor of safetensors dtype ``got`` may not fill a tensor of ``dtype``
+    through map line ``rule``, and the hint for that kind of problem; or None."""
+    kind, want = dtype_kind(got), dtype_kind(str(dtype))
+    if kind != want:
+        shown = str(dtype).removeprefix("torch.")
+        return f"the file stores {got} ({kind or 'unknown'} values) for a {shown} tensor", (
+            _CROSS_KIND
+        )
+    if rule.dtypes and got not in rule.dtypes and not other_dtypes:
+        said = " or ".join(rule.dtypes)
+        return (
+            f"the file stores {got}, the spec's HF manifest says {said} (line {rule.line})",
+            _NOT_MANIFEST,
+        )
+    return None
 
 
 def _rank_reads(

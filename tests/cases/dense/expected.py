@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/dense/spec.shard"
 SPEC_SHA256 = "1633491aadc3bd907dc77db3f17e97d8e948df429b43ff6aa47a916bac09c087"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/hf/spec.shard"
 SPEC_SHA256 = "ce9a3b38945d2cafd0b5daec83e19c02550471022f94ab1862847ed3bd8cd062"

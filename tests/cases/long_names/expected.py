@@ -27,7 +27,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/long_names/spec.shard"
 SPEC_SHA256 = "36233614845ac6695c75d105f70608de8161757c9d8e7ef0774ac2dc5703b4fc"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/moe_local/spec.shard"
 SPEC_SHA256 = "693d8c59f41650ad18f7ea992256c57a5b5c5879c38525f47e0fa2dfa166d1ab"

@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/no_manifest/spec.shard"
 SPEC_SHA256 = "c452a0e828f275a16392dabac0fe5353c76a671afaa672d8f92ae8cabe2c1234"

@@ -28,7 +28,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/overrides/spec.shard"
 SPEC_SHA256 = "4d959b0bcb2bc7b634e376ab74c43dcbe061b72c4d1b7c4192aa169daa16ab44"

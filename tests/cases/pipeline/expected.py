@@ -27,7 +27,7 @@ from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/pipeline/spec.shard"
 SPEC_SHA256 = "dc6b7494ff65b403cc5fd563830d3557cee98be459857e249ee5b31a62b94593"

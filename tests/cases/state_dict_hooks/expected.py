@@ -26,7 +26,7 @@ from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/state_dict_hooks/spec.shard"
 SPEC_SHA256 = "9d03cfd54e75e82b7d6c8b36477e7b63059402d0ab0ceafd0d8decc713d3bfaa"

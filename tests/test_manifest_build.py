@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from examples.models import llama, llama3_fused
 from shardspec.cli import main
-from shardspec.inputs.manifest import dump_manifest, load_manifest
+from shardspec.inputs.manifest import TORCH_DTYPES, ManifestError, dump_manifest, load_manifest
 from shardspec.inputs.manifest_build import model_entries, state_dict_changes
 
 
@@ -329,3 +331,37 @@ def test_lint_warns_about_gpt2s_tied_head_sharded_over_tp(tmp_path: Path) -> Non
     assert "warning SS037 [tied-parameter-sharded]: lm_head.weight is tied to " in said
     assert _codes(said) == ["SS037"]
     assert _lint_with_manifest(spec, model, tmp_path) == ""
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.one_of(
+        st.sampled_from(["float32", "bfloat16", "", "float", "torch.int64"]), st.text()
+    ),
+    tied=st.one_of(st.none(), st.sampled_from(["a", "b", "c", "buf"]), st.text(max_size=5)),
+    shape=st.sampled_from([[4, 4], [4, 2]]),
+)
+def test_manifest_dtypes_and_ties_fuzzed(
+    dtype: str, tied: str | None, shape: list[int], tmp_path_factory
+) -> None:
+    """Any dtype text and any tie: the manifest reads, or says why with a ManifestError
+    (never another exception); it reads exactly when the dtype is torch's (or empty) and
+    the tie names an untied parameter entry of the same shape and dtype."""
+    entries = [
+        {"fqn": "a", "kind": "param", "shape": [4, 4], "dtype": dtype},
+        {"fqn": "b", "kind": "param", "shape": [4, 4], "dtype": dtype, "tied_to": "a"},
+        {"fqn": "buf", "kind": "buffer", "shape": [4, 4], "dtype": dtype},
+        {"fqn": "c", "kind": "param", "shape": shape, "dtype": dtype}
+        | ({"tied_to": tied} if tied is not None else {}),
+    ]
+    path = tmp_path_factory.mktemp("fuzz") / "m.json"
+    path.write_text(dump_manifest(entries, None), encoding="utf-8")
+    good = (dtype == "" or dtype in TORCH_DTYPES) and (
+        tied is None or (tied == "a" and shape == [4, 4])
+    )
+    try:
+        load_manifest(path)
+        assert good, (dtype, tied, shape)
+    except ManifestError as e:
+        assert not good, e
+        assert len(str(e)) < 400  # a quoted name, not the whole input

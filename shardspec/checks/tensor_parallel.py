@@ -20,8 +20,9 @@ Embedding take part in ways lint cannot see: their block is not checked over tha
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from shardspec.core.layout import Mesh
 from shardspec.core.styles import (
     EMBEDDING,
     LINEAR,
@@ -40,16 +41,15 @@ PRODUCER, CONSUMER, REPLICATED, EXEMPT = "producer", "consumer", "replicated", "
 NEUTRAL = "neutral"  # cut, with whole activations in and out (`output replicate`)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Module:
     """A module holding placed parameters: its kind, its weight's rule and, per
-    model-parallel axis, what it is to its block."""
+    model-parallel axis, what it is to its block (modules alike share one ``roles``)."""
 
     name: str
     kind: str | None
     rule: int
-    fqn: str  # the parameter that speaks for it (its weight)
-    roles: dict[str, str] = field(default_factory=dict)  # axis -> role (absent: replicated)
+    roles: dict[str, str]  # axis -> role (absent: replicated)
     dtensor: bool = False  # a producer whose output stays a DTensor
 
 
@@ -85,69 +85,91 @@ def _style(res: Resolved, m: Match, fsdp: str | None) -> tuple[str | None, str |
 
 
 def _modules(res: Resolved) -> dict[str, _Module]:
-    """Every module holding a placed parameter, with its role per model-parallel axis."""
+    """Every module holding a placed parameter, with its role per model-parallel axis.
+    Modules whose parameters share rules, layouts and kinds (every layer's) share roles,
+    worked out once."""
     fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     params: dict[str, dict[str, Match]] = defaultdict(dict)
-    for fqn, m in res.params:
-        if m.layout is not None:
-            owner, leaf = _owner(fqn)
-            params[owner][leaf] = m
+    for fqn, m in res.matches.items():
+        if m.layout is not None and m.winner is not None and m.ignored_by is None:
+            if m.entry.kind == "param":
+                owner, _, leaf = fqn.rpartition(".")
+                params[owner][leaf] = m
     out: dict[str, _Module] = {}
+    known: dict[tuple, tuple[dict[str, str], bool]] = {}
     for owner, leaves in params.items():
         weight = leaves.get("weight")
-        kind = weight.entry.module if weight is not None else None
         first = weight or next(iter(leaves.values()))
-        assert first.winner is not None
-        mod = _Module(owner, kind, first.winner, first.entry.fqn)
-        out[owner] = mod
-        local = {a for m in leaves.values() if m.layout is not None for a in m.layout.local}
-        sharded = {a for m in leaves.values() for a in _mp_axes(m, fsdp)}
-        for a in local:
-            mod.roles[a] = EXEMPT
-        if weight is None or kind not in (LINEAR, EMBEDDING):
-            for a in sharded - local:
-                mod.roles[a] = EXEMPT
-            continue
-        style, _ = _style(res, weight, fsdp)
-        st = res.spec.rules[weight.winner].style  # type: ignore[index]
-        for a in sharded - local:
-            if style is None or a not in _mp_axes(weight, fsdp):
-                mod.roles[a] = EXEMPT  # its own forward, or a bias cut alone (SS032)
-                continue
-            default_in = "features" if style == "rowwise" and kind == LINEAR else "replicate"
-            default_out = "features" if style == "colwise" else "replicate"
-            inp = st.input.text if st is not None and st.input is not None else default_in
-            outp = st.output.text if st is not None and st.output is not None else default_out
-            if style == "colwise" and outp == "features":
-                mod.roles[a] = PRODUCER
-                mod.dtensor = st is not None and st.dtensor
-            elif style == "rowwise" and inp == "features":
-                mod.roles[a] = CONSUMER
-            else:
-                mod.roles[a] = NEUTRAL
+        key = tuple([(leaf, m.winner, id(m.layout), m.entry.module) for leaf, m in leaves.items()])
+        if key not in known:
+            known[key] = _roles(res, leaves, fsdp)
+        roles, dtensor = known[key]
+        kind = weight.entry.module if weight is not None else None
+        out[owner] = _Module(owner, kind, first.winner, roles, dtensor)  # type: ignore[arg-type]
     return out
+
+
+def _roles(
+    res: Resolved, leaves: dict[str, Match], fsdp: str | None
+) -> tuple[dict[str, str], bool]:
+    """(model-parallel axis -> role, whether a producer's output stays a DTensor) of the
+    module holding ``leaves`` (its parameters by leaf name)."""
+    roles: dict[str, str] = {}
+    weight = leaves.get("weight")
+    kind = weight.entry.module if weight is not None else None
+    local = {a for m in leaves.values() if m.layout is not None for a in m.layout.local}
+    sharded = {a for m in leaves.values() for a in _mp_axes(m, fsdp)} - local
+    roles.update((a, EXEMPT) for a in local)
+    if weight is None or kind not in (LINEAR, EMBEDDING):
+        roles.update((a, EXEMPT) for a in sharded)
+        return roles, False
+    style, _ = _style(res, weight, fsdp)
+    st = res.spec.rules[weight.winner].style  # type: ignore[index]
+    cut = _mp_axes(weight, fsdp)
+    dtensor = False
+    for a in sharded:
+        if style is None or a not in cut:
+            roles[a] = EXEMPT  # its own forward, or a bias cut alone (SS032)
+            continue
+        default_in = "features" if style == "rowwise" and kind == LINEAR else "replicate"
+        default_out = "features" if style == "colwise" else "replicate"
+        inp = st.input.text if st is not None and st.input is not None else default_in
+        outp = st.output.text if st is not None and st.output is not None else default_out
+        if style == "colwise" and outp == "features":
+            roles[a] = PRODUCER
+            dtensor = st is not None and st.dtensor
+        elif style == "rowwise" and inp == "features":
+            roles[a] = CONSUMER
+        else:
+            roles[a] = NEUTRAL
+    return roles, dtensor
 
 
 def _blocks(modules: dict[str, _Module]) -> dict[str, list[_Module]]:
     """Block name -> its modules: each module's nearest enclosing module that holds two or
-    more Linear or Embedding modules (modules of a model with fewer belong to none)."""
-    count: dict[str, int] = defaultdict(int)
-    for mod in modules.values():
-        if mod.kind in (LINEAR, EMBEDDING):
-            for prefix in _ancestors(mod.name):
-                count[prefix] += 1
+    more Linear or Embedding modules (modules of a model with fewer belong to none).
+
+    Counts saturate at 2: a module enclosing two members makes every module around it a
+    candidate too, so each member's walk up stops at the first such module, and the work
+    is about one step per module."""
+    count: dict[str, int] = {}  # enclosing module -> members inside, up to 2
+    for name, mod in modules.items():
+        if mod.kind not in (LINEAR, EMBEDDING):
+            continue
+        while name:
+            name = name.rpartition(".")[0]
+            before = count.get(name, 0)
+            if before >= 2:
+                break
+            count[name] = before + 1
     out: dict[str, list[_Module]] = defaultdict(list)
-    for mod in modules.values():
-        block = next((p for p in _ancestors(mod.name) if count[p] >= 2), None)
-        if block is not None:
-            out[block].append(mod)
+    for name, mod in modules.items():
+        while name:
+            name = name.rpartition(".")[0]
+            if count.get(name, 0) >= 2:
+                out[name].append(mod)
+                break
     return out
-
-
-def _ancestors(name: str) -> list[str]:
-    """The modules enclosing module ``name``, nearest first, the model (``""``) last."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:n]) for n in range(len(parts) - 1, -1, -1)]
 
 
 def _names(block: str, mods: list[_Module], limit: int = 4) -> str:
@@ -160,6 +182,24 @@ def _are(mods: list[_Module]) -> str:
     return "is" if len(mods) == 1 else "are"
 
 
+def _verdicts(mods: list[_Module], mesh: Mesh) -> list[tuple[str, str]]:
+    """(axis, PRODUCER or CONSUMER) for each model-parallel axis of size > 1 over which a
+    block's cut output reaches no rowwise module (PRODUCER) or a rowwise module reads
+    input nobody cut (CONSUMER)."""
+    out = []
+    for axis in sorted({a for m in mods for a in m.roles if mesh.size(a) > 1}):
+        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
+        if any(r == EXEMPT for _, r in roles):
+            continue
+        producers = [m for m, r in roles if r == PRODUCER]
+        consumers = any(r == CONSUMER for _, r in roles)
+        if consumers and not producers:
+            out.append((axis, CONSUMER))
+        elif any(not m.dtensor for m in producers) and not consumers:
+            out.append((axis, PRODUCER))
+    return out
+
+
 def check_unpaired_cuts(res: Resolved) -> list[Diagnostic]:
     """SS036: per block and model-parallel axis of size > 1, colwise modules whose
     output stays cut and rowwise modules that read cut input come together."""
@@ -167,29 +207,36 @@ def check_unpaired_cuts(res: Resolved) -> list[Diagnostic]:
         return []
     mesh = res.mesh
     rules = res.spec.rules
-    found: dict[tuple, tuple[str, list[_Module], list[_Module], list[_Module], str, int]] = {}
+    if not any(m.entry.module in (LINEAR, EMBEDDING) for m in res.matches.values()):
+        return []  # no module kinds recorded (an older manifest), or no Linear at all
+    modules = _modules(res)
+    if not any(
+        mesh.size(a) > 1 and r in (PRODUCER, CONSUMER)
+        for m in modules.values()
+        for a, r in m.roles.items()
+    ):
+        return []  # no output stays cut, and no input is read cut
+    # Blocks alike (every layer's attention) share a verdict, worked out once.
+    verdicts: dict[tuple, list[tuple[str, str]]] = {}
+    found: dict[tuple, str] = {}  # finding -> the first block (by name) that shows it
     counts: dict[tuple, int] = defaultdict(int)
-    for block, mods in sorted(_blocks(_modules(res)).items()):
-        axes = sorted({a for m in mods for a in m.roles if mesh.size(a) > 1})
-        for axis in axes:
-            roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
-            if any(r == EXEMPT for _, r in roles):
-                continue
-            producers = [m for m, r in roles if r == PRODUCER]
-            consumers = [m for m, r in roles if r == CONSUMER]
-            whole = [m for m, r in roles if r == REPLICATED and m.kind in (LINEAR, EMBEDDING)]
-            if consumers and not producers:
-                kind = CONSUMER
-            elif any(not m.dtensor for m in producers) and not consumers:
-                kind = PRODUCER
-            else:
-                continue
+    blocks = _blocks(modules)
+    for block, mods in blocks.items():
+        alike = tuple((m.rule, m.kind, id(m.roles), m.dtensor) for m in mods)
+        if alike not in verdicts:
+            verdicts[alike] = _verdicts(mods, mesh)
+        for axis, kind in verdicts[alike]:
             key = (axis, kind, tuple(sorted((m.rule, m.roles.get(axis, "")) for m in mods)))
             counts[key] += 1
-            if key not in found:
-                found[key] = (block, producers, consumers, whole, axis, mesh.size(axis))
+            found[key] = min(found.get(key, block), block)
     out = []
-    for key, (block, producers, consumers, whole, axis, n) in found.items():
+    for key, block in found.items():
+        axis, n = key[0], mesh.size(key[0])
+        mods = sorted(blocks[block], key=lambda m: m.name)
+        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
+        producers = [m for m, r in roles if r == PRODUCER]
+        consumers = [m for m, r in roles if r == CONSUMER]
+        whole = [m for m, r in roles if r == REPLICATED and m.kind in (LINEAR, EMBEDDING)]
         more = f" (and {counts[key] - 1} more like it)" if counts[key] > 1 else ""
         where = f"in {block or 'the model'}{more}"
         if key[1] == CONSUMER:

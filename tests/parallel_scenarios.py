@@ -17,16 +17,28 @@ is caught by the test.
   torch's plain ``ColwiseParallel`` on the fused w13, ``verify`` names exactly the w13s
   and ``save`` refuses; a Megatron-style local-shard model plus FSDP2 passes ``verify``.
 * ``errors``: parallelize refuses a mesh without the spec's axes, a model already
-  parallelized, a module whose style cannot be derived, leaving the model unchanged.
+  parallelized, a module whose style cannot be derived, a tied weight sharded over tp
+  (also where the spec ignores the alias: GPT-2's tied head), leaving the model unchanged
+  (parameters, module classes, hooks: :func:`snapshot`).
+* ``styles``: the caller's ``styles`` are tried on meta copies before anything changes:
+  ``PrepareModuleOutput`` on the token embedding, torch's contiguous ``ColwiseParallel``
+  on the fused w13, ``ColwiseParallel`` on a norm, ``SequenceParallel`` on a block and
+  ParallelStyle subclasses of the caller's own are refused with the model unchanged; styles
+  that give the spec's layout are applied and ``verify`` holds.
+* ``custom``: a module class whose forward is not torch's (a vocab-parallel embedding that
+  does its own lookup) is refused by parallelize and tp_plan before any change; with `style
+  none` its own forward runs and the logits equal a single process's; an Embedding
+  subclass that inherits torch's forward gets the derived style (no false positive).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -37,11 +49,13 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from examples.models import hf as hf_models
 from examples.models import llama
 from shardspec.testing import Checks
+from tests.custom_modules import NamedEmbedding, VocabParallelEmbedding, with_embedding
 
 LR = 1e-3
 STEPS = 3
@@ -401,31 +415,69 @@ def scenario_handmade(c: Checks, root: str) -> None:
     c.check(tag, True, "")
 
 
+def snapshot(model: nn.Module) -> dict[str, object]:
+    """What parallelize could change: each parameter (object, class, values) under every
+    name, each module's class, hooks and whether torch's distribute_module ran on it."""
+    params = {
+        n: (id(p), type(p), p.detach().clone())
+        for n, p in model.named_parameters(remove_duplicate=False)
+    }
+    modules = {
+        n: (
+            type(m),
+            len(m._forward_hooks),
+            len(m._forward_pre_hooks),
+            len(m._backward_hooks),
+            getattr(m, "_distribute_module_applied", False),
+        )
+        for n, m in model.named_modules(remove_duplicate=False)
+    }
+    return {"params": params, "modules": modules}
+
+
+def unchanged(c: Checks, tag: str, what: str, before: dict, model: nn.Module) -> None:
+    after = snapshot(model)
+    c.check(tag, after["modules"] == before["modules"], f"{what}: modules changed")
+    a, b = after["params"], before["params"]
+    c.check(tag, set(a) == set(b), f"{what}: parameter names changed")  # type: ignore[arg-type]
+    for k, (pid, t, v) in b.items():  # type: ignore[attr-defined]
+        got = a.get(k)  # type: ignore[attr-defined]
+        same = got is not None and got[0] == pid and got[1] is t and torch.equal(got[2], v)
+        c.check(tag, same, f"{what}: {k} changed although parallelize refused")
+
+
+def refused(
+    c: Checks, tag: str, what: str, fn: Callable[[], object], needles: list[str], model: nn.Module
+) -> str:
+    """``fn`` raises a SpecError whose text holds every needle, and leaves ``model`` as it
+    was; returns the error's text."""
+    from shardspec.runtime.spec import SpecError
+
+    before = snapshot(model)
+    try:
+        fn()
+        c.check(tag, False, f"{what}: no error")
+        return ""
+    except SpecError as e:
+        for needle in needles:
+            c.check(tag, needle in str(e), f"{what}: error without {needle!r}: {e}")
+        text = str(e)
+    unchanged(c, tag, what, before, model)
+    return text
+
+
 def scenario_errors(c: Checks) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
+    import generated.gpt2 as gpt2_layout
     import generated.llama as layout
     from shardspec.runtime.spec import SpecError
 
     tag = "errors"
     mesh = layout.build_mesh(tp=2)
-
-    def refused(what: str, fn: Callable[[], object], needle: str, model: nn.Module) -> None:
-        before = {k: (type(v), v.detach().clone()) for k, v in model.named_parameters()}
-        try:
-            fn()
-            c.check(tag, False, f"{what}: no error")
-            return
-        except SpecError as e:
-            c.check(tag, needle in str(e), f"{what}: error without {needle!r}: {e}")
-        after = dict(model.named_parameters())
-        for k, (t, v) in before.items():
-            same = type(after[k]) is t and torch.equal(after[k].detach(), v)
-            c.check(tag, same, f"{what}: {k} changed although parallelize refused")
-
     m = llama.tiny()
     other = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
-    refused("mesh axes", lambda: layout.parallelize(m, other), "spec's axes", m)
+    refused(c, tag, "mesh axes", lambda: layout.parallelize(m, other), ["spec's axes"], m)
     done = llama.tiny()
     layout.parallelize(done, mesh)
     try:
@@ -435,27 +487,180 @@ def scenario_errors(c: Checks) -> None:
         c.check(tag, "already parallelized" in str(e), f"twice: {e}")
     odd = llama.tiny()
     odd.layers["0"].feed_forward.w13 = _NotALinear(odd.layers["0"].feed_forward.w13.weight)
-    refused("no style", lambda: layout.parallelize(odd, mesh), "no tensor-parallel style", odd)
+    needle = ["no tensor-parallel style"]
+    refused(c, tag, "no style", lambda: layout.parallelize(odd, mesh), needle, odd)
     # An embedding and head tied the way transformers ties them (one Parameter in two
     # modules), sharded over tp: refused, not a forward mixing DTensors and tensors.
     tied = llama.tiny()
     assert tied.output is not None
     tied.output.weight = tied.tok_embeddings.weight
-    refused("tied", lambda: layout.parallelize(tied, mesh), "tied parameters", tied)
+    refused(c, tag, "tied", lambda: layout.parallelize(tied, mesh), ["tied parameters"], tied)
+    # GPT-2's spec ignores the tied head: the tie is still there, and still refused (the
+    # embedding's style would part it from the head).
+    gpt2 = hf_models.gpt2_tiny()
+    gmesh = gpt2_layout.build_mesh(tp=2)
+    needles = ["tied parameters", "lm_head.weight (= transformer.wte.weight)"]
+    refused(
+        c, tag, "tied, alias ignored", lambda: gpt2_layout.parallelize(gpt2, gmesh), needles, gpt2
+    )
     # styles: a module the model lacks is named; a style for a parameter-free module is
     # applied (PrepareModuleInput on a block).
-    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import PrepareModuleInput
 
     m = llama.tiny()
-    refused("styles", lambda: layout.parallelize(m, mesh, styles={"nope": None}), "'nope'", m)
+    fn = lambda: layout.parallelize(m, mesh, styles={"nope": None})  # noqa: E731
+    refused(c, tag, "styles", fn, ["'nope'"], m)
     m = llama.tiny()
     prep = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
     layout.parallelize(m, mesh, styles={"layers.0": prep})
     hooks = m.layers["0"]._forward_pre_hooks
     c.check(tag, len(hooks) > 0, "the PrepareModuleInput style on layers.0 was not applied")
     wrong_shape = llama.tiny(dim=32, head_dim=8)
-    refused("manifest", lambda: layout.parallelize(wrong_shape, mesh), "manifest", wrong_shape)
+    fn = lambda: layout.parallelize(wrong_shape, mesh)  # noqa: E731
+    refused(c, tag, "manifest", fn, ["manifest"], wrong_shape)
+
+
+def scenario_styles(c: Checks) -> None:
+    """The caller's styles, checked on meta copies before the model changes."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        SequenceParallel,
+    )
+
+    import generated.llama as layout
+
+    tag = "styles"
+    mesh = layout.build_mesh(tp=2)
+
+    def refuse(what: str, styles: dict, needles: list[str]) -> str:
+        m = llama.tiny()
+        fn = lambda: layout.parallelize(m, mesh, styles=styles)  # noqa: E731
+        return refused(c, tag, what, fn, ["the model is unchanged", *needles], m)
+
+    # The issue's case: a style that cuts no parameter, on a module whose weight the spec
+    # shards over tp.
+    prep = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate())
+    refuse(
+        "PrepareModuleOutput on tok_embeddings",
+        {"tok_embeddings": prep},
+        [
+            "styles['tok_embeddings']: PrepareModuleOutput leaves tok_embeddings.weight as a "
+            "plain tensor (whole on every rank), but the spec gives it tp=S(0): tp rank 0 "
+            "would hold [0:256, 0:64], the spec gives it [0:128, 0:64]"
+        ],
+    )
+    # torch's contiguous ColwiseParallel on the fused gate/up: one rank would get all gate.
+    text = refuse(
+        "ColwiseParallel on w13",
+        {"layers.0.feed_forward.w13": ColwiseParallel()},
+        ["ColwiseParallel puts layers.0.feed_forward.w13.weight as tp=S(0), but the spec"],
+    )
+    c.check(tag, "layers.1" not in text, f"only the module given the style is named: {text}")
+    refuse(
+        "ColwiseParallel on a norm",
+        {"norm": ColwiseParallel()},
+        ["ColwiseParallel cannot be applied to norm (RMSNorm): NotImplementedError"],
+    )
+    refuse(
+        "SequenceParallel on a block",
+        {"layers.0": SequenceParallel()},
+        ["SequenceParallel cannot be applied to layers.0 (TransformerBlock): KeyError"],
+    )
+    refuse(
+        "a style of the caller's that also places a submodule's parameters",
+        {"layers.0": _ShardParams(None, recurse=True)},
+        [
+            "_ShardParams also places layers.0.attention.wqkv.weight (tp=R), whose module "
+            "layers.0.attention.wqkv gets its own style"
+        ],
+    )
+    refuse("not a style", {"output": "colwise"}, ["styles['output']: str is not a torch"])
+    refuse(
+        "a style of the caller's, cutting the wrong dimension",
+        {"tok_embeddings": _ShardParams(1)},
+        ["_ShardParams puts tok_embeddings.weight as tp=S(1), but the spec gives it tp=S(0)"],
+    )
+    refuse(
+        "a style of the caller's that needs real data",
+        {"output": _NeedsData()},
+        ["_NeedsData cannot be applied to output (Linear)"],
+    )
+    # Styles that give the spec's layout are applied, and verify holds.
+    m = llama.tiny()
+    ok = {"tok_embeddings": _ShardParams(0), "output": layout.tp_plan(mesh, m)["output"]}
+    try:
+        layout.parallelize(m, mesh, styles=ok)
+        layout.verify(m, mesh)
+        c.check(tag, isinstance(m.tok_embeddings.weight, DTensor), "tok_embeddings not placed")
+    except Exception as e:
+        c.check(tag, False, f"styles that give the spec's layout were refused: {e}")
+
+
+class _ShardParams(ParallelStyle):
+    """A caller's own style: the module's parameters (``recurse``: its submodules' too) cut
+    on dimension ``dim`` over the tp mesh (``None``: replicated) with torch's
+    distribute_tensor, nothing else."""
+
+    def __init__(self, dim: int | None, recurse: bool = False) -> None:
+        super().__init__()
+        self.dim, self.recurse = dim, recurse
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        from torch.distributed.tensor import distribute_tensor
+
+        placement = Replicate() if self.dim is None else Shard(self.dim)
+        for sub in module.modules() if self.recurse else [module]:
+            for name, p in list(sub.named_parameters(recurse=False)):
+                dt = distribute_tensor(p.detach(), device_mesh, [placement])
+                sub.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
+        return module
+
+
+class _NeedsData(ParallelStyle):
+    """A caller's own style that reads the weight's values (it cannot run on meta)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        scale = float(module.weight.abs().max().item())
+        module.register_buffer("scale", torch.tensor(scale))
+        return module
+
+
+def scenario_custom(c: Checks, vocab_module: str) -> None:
+    """Module classes whose forward is not torch's."""
+    import generated.llama as layout
+
+    tag = "custom"
+    mesh = layout.build_mesh(tp=2)
+    m = with_embedding(llama.tiny(), VocabParallelEmbedding)
+    needles = [
+        "tok_embeddings: the spec gives it torch's RowwiseParallel, but VocabParallelEmbedding "
+        "(tests.custom_modules.VocabParallelEmbedding) runs its own forward()",
+        "state `style none`",
+    ]
+    refused(c, tag, "parallelize", lambda: layout.parallelize(m, mesh), needles, m)
+    refused(c, tag, "tp_plan", lambda: layout.tp_plan(mesh, m), needles[:1], m)
+    tokens = batch(0, 256)[:, :-1]
+    ref = seeded(llama.tiny)()
+    with torch.no_grad():
+        want = ref(tokens)
+    # `style none` (a spec variant): the module's own forward does the vocab-parallel lookup.
+    vocab = importlib.import_module(vocab_module)
+    # ... and an Embedding subclass that inherits torch's forward gets torch's style.
+    for what, lay, cls in (
+        ("style none", vocab, VocabParallelEmbedding),
+        ("inherited forward", layout, NamedEmbedding),
+    ):
+        model = with_embedding(seeded(llama.tiny)(), cls)
+        try:
+            lay.parallelize(model, mesh)
+            lay.verify(model, mesh)
+            with torch.no_grad():
+                got = model(tokens)
+            delta = (got - want).abs().max().item()
+            c.check(tag, delta <= 1e-5, f"{what}: logits differ by {delta}")
+        except Exception as e:
+            c.check(tag, False, f"{what}: {type(e).__name__}: {e}")
 
 
 class _NotALinear(nn.Module):
@@ -473,27 +678,58 @@ class _NotALinear(nn.Module):
 
 
 def run_all(rank: int, world: int, big_module: str, build_dir: str) -> tuple[list[str], dict]:
+    """Training, options, reshard and hand-made parallelization (the slow scenarios)."""
+    c = Checks()
+    with _scratch(build_dir) as root:
+        _run(
+            c,
+            (
+                ("train", lambda: scenario_train(c, big_module)),
+                ("options", lambda: scenario_options(c)),
+                ("reshard", lambda: scenario_reshard(c, root)),
+                ("handmade", lambda: scenario_handmade(c, root)),
+            ),
+        )
+    return c.fail, c.count
+
+
+def run_refusals(
+    rank: int, world: int, vocab_module: str, build_dir: str
+) -> tuple[list[str], dict]:
+    """What parallelize refuses before changing the model, and what it accepts instead."""
+    c = Checks()
+    with _scratch(build_dir):
+        _run(
+            c,
+            (
+                ("errors", lambda: scenario_errors(c)),
+                ("styles", lambda: scenario_styles(c)),
+                ("custom", lambda: scenario_custom(c, vocab_module)),
+            ),
+        )
+    return c.fail, c.count
+
+
+@contextlib.contextmanager
+def _scratch(build_dir: str) -> Iterator[str]:
+    """``build_dir`` importable, and a scratch folder shared by every rank."""
     import sys
 
     if build_dir not in sys.path:
         sys.path.insert(0, build_dir)
-    c = Checks()
     with tempfile.TemporaryDirectory() as tmp:
         root = [tmp]
         dist.broadcast_object_list(root, src=0)
-        for name, fn in (
-            ("train", lambda: scenario_train(c, big_module)),
-            ("options", lambda: scenario_options(c)),
-            ("reshard", lambda: scenario_reshard(c, root[0])),
-            ("handmade", lambda: scenario_handmade(c, root[0])),
-            ("errors", lambda: scenario_errors(c)),
-        ):
-            try:
-                fn()
-            except Exception:
-                c.fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
+        yield root[0]
         dist.barrier()
-    return c.fail, c.count
 
 
-__all__ = ["run_all"]
+def _run(c: Checks, scenarios: tuple[tuple[str, Callable[[], None]], ...]) -> None:
+    for name, fn in scenarios:
+        try:
+            fn()
+        except Exception:
+            c.fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
+
+
+__all__ = ["run_all", "run_refusals"]

@@ -9,7 +9,8 @@ A case file is plain data: ``CASES``, a list of dicts with
 * ``manifest``: ``{fqn: shape}`` (``None`` for an extra state), written to ``m.json`` next
   to the spec in the canonical format (one entry per line, sorted by name, so the first
   entry is on line 3), with ``factory_args`` if given, each parameter's module kind from
-  ``modules`` (``{fqn: "linear"}``) and persistent buffers from ``buffers`` (``{fqn:
+  ``modules`` (``{fqn: "linear"}``), any other entry fields from ``fields`` (``{fqn:
+  {"class": ..., "tied_to": ...}}``) and persistent buffers from ``buffers`` (``{fqn:
   shape}``); or ``manifest_text``, written as is;
 * ``hf_manifest``: ``{"config": {...}, "tensors": {key: shape}}``, written to ``hf.json``
   in the canonical HF manifest format (tensors sorted, one per line from line 4); or
@@ -63,6 +64,7 @@ CASE_KEYS = {
     "factory_args",
     "modules",
     "buffers",
+    "fields",
     "hf_manifest",
     "hf_manifest_text",
     "args",
@@ -149,6 +151,7 @@ def _write_case(case: dict[str, Any], tmp: Path) -> tuple[Path, dict[str, str]]:
             if shape is None
             else {"fqn": fqn, "kind": "param", "shape": list(shape), "dtype": "float32"}
             | ({"module": modules[fqn]} if fqn in modules else {})
+            | case.get("fields", {}).get(fqn, {})
             for fqn, shape in case["manifest"].items()
         ]
         entries += [

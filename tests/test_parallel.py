@@ -28,8 +28,9 @@ MIN_CHECKS = {
     "options": 14,
     "reshard": 30,
     "handmade": 15 * 4 + 4,
-    "errors": 8,
 }
+# The same for the refusals (each refusal checks the message and every parameter).
+MIN_CHECKS_REFUSALS = {"errors": 6 * 16, "styles": 8 * 16 + 2, "custom": 2 * 16 + 2}
 
 
 def _spec_without_manifest(text: str) -> str:
@@ -77,6 +78,36 @@ def _sequence_parallel(text: str) -> str:
     return text
 
 
+def _vocab_parallel(text: str) -> str:
+    """specs/llama.shard with `style none` on the token embedding: the model's own
+    vocab-parallel embedding does the lookup."""
+    manifest = ROOT / "specs" / "llama.manifest.json"
+    text = text.replace('manifest "llama.manifest.json"', f'manifest "{manifest}"')
+    text = re.sub(r'(?ms)^hf "[^"]*" \{.*?^\}\n?', "", text)
+    old = "param tok_embeddings.weight [vocab, hidden] {\n    shard vocab over tp\n"
+    assert text.count(old) == 1, "specs/llama.shard changed"
+    return text.replace(old, old + "    style none\n")
+
+
+def _run_checked(fn, least: dict[str, int], *args: str) -> None:
+    results = run_ranks(fn, 4, *args, timeout=240)
+    failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
+    assert not failures, "\n".join(failures[:30])
+    for rank, (_, counts) in enumerate(results):
+        for tag, n in least.items():
+            assert counts.get(tag, 0) >= n, f"rank {rank}: {tag} made {counts.get(tag)}"
+
+
+@pytest.mark.dist
+def test_parallelize_refuses_before_changing_the_model(tmp_path: Path) -> None:
+    """parallelize checks everything (the caller's styles, module classes, ties) before the
+    model changes: a refusal leaves every parameter, module class and hook as it was."""
+    spec = tmp_path / "llama_vocab.shard"
+    spec.write_text(_vocab_parallel((ROOT / "specs" / "llama.shard").read_text()))
+    assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
+    _run_checked(parallel_scenarios.run_refusals, MIN_CHECKS_REFUSALS, "llama_vocab", str(tmp_path))
+
+
 @pytest.mark.dist
 def test_parallelize_and_verify_on_4_ranks(tmp_path: Path) -> None:
     source = (ROOT / "specs" / "llama.shard").read_text()
@@ -89,9 +120,4 @@ def test_parallelize_and_verify_on_4_ranks(tmp_path: Path) -> None:
         assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
     sp = (tmp_path / "llama_sp.py").read_text()
     assert sp.count('"input": "sequence"') == 3 and sp.count('"output": "sequence"') == 3
-    results = run_ranks(parallel_scenarios.run_all, 4, "llama_big", str(tmp_path), timeout=240)
-    failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
-    assert not failures, "\n".join(failures[:30])
-    for rank, (_, counts) in enumerate(results):
-        for tag, least in MIN_CHECKS.items():
-            assert counts.get(tag, 0) >= least, f"rank {rank}: {tag} made {counts.get(tag)}"
+    _run_checked(parallel_scenarios.run_all, MIN_CHECKS, "llama_big", str(tmp_path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -76,12 +77,13 @@ def specs(draw) -> str:
     return "\n".join(lines) + "\n"  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None)
-@given(text=specs())
-def test_style_lines_through_the_checker(text: str, tmp_path_factory) -> None:
-    root: Path = tmp_path_factory.mktemp("styles")
+def _check(text: str, fields: dict[str, dict], root: Path) -> tuple[Any, list, dict | None]:
+    """Check ``text`` against :data:`MANIFEST` (entries updated by ``fields``): the spec,
+    its findings (each coded, with a line), and the generated STYLES table (None when an
+    error stops compilation)."""
     entries = [
         {"fqn": f, "kind": "param", "shape": shape, "dtype": "float32", "module": kind}
+        | fields.get(f, {})
         for f, (shape, kind) in MANIFEST.items()
     ]
     (root / "m.json").write_text(dump_manifest(entries, "tests:model"), encoding="utf-8")
@@ -93,14 +95,64 @@ def test_style_lines_through_the_checker(text: str, tmp_path_factory) -> None:
     for d in found:
         assert d.code.startswith("SS") and d.span.line >= 1
     if any(d.is_error for d in found):
-        return
+        return spec, found, None
     module = emit(res, str(path), "s")
     table = module[module.index("STYLES:") :]
-    table = table[table.index("=") + 1 : table.index("\n\n")]
-    styles = ast.literal_eval(table.strip())
+    return spec, found, ast.literal_eval(table[table.index("=") + 1 : table.index("\n\n")].strip())
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=specs())
+def test_style_lines_through_the_checker(text: str, tmp_path_factory) -> None:
+    spec, _, styles = _check(text, {}, tmp_path_factory.mktemp("styles"))
+    if styles is None:
+        return
     for index, style in styles.items():
         rule = spec.rules[int(index)]
         if rule.style is None:  # derived: colwise or rowwise from the module and placement
             assert style["kind"] in ("colwise", "rowwise") and style["derived"]
         else:
             assert style["kind"] == rule.style.kind.text
+
+
+CLASSES = {
+    "w.weight": [
+        {"class": "torch.nn.modules.linear.Linear"},
+        {"class": "m.NamedLinear", "forward": "torch.nn.modules.linear.Linear"},
+        {"class": "m.Fp8Linear"},
+        {},  # an older manifest: no class recorded
+    ],
+    "e.weight": [
+        {"class": "torch.nn.modules.sparse.Embedding"},
+        {"class": "m.VocabParallelEmbedding"},
+        {},
+    ],
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=specs(),
+    w=st.sampled_from(CLASSES["w.weight"]),
+    e=st.sampled_from(CLASSES["e.weight"]),
+    tied=st.booleans(),
+)
+def test_classes_and_ties_through_the_checker(
+    text: str, w: dict, e: dict, tied: bool, tmp_path_factory
+) -> None:
+    """Random style lines on a manifest with drawn module classes and a drawn tie: never a
+    traceback; SS038 only where a class runs its own forward, SS037 only with the tie; and
+    a spec that passes gives no custom class torch's colwise or rowwise style."""
+    fields = {"w.weight": w, "w.bias": w, "e.weight": e | ({"tied_to": "w.weight"} if tied else {})}
+    spec, found, styles = _check(text, fields, tmp_path_factory.mktemp("classes"))
+    codes = {d.code for d in found}
+    custom = {f for f, c in fields.items() if "class" in c and "forward" not in c}
+    custom = {f for f in custom if not fields[f]["class"].startswith("torch.")}
+    if not custom:
+        assert "SS038" not in codes
+    if not tied:
+        assert "SS037" not in codes
+    for index, style in (styles or {}).items():
+        pattern = spec.rules[int(index)].pattern.text
+        if pattern in custom and pattern.endswith(".weight"):
+            assert style["kind"] not in ("colwise", "rowwise"), (pattern, style)

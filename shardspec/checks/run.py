@@ -8,6 +8,7 @@ from shardspec.checks.hf import check_hf_items, check_hf_units, no_hf_manifest
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.structure import STRUCTURE_CHECKS
+from shardspec.checks.tensor_parallel import TENSOR_PARALLEL_CHECKS
 from shardspec.findings.codes import BY_CODE, RETIRED, diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
@@ -73,7 +74,7 @@ def check(
             )
         )
     if manifest is not None:
-        for resolved_check in (*COVERAGE_CHECKS, *LAYOUT_CHECKS):
+        for resolved_check in (*COVERAGE_CHECKS, *LAYOUT_CHECKS, *TENSOR_PARALLEL_CHECKS):
             diags.extend(resolved_check(res))
         diags.extend(check_stages(res))
         if spec.hf is not None:

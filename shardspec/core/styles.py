@@ -6,6 +6,15 @@ A Linear's weight is ``[out, in]``: sharding ``out`` makes it column-parallel, `
 row-parallel (its bias, ``[out]``, is sharded only column-parallel). An Embedding's weight
 is ``[vocab, dim]``: sharding the vocabulary makes it row-parallel (each rank looks up its
 rows and the outputs are summed), ``dim`` column-parallel.
+
+torch's ``ColwiseParallel`` and ``RowwiseParallel`` wrap the forward of ``nn.Linear`` and
+``nn.Embedding``: they cut the weight and redistribute the activations around *that*
+forward. A module that runs a forward of its own (torchtitan's vocab-parallel
+``Embedding``, a scaled embedding) would meet DTensor weights it does not expect, so the
+styles apply only to modules whose class runs torch's own forward: ``nn.Linear``,
+``nn.Embedding`` and their subclasses that do not override ``forward``
+(:func:`runs_torch_forward`). The manifest records each module's class and, where it is
+inherited, the class whose ``forward`` it runs (:func:`forward_class`).
 """
 
 from __future__ import annotations
@@ -14,6 +23,54 @@ KINDS = ("colwise", "rowwise", "sequence_parallel", "none")
 LAYOUTS = ("replicate", "sequence", "features")
 # Module kinds a manifest records (the class name for any other module).
 LINEAR, EMBEDDING = "linear", "embedding"
+# The classes (qualified names) whose forward torch's colwise/rowwise styles are made for.
+TORCH_FORWARDS = {
+    "torch.nn.modules.linear.Linear": LINEAR,
+    "torch.nn.modules.sparse.Embedding": EMBEDDING,
+}
+
+
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of a class, as the manifest records it."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def forward_class(cls: type) -> type:
+    """The class whose ``forward`` instances of ``cls`` run: ``cls`` itself, or the
+    nearest base that defines one."""
+    return next((c for c in cls.__mro__ if "forward" in vars(c)), cls)
+
+
+def runs_torch_forward(forward: str) -> bool:
+    """Whether a module whose ``forward`` comes from class ``forward`` (a qualified name)
+    runs torch's own Linear or Embedding forward, which torch's styles are made for."""
+    return forward in TORCH_FORWARDS
+
+
+def why_not_torch(cls: str, forward: str, style: str) -> str:
+    """Why torch's ``style`` does not fit a module of class ``cls`` running ``forward``."""
+    short = cls.rpartition(".")[2]
+    own = "its own forward()" if forward == cls else f"the forward() of {forward}"
+    return (
+        f"{short} ({cls}) runs {own}, not torch's Linear or Embedding forward that torch's "
+        f"{style} style wraps: it would meet DTensor weights its forward does not expect"
+    )
+
+
+def custom_module_hint(lint: bool) -> str:
+    """What to do about a module whose forward torch's styles do not know (``lint``: the
+    checker's hint, else parallelize's)."""
+    own_style = (
+        "pass torch's style for it in parallelize's `styles` option and suppress this finding"
+        if lint
+        else "pass torch's style for it in the `styles` option"
+    )
+    return (
+        "state `style none` if the module's forward handles its shards itself (a "
+        "vocab-parallel embedding), or build the model with its own parallel module and "
+        "`local` axes; if its forward only calls torch's and rescales (a scaled embedding), "
+        + own_style
+    )
 
 
 def derive(module: str | None, leaf: str, sharded_dim: int | None) -> str | None:

@@ -312,6 +312,66 @@ CHECKS: tuple[Check, ...] = (
         "    shard kv over tp\n}",
         True,
     ),
+    # --- tensor parallelism across modules ------------------------------------------------
+    Check(
+        "SS036",
+        "unpaired-tp-cut",
+        E,
+        "Within a block (the smallest module holding two or more Linear or Embedding modules: "
+        "an attention, an MLP), a module cuts its output on the features over a "
+        "model-parallel axis (colwise) and none reads features cut that way (rowwise), or "
+        "the converse: `qkv_proj` replicated over tp while `o_proj` is sharded over it.",
+        "torch's styles hand a colwise module's output on as each rank's local columns, and "
+        "a rowwise module reads its input as such columns. A replicated module fed local "
+        "columns, or a rowwise one fed whole activations, fails on shapes in the forward, or "
+        "computes garbage where the shapes happen to fit. A block is right when its modules "
+        "are all replicated over the axis, or colwise ones feed rowwise ones. The check is "
+        "per block, by module kind and placements: modules that hold local shards, run their "
+        "own forward (`style none`) or are neither Linear nor Embedding exempt their block.",
+        "param layers.*.self_attn.{q,k,v}_proj.weight [out, hidden] {}\n"
+        "param layers.*.self_attn.o_proj.weight [hidden, heads] {\n"
+        "    shard heads over tp   # reads columns nobody cut\n}",
+        "param layers.*.self_attn.{q,k,v}_proj.weight [out, hidden] {\n"
+        "    shard out over tp\n}\n"
+        "param layers.*.self_attn.o_proj.weight [hidden, heads] {\n    shard heads over tp\n}",
+        needs_manifest=True,
+    ),
+    Check(
+        "SS037",
+        "tied-parameter-sharded",
+        W,
+        "A parameter that is one tensor under two names (a tied embedding and head: the "
+        "manifest's `tied_to`) is sharded over a model-parallel axis of size > 1.",
+        "The embedding cuts the tied weight one way (rowwise over the vocabulary) and the head "
+        "another (colwise); torch's styles give each module a DTensor of its own, which "
+        "parts the tie, so `parallelize` refuses the model. `distribute`, `load_hf` and "
+        "`export_hf` keep the tie and work (a spec for checkpoint conversion may suppress "
+        "the finding). Across pipeline stages the two uses are two tensors, which TP cuts "
+        "separately.",
+        "param embed_tokens.weight [vocab, hidden] {   # lm_head.weight is tied to it\n"
+        "    shard vocab over tp\n}",
+        "param embed_tokens.weight [vocab, hidden] {\n    replicate tp\n}",
+        needs_manifest=True,
+    ),
+    Check(
+        "SS038",
+        "custom-module-style",
+        E,
+        "A module gets torch's colwise or rowwise style (derived or stated) but its class "
+        "runs a forward of its own, not torch's `nn.Linear` or `nn.Embedding` forward (the "
+        "manifest's `class` and `forward`).",
+        "torch's ColwiseParallel and RowwiseParallel cut the weight and redistribute the "
+        "activations around torch's own Linear and Embedding forward. A subclass with its "
+        "own forward (torchtitan's vocab-parallel Embedding, which does its own lookup) "
+        "passes lint, `parallelize` and `verify` and fails in the first forward (`got mixed "
+        "torch.Tensor and DTensor`), or computes garbage. Subclasses that inherit torch's "
+        "forward are fine.",
+        "param tok_embeddings.weight [vocab, hidden] {   # a VocabParallelEmbedding\n"
+        "    shard vocab over tp\n}",
+        "param tok_embeddings.weight [vocab, hidden] {\n    shard vocab over tp\n"
+        "    style none   # its forward does the vocab-parallel lookup\n}",
+        needs_manifest=True,
+    ),
     Check(
         "SS040",
         "unmatched-parameter",

@@ -9,7 +9,11 @@ lint and compile read it here. The format::
       "factory": "examples.models.llama:tiny",
       "factory_args": {"ep": 2},
       "entries": [
-        {"fqn": "tok_embeddings.weight", "kind": "param", "shape": [256, 64], "dtype": "float32"},
+        {"fqn": "tok_embeddings.weight", "kind": "param", "shape": [256, 64], "dtype": "float32",
+         "module": "embedding", "class": "torch.nn.modules.sparse.Embedding"},
+        {"fqn": "output.weight", "kind": "param", "shape": [256, 64], "dtype": "float32",
+         "module": "linear", "class": "torch.nn.modules.linear.Linear",
+         "tied_to": "tok_embeddings.weight"},
         {"fqn": "layers.0.attn.fp8_meta._extra_state", "kind": "extra_state"}
       ],
       "state_dict": {
@@ -31,6 +35,14 @@ as before) listed ``state_dict()``'s keys, so a key a hook wrote looked like a b
 
 ``factory_args`` named after a mesh axis record the size the model's local shards were
 built for; lint checks them against the mesh (``SS013``).
+
+A parameter's entry may also record (format 2; manifests without these fields read as
+before, and the checks that need them do not run): ``class``, the qualified name of the
+module class holding it; ``forward``, the class whose ``forward`` that module runs where
+it inherits it (absent: its own class's); ``tied_to``, for a parameter that is the same
+tensor as an earlier name of ``named_parameters(remove_duplicate=False)`` (a tied
+embedding and head), that name. ``dtype`` is a torch dtype's name (``float32``), or empty
+where unknown.
 """
 
 from __future__ import annotations
@@ -45,10 +57,33 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from shardspec.findings.suggest import closest
 from shardspec.frontend.textfile import read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
+# torch's dtype names (``str(dtype)`` without ``torch.``), as of torch 2.13: the compiler
+# does not import torch (tests/test_manifest_build.py keeps the table in step with torch).
+TORCH_DTYPES = frozenset(
+    """bfloat16 bits16 bits1x8 bits2x4 bits4x2 bits8 bool complex128 complex32 complex64
+    float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2
+    float8_e5m2fnuz float8_e8m0fnu int1 int16 int2 int3 int32 int4 int5 int6 int64 int7 int8
+    qint32 qint8 quint2x4 quint4x2 quint8 uint1 uint16 uint2 uint3 uint32 uint4 uint5 uint6
+    uint64 uint7 uint8""".split()
+)
+# torch's other names of those dtypes (``torch.float`` is float32): a hint, never accepted.
+DTYPE_ALIASES = {
+    "short": "int16",
+    "int": "int32",
+    "long": "int64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "chalf": "complex32",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+    "bit": "uint1",
+}
 _FQN = re.compile(r'"fqn":\s*("(?:[^"\\]|\\.)*")')
 
 
@@ -61,6 +96,16 @@ class Entry(BaseModel):
     dtype: str = ""
     # The kind of module that holds a parameter: "linear", "embedding" or the class name.
     module: str | None = None
+    # Its module's class (qualified name), and the class whose forward it runs where that
+    # is a base class's (None: its own, or an older manifest without classes).
+    cls: str | None = Field(default=None, validation_alias="class")
+    forward: str | None = None
+    tied_to: str | None = None  # the first name of the same tensor (a tied parameter)
+
+    @property
+    def forward_class(self) -> str | None:
+        """The class whose forward the parameter's module runs (None: not recorded)."""
+        return self.forward or self.cls
 
 
 class StateDictKey(BaseModel):
@@ -192,6 +237,9 @@ def load_manifest(path: str | Path) -> Manifest:
         seen.add(entry.fqn)
         if entry.kind != "extra_state" and any(s < 0 for s in entry.shape):
             raise ManifestError(f"manifest entry {entry.fqn!r} has a negative size", *at(i))
+        if entry.dtype and entry.dtype not in TORCH_DTYPES:
+            raise ManifestError(bad_dtype(f"manifest entry {entry.fqn!r}", entry.dtype), *at(i))
+    _check_ties(mf, at)
     if mf.state_dict is not None:
         _check_state_dict(mf, text, seen)
     return Manifest(
@@ -203,6 +251,38 @@ def load_manifest(path: str | Path) -> Manifest:
         mf.format,
         mf.state_dict,
     )
+
+
+def bad_dtype(what: str, dtype: str) -> str:
+    """The message for ``what`` (an entry) whose dtype is no torch dtype's name."""
+    short = len(dtype) <= 40  # quote and compare a name, not a megabyte
+    name = dtype.removeprefix("torch.")
+    near = DTYPE_ALIASES.get(name) or (closest(name, sorted(TORCH_DTYPES)) if short else None)
+    say = f"; did you mean {near!r}?" if near else " (torch's names: float32, bfloat16, int64, ...)"
+    shown = repr(dtype) if short else f"{dtype[:40]!r}... ({len(dtype)} characters)"
+    return f"{what} has dtype {shown}, which is no torch dtype{say}"
+
+
+def _check_ties(mf: ManifestFile, at) -> None:
+    """``tied_to`` names an earlier parameter entry that is no alias itself, of the same
+    shape and dtype, and only a parameter is tied."""
+    index = {e.fqn: i for i, e in enumerate(mf.entries)}
+    for i, entry in enumerate(mf.entries):
+        if entry.tied_to is None:
+            continue
+        source = mf.entries[index[entry.tied_to]] if entry.tied_to in index else None
+        what = f"manifest entry {entry.fqn!r} is tied to {entry.tied_to!r}"
+        if entry.kind != "param":
+            problem = f"manifest entry {entry.fqn!r} is a {entry.kind}: only parameters are tied"
+        elif source is None or source.kind != "param":
+            problem = f"{what}, which is no parameter of the manifest"
+        elif source.fqn == entry.fqn or source.tied_to is not None:
+            problem = f"{what}, which is no first name of a tensor (it is tied itself)"
+        elif (source.shape, source.dtype) != (entry.shape, entry.dtype):
+            problem = f"{what}, whose shape or dtype differs"
+        else:
+            continue
+        raise ManifestError(problem, *at(i))
 
 
 def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
@@ -232,6 +312,8 @@ def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
             fail(f"key {key.fqn!r} is from {unknown[0]!r}, which is no entry", key.fqn)
         if key.shape is not None and any(s < 0 for s in key.shape):
             fail(f"key {key.fqn!r} has a negative size", key.fqn)
+        if key.dtype and key.dtype not in TORCH_DTYPES:
+            fail(bad_dtype(f"key {key.fqn!r}", key.dtype), key.fqn)
 
 
 def _raise_json_error(text: str) -> None:

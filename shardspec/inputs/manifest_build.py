@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shardspec.core.styles import forward_class, qualified_name
 from shardspec.frontend.textfile import file_mode
 from shardspec.inputs.manifest import dump_manifest
 
@@ -104,22 +105,42 @@ def build_entries(factory: str, kwargs: dict) -> list[dict]:
 def model_entries(model) -> list[dict]:
     """Every parameter (``named_parameters()``, tied ones under each name), persistent
     buffer and extra state of ``model``, as the model holds them: what its state-dict hooks
-    make of them is :func:`state_dict_changes`'s business."""
+    make of them is :func:`state_dict_changes`'s business.
+
+    A parameter's entry records its module's kind (what tensor-parallel styles derive
+    from), class and, where inherited, the class whose ``forward`` it runs (whether
+    torch's styles fit it), and for a tensor already listed under another name (a tied
+    embedding and head), ``tied_to`` that first name."""
     from torch import nn
 
     entries = []
+    first: dict[int, str] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
         dot = f"{prefix}." if prefix else ""
         for name, value in module._parameters.items():
             if value is not None:
-                entry = _tensor_entry(dot + name, "param", value)
-                entries.append({**entry, "module": _module_kind(module)})
+                entry = {**_tensor_entry(dot + name, "param", value), **_module_fields(module)}
+                if id(value) in first:
+                    entry["tied_to"] = first[id(value)]
+                else:
+                    first[id(value)] = dot + name
+                entries.append(entry)
         for name, value in module._buffers.items():
             if value is not None and name not in module._non_persistent_buffers_set:
                 entries.append(_tensor_entry(dot + name, "buffer", value))
         if getattr(type(module), "get_extra_state", None) is not nn.Module.get_extra_state:
             entries.append({"fqn": dot + "_extra_state", "kind": "extra_state"})
     return entries
+
+
+def _module_fields(module) -> dict[str, str]:
+    """A parameter's module: its kind, class and (where inherited) whose forward it runs."""
+    cls = type(module)
+    out = {"module": _module_kind(module), "class": qualified_name(cls)}
+    forward = forward_class(cls)
+    if forward is not cls:
+        out["forward"] = qualified_name(forward)
+    return out
 
 
 def _tensor_entry(fqn: str, kind: str, value) -> dict:

@@ -45,9 +45,19 @@ from shardspec.core.layout import (
     same_layout,
     torch_placement_indices,
 )
-from shardspec.core.styles import EMBEDDING, LINEAR, derive
+from shardspec.core.styles import (
+    EMBEDDING,
+    LINEAR,
+    custom_module_hint,
+    derive,
+    forward_class,
+    qualified_name,
+    runs_torch_forward,
+    why_not_torch,
+)
 from shardspec.runtime.dtensor import _contiguous_stride, layout_of, submesh, take, to_torch
 from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.runtime.user_styles import fmt_ranges, style_problems
 
 # --------------------------------------------------------------------------- placements
 
@@ -86,8 +96,10 @@ def plan_params(
     spec: CompiledSpec, model: nn.Module, lmesh: Mesh, mesh: DeviceMesh | None = None
 ) -> tuple[dict[str, ParamPlan], dict[str, str]]:
     """Every non-ignored parameter's plan by FQN (the model's own names), and tied aliases
-    (alias -> FQN planned). A pipeline stage's model is planned under the whole model's
-    names (``mesh``, the DeviceMesh, says which stage this rank is).
+    (alias -> FQN planned; ignored names of a planned tensor included: GPT-2's spec ignores
+    its tied head, whose module still holds the embedding's weight). A pipeline stage's
+    model is planned under the whole model's names (``mesh``, the DeviceMesh, says which
+    stage this rank is).
 
     Raises :class:`SpecError` naming every parameter that does not fit."""
     table = spec.table(lmesh)
@@ -106,8 +118,10 @@ def plan_params(
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
     errors: list[str] = []
+    ignored: list[tuple[str, nn.Parameter]] = []
     for fqn, p in named:
         if spec.is_ignored(fqn):
+            ignored.append((fqn, p))
             continue
         if id(p) in first:
             aliases[fqn] = first[id(p)]
@@ -127,6 +141,7 @@ def plan_params(
             gname.get(fqn, fqn),
             rname.get(fqn, fqn),
         )
+    aliases.update((fqn, first[id(p)]) for fqn, p in ignored if id(p) in first)
     if table is not None and spec.pipeline is None:  # (stages: global_names checked)
         seen = {f for f, _ in named}
         missing = sorted(f for f in table if f not in seen and not spec.is_ignored(f))
@@ -180,17 +195,13 @@ def layout_problem(
     desc = _describe(names, placements_a) if names else "a plain tensor (the whole parameter)"
     return (
         f"{desc}, but the spec says {_describe(plan.names, plan.placements)}: mesh "
-        f"coordinate {dict(zip(sub.names, coord, strict=True))} would hold {_fmt(have)}, "
-        f"the spec gives it {_fmt(want)}"
+        f"coordinate {dict(zip(sub.names, coord, strict=True))} would hold {fmt_ranges(have)}, "
+        f"the spec gives it {fmt_ranges(want)}"
     )
 
 
 def _describe(names: Iterable[str], placements: Iterable[core.Placement]) -> str:
     return "(" + ", ".join(f"{n}={p}" for n, p in zip(names, placements, strict=True)) + ")"
-
-
-def _fmt(ranges: tuple) -> str:
-    return "[" + ", ".join("+".join(f"{a}:{b}" for a, b in r) or "-" for r in ranges) + "]"
 
 
 def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> bool:
@@ -374,6 +385,15 @@ def _style_for(
         raise SpecError(
             f"{fqn}: the spec states style {kind}, but its placements make it {derived}"
         )
+    forward = qualified_name(forward_class(type(module)))
+    if not runs_torch_forward(forward):
+        style = "ColwiseParallel" if derived == "colwise" else "RowwiseParallel"
+        raise SpecError(
+            f"{fqn}: the spec gives it torch's {style}, but "
+            + why_not_torch(qualified_name(type(module)), forward, style)
+            + f"; {custom_module_hint(lint=False)}",
+            "SS038",
+        )
     kwargs = _pattern_kwargs(stated, derived, placements)
     if isinstance(module, nn.Embedding):
         # Token ids are whole on every TP rank (torch's RowwiseParallel would read them as
@@ -435,6 +455,11 @@ def build_tp_plan(
     axis = next(iter(used)) if used else (candidates[0] if candidates else None)
     plan_out: dict[str, Any] = {}
     if axis is None:
+        if styles:
+            raise SpecError(
+                f"styles: the spec's mesh {lmesh.names} has no model-parallel axis to apply "
+                f"them on ({', '.join(map(repr, styles))})"
+            )
         return None, plan_out
     errors = []
     for owner, leaves in by_module.items():
@@ -597,6 +622,8 @@ def parallelize(
         # size 1: leave the modules of tied weights to FSDP alone.
         tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
         tp = {owner: style for owner, style in tp.items() if owner not in tied}
+    if styles and axis is not None:
+        _check_user_styles(model, submesh(mesh, [axis]), axis, plans, tp, styles)
     dims = fsdp_dims(spec, plans)
     block_names = list(blocks) if blocks is not None else default_blocks(model)
     block_modules = []
@@ -646,6 +673,35 @@ def parallelize(
             + "\n  ".join(bad)
         )
     return model
+
+
+def _check_user_styles(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    axis: str,
+    plans: Mapping[str, ParamPlan],
+    plan: Mapping[str, Any],
+    styles: Mapping[str, Any],
+) -> None:
+    """Raise one :class:`SpecError` naming every style of ``styles`` (the caller's) that
+    would not give the spec's layout over ``axis``, tried on meta copies of their modules
+    (see :mod:`shardspec.runtime.user_styles`); the model is not changed."""
+    want = {fqn: p.on(axis) for fqn, p in plans.items()}
+    problems = []
+    for owner, style in styles.items():
+        if owner in plan:  # (a style dropped for a tied weight at tp size 1 is not applied)
+            styled = set(plan) - {owner}
+            problems += style_problems(owner, style, model, tp_mesh, want, styled)
+    if problems:
+        raise SpecError(
+            "the styles passed to parallelize do not give the spec's layout (the model is "
+            "unchanged):\n  "
+            + "\n  ".join(problems)
+            + "\n  a style in `styles` replaces the spec's for its module: state activation "
+            "layouts in the spec's `style` line (`style rowwise output sequence`), or put "
+            "hooks such as PrepareModuleOutput on a module without parameters the spec cuts",
+            "SS032",
+        )
 
 
 def _average_grads(params: Iterable[nn.Parameter], dp: DeviceMesh) -> None:

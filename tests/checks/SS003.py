@@ -102,4 +102,92 @@ CASES = [
         '{"x": {"shape": [4], "dtype": "F32", "file": "model.safetensors"}}}',
         "expect": [],
     },
+    {
+        "name": "an entry whose dtype is no torch dtype",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8], "dtype": "not_a_dtype"}]}\n',
+        "expect": [
+            (
+                "SS003",
+                1,
+                "m.json:2:3: manifest entry 'w' has dtype 'not_a_dtype', which is no torch dtype",
+                '"m.json"',
+            )
+        ],
+    },
+    {
+        "name": "torch's other name of a dtype",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": '
+        '[{"fqn": "w", "shape": [8, 8], "dtype": "float"}]}\n',
+        "expect": [("SS003", 1, "dtype 'float', which is no torch dtype; did you mean 'float32'?")],
+    },
+    {
+        "name": "a state_dict key whose dtype is no torch dtype",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": '
+        '[{"fqn": "w", "shape": [8, 8]}], "state_dict": {"keys": [{"fqn": "w2", "change": '
+        '"added", "from": ["w"], "shape": [8, 8], "dtype": "f32"}]}}\n',
+        "expect": [("SS003", 1, "key 'w2' has dtype 'f32', which is no torch dtype")],
+    },
+    {
+        "name": "torch's dtypes, and none recorded",
+        "spec": SPEC.replace("param w [out, in] {}", "param w [out, in] {}\nparam v [a] {}"),
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8], "dtype": "float8_e4m3fn"},\n'
+        '  {"fqn": "v", "shape": [8]}]}\n',
+        "expect": [],
+    },
+    {
+        "name": "a tie to no entry",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8], "tied_to": "embed.weight"}]}\n',
+        "expect": [
+            (
+                "SS003",
+                1,
+                "m.json:2:3: manifest entry 'w' is tied to 'embed.weight', which is no "
+                "parameter of the manifest",
+            )
+        ],
+    },
+    {
+        "name": "a tie to a tensor of another shape",
+        "spec": SPEC.replace("param w [out, in] {}", "param {w,v} [out, in] {}"),
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "v", "shape": [8, 4]},\n'
+        '  {"fqn": "w", "shape": [8, 8], "tied_to": "v"}]}\n',
+        "expect": [("SS003", 1, "m.json:3:3: manifest entry 'w' is tied to 'v', whose shape")],
+    },
+    {
+        "name": "a tie to a tied name",
+        "spec": SPEC.replace("param w [out, in] {}", "param {w,v,u} [out, in] {}"),
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "u", "shape": [8, 8]},\n'
+        '  {"fqn": "v", "shape": [8, 8], "tied_to": "u"},\n'
+        '  {"fqn": "w", "shape": [8, 8], "tied_to": "v"}]}\n',
+        "expect": [
+            ("SS003", 1, "m.json:4:3: manifest entry 'w' is tied to 'v', which is no first")
+        ],
+    },
+    {
+        "name": "a tied buffer",
+        "spec": SPEC,
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "w", "shape": [8, 8]},\n'
+        '  {"fqn": "b", "kind": "buffer", "shape": [8, 8], "tied_to": "w"}]}\n',
+        "expect": [("SS003", 1, "m.json:3:3: manifest entry 'b' is a buffer: only parameters")],
+    },
+    {
+        "name": "a tie as shardspec manifest records it",
+        "spec": SPEC.replace("param w [out, in] {}", "param {w,v} [out, in] {}"),
+        "manifest_text": '{"format": "shardspec-manifest/2", "entries": [\n'
+        '  {"fqn": "v", "shape": [8, 8], "dtype": "float32", "module": "embedding", "class": '
+        '"torch.nn.modules.sparse.Embedding"},\n'
+        '  {"fqn": "w", "shape": [8, 8], "dtype": "float32", "module": "linear", "class": '
+        '"torch.nn.modules.linear.Linear", "tied_to": "v"}]}\n',
+        "expect": [],
+    },
 ]

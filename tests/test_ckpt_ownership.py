@@ -66,7 +66,7 @@ def test_a_users_copy_named_old_is_never_deleted(tmp_path: Path) -> None:
     _user_copy(ck_path, tmp_path / "ck.old")
     _, said = _load(ck_path)  # a read: before the fix it deleted ck.old
     assert said == [] and _intact(tmp_path / "ck.old")
-    with pytest.raises(ck.CheckpointError, match=r"ck\.old exists and save did not set it aside"):
+    with pytest.raises(ck.CheckpointError, match=r"ck\.old exists and no save set it aside"):
         _save(ck_path, 2)
     assert _intact(tmp_path / "ck.old") and _holds(ck_path, 1)
     assert not (tmp_path / "ck.partial").exists()
@@ -74,7 +74,7 @@ def test_a_users_copy_named_old_is_never_deleted(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "ck.old")
     _user_copy(ck_path, tmp_path / "ck.partial")
     assert _load(ck_path)[1] == [] and _intact(tmp_path / "ck.partial")
-    with pytest.raises(ck.CheckpointError, match=r"ck\.partial exists and is no save"):
+    with pytest.raises(ck.CheckpointError, match=r"ck\.partial exists and is not a save"):
         _save(ck_path, 2)
     assert _intact(tmp_path / "ck.partial") and _holds(ck_path, 1)
 

@@ -85,7 +85,7 @@ def test_someone_elses_folders_are_never_touched(tmp_path: Path) -> None:
     path = checkpoint(tmp_path / "c", "A")
     mine = folder(tmp_path / "c.old", ".metadata", "notes.txt", tag="user")  # a DCP backup
     assert folders._recover(path) == []
-    with pytest.raises(ck.CheckpointError, match="save did not set it aside"):
+    with pytest.raises(ck.CheckpointError, match="no save set it aside"):
         folders._prepare(path)
     assert content(mine) == {".metadata": "user", "notes.txt": "user"}
     assert not os.path.exists(path + ".partial")
@@ -101,7 +101,7 @@ def test_someone_elses_folders_are_never_touched(tmp_path: Path) -> None:
     assert sorted(content(other)) == [".metadata"]
     # A user's folder named <path>.partial, and a path that is no checkpoint: refused.
     folder(tmp_path / "e.partial", "notes.txt")
-    with pytest.raises(ck.CheckpointError, match="no save in progress"):
+    with pytest.raises(ck.CheckpointError, match="not a save in progress"):
         folders._prepare(str(tmp_path / "e"))
     assert content(str(tmp_path / "e.partial")) == {"notes.txt": "notes.txt"}
     folder(tmp_path / "f", "notes.txt")
@@ -120,20 +120,24 @@ def test_copies_carry_the_markers_but_are_not_the_protocols(tmp_path: Path) -> N
         shutil.copytree(source, tmp_path / name)
         (tmp_path / name / "notes.txt").write_text("keep me")
     assert folders._recover(path) == []  # what a load does first
-    with pytest.raises(ck.CheckpointError, match=r"c\.old exists and save did not set it aside"):
+    with pytest.raises(ck.CheckpointError, match=r"c\.old exists and no save set it aside"):
         folders._prepare(path)
     shutil.rmtree(tmp_path / "c.old")
     shutil.copytree(aside, tmp_path / "c.old")  # set-aside marker and all
     (tmp_path / "c.old" / "notes.txt").write_text("keep me")
     assert folders._recover(path) == []
     shutil.rmtree(tmp_path / "c.old")
-    with pytest.raises(ck.CheckpointError, match=r"c\.partial exists and is no save in progress"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"c\.partial exists and is not a save in progress"
+    ):
         folders._prepare(path)
-    # An unfinished save copied (its in-progress marker and all) is no save in progress.
+    # An unfinished save copied (its in-progress marker and all) is not a save in progress.
     unfinished = ours(folder(tmp_path / "elsewhere" / "y.partial", ".metadata"), ck.SAVING)
     shutil.rmtree(tmp_path / "c.partial")
     shutil.copytree(unfinished, tmp_path / "c.partial")
-    with pytest.raises(ck.CheckpointError, match=r"c\.partial exists and is no save in progress"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"c\.partial exists and is not a save in progress"
+    ):
         folders._prepare(path)
     assert (tmp_path / "c.partial" / ck.SAVING).is_file()
     assert content(path) == {n: "A" for n in DATA}
@@ -152,12 +156,12 @@ def test_links_are_never_the_protocols(tmp_path: Path) -> None:
     set_aside = ours(checkpoint(tmp_path / "aside", "C"), ck.REPLACED)
     os.symlink(set_aside, path + ".old")
     assert folders._recover(path) == []
-    with pytest.raises(ck.CheckpointError, match="did not set it aside"):
+    with pytest.raises(ck.CheckpointError, match="no save set it aside"):
         folders._prepare(path)
     os.remove(path + ".old")
     unfinished = ours(folder(tmp_path / "u", ".metadata"), ck.SAVING)
     os.symlink(unfinished, path + ".partial")
-    with pytest.raises(ck.CheckpointError, match="no save in progress"):
+    with pytest.raises(ck.CheckpointError, match="not a save in progress"):
         folders._prepare(path)
     assert os.path.isdir(unfinished) and os.path.isdir(set_aside)
     link = tmp_path / "latest"

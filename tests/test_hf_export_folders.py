@@ -93,7 +93,9 @@ def test_overwrite_never_deletes_a_users_replaced_folder(
     _export(layout, out, 1)
     for source in (None, refs[2]):  # a plain folder, and a copy of an export
         _user_folder(tmp_path / "out.replaced", source)
-        with pytest.raises(hfmod.HFError, match=r"out\.replaced exists and export_hf did not set"):
+        with pytest.raises(
+            hfmod.HFError, match=r"out\.replaced exists and no export_hf set it aside"
+        ):
             _export(layout, out, 2, overwrite=True)
         assert _intact(tmp_path / "out.replaced") and _same(out, refs[1])
         assert not (tmp_path / "out.partial").exists()
@@ -192,7 +194,9 @@ def test_a_copy_of_an_export_named_partial_is_not_moved_into_place(
     out = tmp_path / "out"
     _export(layout, out, 1)
     _user_folder(tmp_path / "out.partial", refs[2])
-    with pytest.raises(hfmod.HFError, match=r"out\.partial exists and is no export_hf in progress"):
+    with pytest.raises(
+        hfmod.HFError, match=r"out\.partial exists and is not an export in progress"
+    ):
         _export(layout, out, 3, overwrite=True)
     assert _intact(tmp_path / "out.partial") and _same(out, refs[1])
 

@@ -149,6 +149,8 @@ class Protocol:
     which states of ``path`` a new folder may replace, and the error it raises."""
 
     actor: str  # "save", "export_hf"
+    work: str  # "a save", "an export": what is in progress in ``<path>.partial``
+    nothing: str  # "nothing was saved": what a refusal leaves
     kind: str  # "checkpoint", "export"
     saving: str
     done: str
@@ -223,8 +225,8 @@ class Protocol:
                     if not _owned(old, self.aside):
                         raise self.error(
                             f"{tmp} holds a complete {self.kind} that {self.actor} did not "
-                            f"move into place, but {old}, which {self.actor} did not set "
-                            "aside, is in the way; nothing was changed: move it away and retry"
+                            f"move into place, but {old}, which no {self.actor} set aside, is "
+                            "in the way; nothing was changed: move it away and retry"
                         )
                     shutil.rmtree(old)
                 self._set_aside(path, old)
@@ -269,7 +271,7 @@ class Protocol:
         tmp, old = self.partial(path), self.old(path)
         done = self.recover(path)
         here = self.state(path)
-        nothing = f"nothing was written by {self.actor}"
+        nothing = self.nothing
         if here != Folder.MISSING and here not in self.replaces:
             raise self.error(
                 f"{path} exists and is not a {self.kind} ({self.not_kind}); {nothing}: "
@@ -277,8 +279,8 @@ class Protocol:
             )
         if os.path.lexists(old) and here != Folder.MISSING:
             raise self.error(
-                f"{old} exists and {self.actor} did not set it aside; {nothing}: move it "
-                f"away ({self.actor} to {path} moves the {self.kind} there while it replaces it)"
+                f"{old} exists and no {self.actor} set it aside; {nothing}: move it away "
+                f"({self.work} to {path} moves the {self.kind} there while it replaces it)"
             )
         state = self.state(tmp)
         if state == Folder.SAVING and _owned(tmp, self.saving):
@@ -288,10 +290,10 @@ class Protocol:
             os.rmdir(tmp)
         elif state != Folder.MISSING:
             raise self.error(
-                f"{tmp} exists and is no {self.actor} in progress (no {self.saving} "
+                f"{tmp} exists and is not {self.work} in progress (no {self.saving} "
                 f"marker that {self.actor} wrote into that very folder: a folder of yours, a "
                 f"copy, or one an older shardspec left); {nothing}: move it away "
-                f"({self.actor} to {path} writes there first)"
+                f"({self.work} to {path} writes there first)"
             )
         os.makedirs(tmp)
         _stamp(tmp, self.saving, {**fields, "path": os.path.basename(path)})
@@ -327,6 +329,8 @@ class Protocol:
 
 CHECKPOINT = Protocol(
     actor="save",
+    work="a save",
+    nothing="nothing was saved",
     kind="checkpoint",
     saving=SAVING,
     done=MARKER,

@@ -69,6 +69,8 @@ EXPORT_REPLACED = ".shardspec-export-replaced"
 
 EXPORT = Protocol(
     actor="export_hf",
+    work="an export",
+    nothing="nothing was written",
     kind="export",
     saving=EXPORT_MARKER,
     done=EXPORT_DONE,

@@ -209,8 +209,9 @@ def test_overwrite_refuses_what_is_no_export(layout: Any, refs: dict, tmp_path: 
     (tmp_path / "filelink").symlink_to(target)
     _user_folder(tmp_path / "downloaded", None)
     for name, what in (("file", "a file"), ("filelink", "a file"), ("downloaded", "a folder")):
-        with pytest.raises(hfmod.HFError, match=f"exists and is {what}"):
-            _export(layout, tmp_path / name, 1, overwrite=True)
+        for overwrite in (True, False) if what == "a file" else (True,):
+            with pytest.raises(hfmod.HFError, match=f"exists and is {what}"):
+                _export(layout, tmp_path / name, 1, overwrite=overwrite)
     assert target.read_text() == "a file" and (tmp_path / "filelink").is_symlink()
     assert _intact(tmp_path / "downloaded")
     assert sorted(os.listdir(tmp_path)) == ["downloaded", "file", "filelink"]

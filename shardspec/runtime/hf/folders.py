@@ -108,6 +108,8 @@ def _prepare(path: str, overwrite: bool) -> list[str]:
     missing one may be filled by recovery with the export an interrupted export_hf to it
     completed, which this one then replaces (its own unfinished work), but not with an
     export it restores from ``<path>.replaced``."""
+    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
+        _refuse(path, "a file, not a folder")
     if os.path.lexists(path) and not overwrite:
         raise HFError(f"{path} exists; pass overwrite=True to replace it")
     partial = EXPORT.partial(path)
@@ -115,16 +117,18 @@ def _prepare(path: str, overwrite: bool) -> list[str]:
     done = EXPORT.recover(path)
     state = EXPORT.state(path)
     if state not in (Folder.MISSING, *EXPORT.replaces):
-        real_folder = os.path.isdir(path) and not os.path.islink(path)
-        what = "a folder export_hf did not write" if real_folder else "a file, not a folder"
-        raise HFError(
-            f"{path} exists and is {what} (no {EXPORT_DONE} in it); nothing was written: "
-            "export elsewhere, or move it away (overwrite=True replaces only an earlier "
-            "export of export_hf)"
-        )
+        _refuse(path, "a folder export_hf did not write")
     if state != Folder.MISSING and not overwrite and not finishing:
         raise HFError(f"{path} exists ({'; '.join(done)}); pass overwrite=True to replace it")
     return done + EXPORT.prepare(path, {"format": "shardspec-export-in-progress/1"})
+
+
+def _refuse(path: str, what: str) -> None:
+    raise HFError(
+        f"{path} exists and is {what} (no {EXPORT_DONE} in it); nothing was written: "
+        "export elsewhere, or move it away (overwrite=True replaces only an earlier export "
+        "of export_hf)"
+    )
 
 
 class ExportSession:

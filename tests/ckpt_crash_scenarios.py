@@ -2,25 +2,23 @@
 each step of ``save``'s protocol, on 3 gloo ranks, then what the next load or save of the
 path finds and recovers.
 
-:func:`crash` runs in one spawn per kill point: every rank saves checkpoint A (the model at
-seed 1), then starts saving B (seed 2) on a process group with a short timeout, and the
-victim dies at the chosen step. Each survivor returns the error it got. :func:`verify` runs
-once, in a fresh spawn, over every crashed case: the path holds A or B and loads bitwise
-(recovering and reporting where a step was left half done), ``<path>.partial`` is refused
-unless marked complete, and a new save of the path succeeds.
+:func:`crash` runs in one round of ``tests/kill_harness.py`` per kill point: every rank
+saves checkpoint A (the model at seed 1), then starts saving B (seed 2) on the default
+checkpoint group, and the victim dies at the chosen step (one case in an asynchronous
+save's background thread). The default process group's timeout is long (the harness's
+``pg_timeout``): each survivor returns the error it got and how long its save took, which
+must be well under that timeout. :func:`verify` runs once, in a last round, over every
+crashed case: the path holds A or B and loads bitwise (recovering and reporting where a
+step was left half done), ``<path>.partial`` is refused unless marked complete, and a new
+save of the path succeeds.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
-import tempfile
-import time
 import traceback
 import warnings
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -31,6 +29,7 @@ from examples.models import llama
 from shardspec.runtime import checkpoint as ck
 from shardspec.runtime.checkpoint import folders
 from shardspec.testing import Checks
+from tests.kill_harness import victim_run, wait_for_survivors
 
 WORLD = 3
 # (kill point, victim rank, what the path holds afterwards: "A" the previous checkpoint,
@@ -40,6 +39,7 @@ CASES: dict[str, tuple[str, int, str]] = {
     "during-writes": ("writing", 2, "A"),  # a rank dies after writing part of its data
     "before-marker": ("written", 0, "A"),  # every byte and .metadata written, not marked
     "other-after-writes": ("written", 2, "B"),  # rank 0 completes the save without rank 2
+    "async-after-writes": ("written", 1, "B"),  # the same, in an asynchronous save
     "after-marker": ("marked", 0, "B?"),  # marked complete, not moved into place
     "between-renames": ("renamed-old", 0, "B?"),  # path moved to path.old, not replaced
 }
@@ -73,7 +73,8 @@ class _DiesWriting(ck.ShardspecSavePlanner):
 
 
 def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
-    """Save A, then die at ``case``'s step of saving B (the victim); survivors report."""
+    """Save A, then die at ``case``'s step of saving B (the victim); survivors report their
+    error and how long their save took."""
     import generated.llama as layout
 
     torch.set_num_threads(1)
@@ -81,39 +82,23 @@ def crash(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
     path = os.path.join(root, case, "ckpt")
     mesh = layout.build_mesh(tp=1)
     layout.save({"model": _model(layout, mesh, 1).state_dict()}, path, mesh=mesh)
-    # A short timeout: a survivor blocked on another survivor that gave up fails soon.
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=10))
     planner = _DiesWriting(layout.SPEC, mesh)
     planner.victim = rank == victim and point == "writing"
-    if rank == victim:
-        folders._fault_point = lambda where: os._exit(0) if where == point else None
-    out: dict[str, Any] = {"rank": rank}
-    try:
-        ck.save(
-            layout.SPEC,
-            {"model": _model(layout, mesh, 2).state_dict()},
-            path,
-            mesh=mesh,
-            planner=planner,
-            process_group=group,
+    state = {"model": _model(layout, mesh, 2).state_dict()}
+    asynchronous = case.startswith("async")
+
+    def call() -> None:
+        result = ck.save(
+            layout.SPEC, state, path, mesh=mesh, planner=planner, asynchronous=asynchronous
         )
-    except ck.CheckpointError as e:
-        out["error"] = ("CheckpointError", str(e))
-    except BaseException as e:  # reported: must not happen
-        out["error"] = (type(e).__name__, f"{e}\n{traceback.format_exc()}")
-    else:
-        out["error"] = None
-    finally:
-        folders._fault_point = None
+        if asynchronous:
+            result.result(timeout=300)
+
+    out = victim_run(call, ck.CheckpointError, victim=rank == victim, point=point)
     # Every survivor stays until all have their answer: rank 0 hosts the job's store, which
     # a survivor still blocked in a collective reads once it fails (under torchrun, the
     # store lives in the agent and outlives the ranks).
-    done = os.path.join(root, case, f"answered.{rank}")
-    open(done, "w").close()
-    deadline = time.monotonic() + 60
-    others = [os.path.join(root, case, f"answered.{r}") for r in range(world) if r != victim]
-    while time.monotonic() < deadline and not all(os.path.exists(o) for o in others):
-        time.sleep(0.1)
+    wait_for_survivors(os.path.join(root, case), rank, world, victim)
     return out
 
 
@@ -203,13 +188,15 @@ def _verify_case(
 def _verify_restore_old(
     c: Checks, layout: Any, mesh: Any, rank: int, root: str, want: dict
 ) -> None:
-    """``path`` missing and ``path.old`` complete (no ``.partial``): a save restores it
-    first (and says so), then replaces it; a load alone restores it too."""
+    """``path`` missing and ``path.old`` a checkpoint a save set aside (no ``.partial``),
+    as a save stopped between its renames before its new checkpoint was complete leaves
+    it: a load restores it (and says so)."""
     tag = "restore-old"
     path = os.path.join(root, "restore", "ckpt")
     if rank == 0:
         os.makedirs(os.path.dirname(path))
-        shutil.copytree(os.path.join(root, "before-writes", "ckpt"), path + ".old")
+        shutil.copytree(os.path.join(root, "before-writes", "ckpt"), path)
+        folders.CHECKPOINT._set_aside(path, path + ".old")  # what the save's step does
     dist.barrier()
     got, said = _load(layout, mesh, path)
     c.check(tag, any("restored it to" in s for s in said), f"reported {said}")
@@ -218,34 +205,7 @@ def _verify_restore_old(
     c.check(tag, not bad, f"restored checkpoint differs: {bad[:3]}")
 
 
-# ----------------------------------------------------------------------------- launcher
-
-
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, out: str) -> None:
-    from shardspec import testing
-
-    testing._entry(rank, world, port, fn, args, out, 60.0)
-
-
-def run_with_victim(fn: Callable, world: int, *args: Any) -> dict[int, Any]:
-    """Like :func:`shardspec.testing.run_ranks`, but a rank that exits without a result
-    (the victim) is not an error: returns the results of the ranks that have one."""
-    import torch.multiprocessing as mp
-
-    from shardspec.testing import free_port
-
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(
-            _entry,
-            args=(world, free_port(), fn, args, out),
-            nprocs=world,
-            join=True,
-            start_method="spawn",
-        )
-        results = {}
-        for r in range(world):
-            name = os.path.join(out, f"{r}.pkl")
-            if os.path.exists(name):
-                with open(name, "rb") as f:
-                    results[r] = pickle.load(f)
-    return results
+def left(root: str, case: str) -> tuple[str, str, str]:
+    """What a crash left: the states of (path, path.partial, path.old)."""
+    path = os.path.join(root, case, "ckpt")
+    return tuple(folder_state(p) for p in (path, path + ".partial", path + ".old"))  # type: ignore[return-value]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import io
 import itertools
+import json
 import os
 import pickle
 import random
@@ -487,6 +488,13 @@ def test_load_trusted_false_refuses_code_in_the_metadata(tmp_path: Path) -> None
     with open(os.path.join(path, ".metadata"), "wb") as f:
         f.write(payload)
     target = _state(15)
+    # The recorded checksum of .metadata refuses the crafted file first (a damaged one)...
+    with pytest.raises(ck.CheckpointError, match=r"\.metadata does not match the checksum"):
+        ck.load(SPEC, target, path, mesh=_mesh(), trusted=False)
+    # ... but whoever wrote it can write a matching checksum: the unpickler refuses it.
+    marker = json.loads(Path(path, ck.MARKER).read_text())
+    marker[ig.METADATA_CHECKSUM] = checksum(payload)
+    Path(path, ck.MARKER).write_text(json.dumps(marker))
     before = _snapshot(target)
     with pytest.raises(ck.CheckpointError, match=r"os\.system|posix\.system|not a class"):
         ck.load(SPEC, target, path, mesh=_mesh(), trusted=False)
@@ -593,3 +601,125 @@ def test_writer_stream_gathers_small_writes_and_keeps_every_run(pieces: list, te
     for a, b in zip(starts, ends, strict=True):
         if b > a:
             assert stream.runs[a] == (b - a, checksum(data[a:b]))
+
+
+# ----------------------------------------------------------------------------- .metadata
+
+
+def _flip_outcomes(path: str, saved: dict, positions: list[int], named: bool = True) -> list[str]:
+    """Flip one bit at each position of ``path``'s .metadata in turn (restored after): each
+    load must load identical data, or fail, leaving the model as it was, with a short
+    message and no traceback: one line naming .metadata (``named``), or else the
+    validation's list of what differs (a key's name damaged)."""
+    meta = os.path.join(path, ".metadata")
+    original = Path(meta).read_bytes()
+    problems = []
+    for pos in positions:
+        data = bytearray(original)
+        data[pos] ^= 1 << (pos % 8)
+        Path(meta).write_bytes(bytes(data))
+        target = _state(31)
+        before = _snapshot(target)
+        try:
+            ck.load(SPEC, target, path, mesh=_mesh())
+        except ck.CheckpointError as e:
+            msg = str(e)
+            one_line = "\n" not in msg and ".metadata" in msg
+            if len(msg) > 600 or "Traceback" in msg or (named and not one_line):
+                problems.append(f"byte {pos}: {type(e).__name__} of {len(msg)} chars: {msg[:300]}")
+            if _diff(before, _snapshot(target)):
+                problems.append(f"byte {pos}: the failed load changed the model")
+        else:
+            if _diff(_flat(saved), _flat(target)):
+                problems.append(f"byte {pos}: loaded without an error, but different data")
+    Path(meta).write_bytes(original)
+    return problems
+
+
+def _sample(size: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return sorted({0, 1, size // 2, size - 2, size - 1, *rng.sample(range(size), min(n, size))})
+
+
+def test_metadata_flips_load_identically_or_fail_in_one_line(tmp_path: Path) -> None:
+    """Sampled bit flips across ``.metadata``: the checksum ``save`` recorded for it names
+    the damage before anything is unpickled."""
+    path = str(tmp_path / "c")
+    state = _state(21)
+    ck.save(SPEC, state, path, mesh=_mesh())
+    size = os.path.getsize(os.path.join(path, ".metadata"))
+    assert _flip_outcomes(path, state, _sample(size, 60, 1)) == []
+
+
+def test_metadata_flips_without_a_recorded_checksum(tmp_path: Path) -> None:
+    """A checkpoint whose marker records no checksum of .metadata (an older save): a flip
+    still gives identical data or a short error, never DCP's traceback, and never a silent
+    load of other data (a damaged chunk offset is caught by the chunks' coverage)."""
+    path = str(tmp_path / "c")
+    state = _state(22)
+    ck.save(SPEC, state, path, mesh=_mesh())
+    marker = json.loads(Path(path, ck.MARKER).read_text())
+    del marker[ig.METADATA_CHECKSUM]
+    Path(path, ck.MARKER).write_text(json.dumps(marker))
+    size = os.path.getsize(os.path.join(path, ".metadata"))
+    assert _flip_outcomes(path, state, _sample(size, 200, 2), named=False) == []
+
+
+def test_a_data_file_mismatch_says_which_may_be_damaged(scratch: tuple[str, dict]) -> None:
+    """A flipped data file, with .metadata verified by its recorded checksum: the data file
+    is damaged. Without a recorded checksum for .metadata, either may be."""
+    path, _ = scratch
+    _, info = max(
+        ((i, s) for i, s in _items(path) if i.offset is not None), key=lambda t: t[1].length
+    )
+    _flip(path, info.relative_path, info.offset + info.length // 2, 1)
+    with pytest.raises(ig.ChecksumError, match=r"the data file, or the checkpoint's \.metadata"):
+        _load(path, _state(2), ChecksumReader(path))
+    ck.save(SPEC, _state(3), path + "2", mesh=_mesh())
+    _, info = max(
+        ((i, s) for i, s in _items(path + "2") if i.offset is not None), key=lambda t: t[1].length
+    )
+    _flip(path + "2", info.relative_path, info.offset + info.length // 2, 1)
+    with pytest.raises(
+        ig.ChecksumError, match=r"the data file is damaged \(the \.metadata matches"
+    ):
+        ck.load(SPEC, _state(4), path + "2", mesh=_mesh())
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+@pytest.mark.parametrize("how", ["parent", "folder", "link"])
+def test_data_files_outside_the_folder_are_refused_by_default(
+    tmp_path: Path, trusted: bool, how: str
+) -> None:
+    """A .metadata whose data file is ``../outside/__0_0.distcp`` (a copy of the real one,
+    so a read would succeed), or one in a subfolder, or a data file that links out: every
+    load refuses it, trusted or not, even with a matching recorded checksum."""
+    path = str(tmp_path / "c")
+    state = _state(23)
+    ck.save(SPEC, state, path, mesh=_mesh())
+    meta = os.path.join(path, ".metadata")
+    with open(meta, "rb") as f:
+        md = pickle.load(f)
+    names = sorted({s.relative_path for s in md.storage_data.values()})
+    moved = {"parent": "../outside/{}", "folder": "sub/{}", "link": "{}"}[how]
+    for name in names:
+        where = Path(path, moved.format(name))
+        where.parent.mkdir(parents=True, exist_ok=True)
+        if how == "link":
+            shutil.move(os.path.join(path, name), tmp_path / name)
+            os.symlink(tmp_path / name, os.path.join(path, name))
+        else:
+            shutil.copyfile(os.path.join(path, name), where)
+    for info in md.storage_data.values():
+        info.relative_path = moved.format(info.relative_path)
+    Path(meta).write_bytes(pickle.dumps(md))
+    marker = json.loads(Path(path, ck.MARKER).read_text())
+    marker[ig.METADATA_CHECKSUM] = checksum(Path(meta).read_bytes())
+    Path(path, ck.MARKER).write_text(json.dumps(marker))
+    target = _state(24)
+    before = _snapshot(target)
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.load(SPEC, target, path, mesh=_mesh(), trusted=trusted)
+    assert ".metadata" in str(e.value) and "data file" in str(e.value), e.value
+    assert "\n" not in str(e.value)
+    assert _diff(before, _snapshot(target)) == []

@@ -191,9 +191,11 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 _LINK_HINT = (
-    "a folder inside the checkpoint links outside it (linked files are fine): copy the "
-    "folder with `cp -rL` and run hf-manifest on the copy"
+    "the checkpoint links outside its folder (only Hugging Face's cache may, from "
+    "snapshots/<revision>/ to ../../blobs/): copy the folder with `cp -rL` and run "
+    "hf-manifest on the copy"
 )
+_LINKS_OUT = (Escape.LINK_OUT, Escape.FILE_LINK_OUT)
 
 
 def _inside(root: Path, name: object) -> str:
@@ -203,10 +205,19 @@ def _inside(root: Path, name: object) -> str:
     if why is Escape.NO_NAME:
         raise HFManifestError(f"{root / INDEX}: weight_map names a file that is not a string")
     if why is not None:
-        hint = _LINK_HINT if why is Escape.LINK_OUT else ""
+        hint = _LINK_HINT if why in _LINKS_OUT else ""
         raise HFManifestError(f"{root / INDEX}: weight_map file {name!r} {why.value}", hint=hint)
     assert isinstance(name, str)
     return name
+
+
+def _fixed(root: Path, name: str) -> Path:
+    """``root / name`` for one of the folder's fixed names (config.json, the index, the
+    single file), refused when it links out of the folder (the same rule)."""
+    why = escape(root, name)
+    if why is not None:
+        raise HFManifestError(f"{root / name}: the file {why.value}", hint=_LINK_HINT)
+    return root / name
 
 
 def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
@@ -218,19 +229,20 @@ def build_hf_manifest(directory: str | Path) -> dict[str, Any]:
             "SS002",
             "give the folder that holds config.json and the safetensors files",
         )
-    config = _read_json(root / "config.json", "config.json")
+    config = _read_json(_fixed(root, "config.json"), "config.json")
     if not isinstance(config, dict):
         raise HFManifestError(f"{root / 'config.json'}: config.json is not a JSON object")
     index_path = root / INDEX
     files: dict[str, list[str] | None] = {}
     if index_path.is_file():
-        index = _read_json(index_path, INDEX)
+        index = _read_json(_fixed(root, INDEX), INDEX)
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict):
             raise HFManifestError(f"{index_path}: {INDEX} has no weight_map object")
         for key, name in wmap.items():
             files.setdefault(_inside(root, name), []).append(key)  # type: ignore[union-attr]
     elif (root / SINGLE).is_file():
+        _fixed(root, SINGLE)
         files[SINGLE] = None
     else:
         raise HFManifestError(

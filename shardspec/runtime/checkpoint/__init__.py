@@ -15,9 +15,13 @@ Modules, each with one job:
 * :mod:`~shardspec.runtime.checkpoint.staging`: staging memory (the CPU copies of an
   asynchronous save, the reused buffer pool, the storage-less sinks a load reads into).
 * :mod:`~shardspec.runtime.checkpoint.folders`: the crash-proof folder protocol on disk
-  (markers, ``<path>.partial`` and ``<path>.old``, recovery of an interrupted save).
+  (markers that prove ownership, ``<path>.partial`` and ``<path>.old``, recovery of an
+  interrupted save; ``export_hf`` uses the same protocol with its own names).
 * :mod:`~shardspec.runtime.checkpoint.collectives`: how the ranks of a save agree (the
-  coordinator's outcome, which ranks stopped, the checkpoint process group).
+  coordinator's outcome, which ranks stopped, the checkpoint process group, discarded when
+  a rank dies so that no survivor waits out a timeout).
+* :mod:`~shardspec.runtime.checkpoint.metadata`: what is checked in DCP's ``.metadata``
+  (data files inside the folder, chunks that tile their tensors, DCP's structure).
 * :mod:`~shardspec.runtime.checkpoint.failures`: DCP's exceptions as the
   :class:`CheckpointError` a caller sees, with their frames freed.
 * :mod:`~shardspec.runtime.checkpoint.integrity` (checksums per stored chunk),
@@ -26,7 +30,7 @@ Modules, each with one job:
 
 Imports flow one way (a module imports only modules listed after it): ``api``;
 ``locality``; ``planners``; ``staging`` and ``global_plan``; ``trust``; ``integrity``;
-``collectives``; ``failures``; ``folders``; then :mod:`shardspec.runtime.units`,
+``metadata``; ``collectives``; ``failures``; ``folders``; then :mod:`shardspec.runtime.units`,
 :mod:`shardspec.runtime.canonical` and :mod:`shardspec.runtime.spec`. Only this
 ``__init__`` imports them all, to re-export the public names; no module imports it.
 """
@@ -34,7 +38,7 @@ Imports flow one way (a module imports only modules listed after it): ``api``;
 from __future__ import annotations
 
 from shardspec.runtime.checkpoint.api import load, save, wait_for_saves
-from shardspec.runtime.checkpoint.collectives import checkpoint_group
+from shardspec.runtime.checkpoint.collectives import COLLECTIVE_TIMEOUT, checkpoint_group
 from shardspec.runtime.checkpoint.folders import (
     MARKER,
     REPLACED,
@@ -66,6 +70,7 @@ from shardspec.runtime.units import (
 )
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT",
     "MARKER",
     "REPLACED",
     "SAVING",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from shardspec.runtime.checkpoint.collectives import (
 )
 from shardspec.runtime.checkpoint.failures import _clear_frames, _failure
 from shardspec.runtime.checkpoint.folders import (
+    CHECKPOINT,
     Folder,
     _commit,
     _folder_state,
@@ -42,8 +42,15 @@ from shardspec.runtime.checkpoint.folders import (
     _recover,
     _refuse_unfinished,
     _report,
+    target,
 )
-from shardspec.runtime.checkpoint.integrity import ChecksumError, ChecksumReader, ChecksumWriter
+from shardspec.runtime.checkpoint.integrity import (
+    METADATA_CHECKSUM,
+    ChecksumError,
+    ChecksumReader,
+    ChecksumWriter,
+    file_checksum,
+)
 from shardspec.runtime.checkpoint.locality import LocalityLoadPlanner
 from shardspec.runtime.checkpoint.planners import (
     ShardspecLoadPlanner,
@@ -117,7 +124,13 @@ def save(
     plain ``dcp.load`` reads the checkpoint as any other.
 
     ``process_group``: the group DCP and the protocol use (every rank of the job, in rank
-    order); default the default group, or :func:`checkpoint_group` when asynchronous.
+    order); default :func:`checkpoint_group`, shardspec's own gloo group. When a rank dies,
+    a survivor whose collective failed destroys that group (never one of yours), so no
+    survivor waits out a timeout for another that gave up; each names the rank that stopped
+    where the job's store knows it.
+
+    ``path``: a symbolic link is followed (:func:`~shardspec.runtime.checkpoint.folders.target`):
+    the checkpoint it points to is replaced, beside it, and the link stays as it is.
 
     ``asynchronous=True`` plans this rank's part and copies what it writes to CPU memory
     (pinned from CUDA) before returning, so training may change the parameters at once;
@@ -131,29 +144,33 @@ def save(
     hook writes in place of a parameter, say) fails the save on every rank before a byte
     is written; ``strict=False`` saves it whole, as DCP does, with an
     :class:`UncoveredEntriesWarning`."""
-    path = os.fspath(path)
+    path = target(path)
     planner = planner or ShardspecSavePlanner(spec, mesh, strict=strict)
     if not asynchronous:
         wait_for_saves()
-        with _no_gc():
-            return _save(spec, state, path, planner, process_group, _Roll(process_group))
-    group = process_group if process_group is not None else checkpoint_group()
+        with _no_gc():  # the group lives in the roll only (see _Roll)
+            return _save(spec, state, path, planner, _Roll(_group(process_group)))
+    group = _group(process_group)
     try:
         planner.stage(state)
     except CheckpointError as e:
         _clear_frames(e)
         raise
-    future = _executor().submit(_save_staged, spec, path, planner, group, _Roll(group))
+    future = _executor().submit(_save_staged, spec, path, planner, _Roll(group))
     _PENDING.add(future)
     return future
 
 
+def _group(process_group: Any) -> Any:
+    return process_group if process_group is not None else checkpoint_group()
+
+
 def _save_staged(
-    spec: CompiledSpec, path: str, planner: ShardspecSavePlanner, group: Any, roll: Any
+    spec: CompiledSpec, path: str, planner: ShardspecSavePlanner, roll: _Roll
 ) -> ShardspecSavePlanner:
     """An asynchronous save, in the background thread (the planner staged its part)."""
     try:
-        return _save(spec, {}, path, planner, group, roll)
+        return _save(spec, {}, path, planner, roll)
     finally:
         planner.release_staging()
 
@@ -163,13 +180,19 @@ def _save(
     state: Mapping[str, Any],
     path: str,
     planner: ShardspecSavePlanner,
-    group: Any,
     roll: _Roll,
 ) -> ShardspecSavePlanner:
-    """:func:`save`'s steps, in the caller's thread or the background one."""
+    """:func:`save`'s steps, in the caller's thread or the background one. When one of
+    its collectives failed on this rank, the finished frames (which held the process group)
+    are emptied and the group is let go (:meth:`_Roll.discard`) before the error leaves."""
     roll.start()
     try:
-        return _save_steps(spec, state, path, planner, group, roll)
+        return _save_steps(spec, state, path, planner, roll)
+    except CheckpointError as e:
+        if roll.failed:
+            _clear_frames(e)
+            roll.discard()
+        raise
     finally:
         roll.close()
 
@@ -179,13 +202,12 @@ def _save_steps(
     state: Mapping[str, Any],
     path: str,
     planner: ShardspecSavePlanner,
-    group: Any,
     roll: _Roll,
 ) -> ShardspecSavePlanner:
     tmp = path + ".partial"
-    lead = _coordinator(group)
+    lead = _coordinator(roll.group)
     planner.recovered = _exchange(
-        group,
+        roll.group,
         _outcome(_prepare, path) if lead else None,
         f"saving {path} failed while preparing (before any data was written; {path} is unchanged)",
         roll,
@@ -198,7 +220,7 @@ def _save_steps(
             state,
             storage_writer=ChecksumWriter(tmp),
             planner=planner,
-            process_group=group,
+            process_group=roll.group,
         )
     except CheckpointException as e:  # DCP's (a BaseException): every rank raises it
         ranks = sorted(getattr(e, "failures", {}) or [])
@@ -206,16 +228,16 @@ def _save_steps(
         error = _failure(
             e,
             f"saving {path} failed{where}: {path} is unchanged, and the unfinished save "
-            f"in {tmp} is removed:\n{e}",
+            f"in {tmp} is removed",
         )
         if lead:  # every rank is past writing: nothing will land in the folder any more
             with contextlib.suppress(OSError):
-                shutil.rmtree(tmp)
+                CHECKPOINT.discard(path)
         # Every rank raised DCP's exception, so every rank is here: when any rank raises,
         # the unfinished folder is gone (a caller may look, or save again, at once).
-        if _distributed(group):
+        if _distributed(roll.group):
             with contextlib.suppress(Exception):
-                dist.barrier(group=group)
+                dist.barrier(group=roll.group)
     except Exception as e:  # the backend's: a rank died or timed out in DCP's collectives
         error = _lost(
             e,
@@ -229,17 +251,21 @@ def _save_steps(
         finally:  # the traceback holds this frame: no cycle back through a local
             error = None
     _point("written")
+    outcome = _outcome(_complete, path, spec, planner) if lead else None
     _exchange(
-        group,
-        _outcome(_commit, path, _marker(spec, planner)) if lead else None,
-        f"saving {path} failed after writing its data: {path} holds the new checkpoint if "
-        f"rank 0 moved it into place, else the previous one, and the next save or load of "
-        f"{path} completes the move (see the README)",
+        roll.group,
+        outcome,
+        f"saving {path} completed (the new checkpoint is complete at {path}), but not every "
+        "rank heard of it"
+        if outcome is not None and outcome[0] == "ok"
+        else f"saving {path} failed after writing its data: {path} holds the new checkpoint "
+        f"if rank 0 moved it into place, else the previous one, and the next save or load "
+        f"of {path} completes the move (see the README)",
         roll,
     )
-    if _distributed(group):  # every rank is still there at the end, or every survivor says
+    if _distributed(roll.group):  # every rank is still there at the end, or every survivor says
         try:
-            dist.barrier(group=group)
+            dist.barrier(group=roll.group)
         except Exception as e:
             raise _lost(
                 e,
@@ -296,8 +322,13 @@ def load(
     (:mod:`shardspec.runtime.checkpoint.trust`): ``.metadata`` through an allowlisting
     unpickler, and
     pickled entries checked by torch's ``weights_only`` unpickler before they are parsed.
-    ``storage_reader`` replaces the reader (``verify`` and ``trusted`` then do nothing)."""
-    path = os.fspath(path)
+    ``storage_reader`` replaces the reader (``verify`` and ``trusted`` then do nothing).
+
+    Whatever the trust, ``.metadata`` must match the checksum its save recorded (unless
+    ``verify=False``), and every data file it names must be a plain file inside the
+    folder; a failure is one line naming ``.metadata``. ``path``: a symbolic link is
+    followed, as by :func:`save`."""
+    path = target(path)
     wait_for_saves()
     recovered = _exchange(
         None,
@@ -332,9 +363,14 @@ def load(
         raise
     except (Exception, CheckpointException) as e:  # DCP's is a BaseException: name it all
         state_of = "the model was not changed" if atomic else "the model may be partly loaded"
-        error = _failure(e, f"reading {path} failed; {state_of}:\n{e}")
-        if isinstance(error, ChecksumError):  # the reader's, which cannot tell atomic from not
-            error = ChecksumError(f"{error}; {state_of}")
+        refused = getattr(reader, "metadata_error", None)
+        if isinstance(refused, CheckpointError):  # DCP buried it in an assertion of its own
+            _clear_frames(e)
+            error = type(refused)(f"{refused}; the model was not changed")
+        else:
+            error = _failure(e, f"reading {path} failed; {state_of}")
+        if isinstance(error, ChecksumError) and refused is None:  # the reader's: it cannot
+            error = ChecksumError(f"{error}; {state_of}")  # tell atomic from not
     if error is not None:  # raised here, out of the except clause: no context chained
         try:
             raise error
@@ -352,6 +388,14 @@ def _reader(path: str, verify: bool, trusted: bool) -> Any:
     if trusted:
         return ChecksumReader(path, verify=verify)
     return SafeChecksumReader(path, verify=verify)
+
+
+def _complete(path: str, spec: CompiledSpec, planner: ShardspecSavePlanner) -> None:
+    """The coordinator, once DCP wrote every rank's data and the ``.metadata``: mark the
+    checkpoint complete (with the checksum of its ``.metadata``) and move it into place."""
+    marker = _marker(spec, planner)
+    marker[METADATA_CHECKSUM] = file_checksum(os.path.join(path + ".partial", ".metadata"))
+    _commit(path, marker)
 
 
 def _marker(spec: CompiledSpec, planner: ShardspecSavePlanner) -> dict[str, Any]:

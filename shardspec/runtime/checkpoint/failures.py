@@ -36,9 +36,34 @@ def _failure(e: BaseException, message: str) -> CheckpointError:
     if found is not None:  # its frames emptied too; shown without DCP's wrapper
         found.__cause__, found.__suppress_context__ = None, True
         return found
-    error = CheckpointError(message)
+    error = CheckpointError(f"{message}: {_summary(e)}")
     error.__cause__ = e
     return error
+
+
+def _summary(e: BaseException, shown: int = 4) -> str:
+    """``e`` in one line: each failed rank's exception type and the first line of its
+    message (DCP's own text holds every rank's traceback: the cause keeps it)."""
+    failures = getattr(e, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return _line(e)
+    parts = [
+        f"rank {r}: {_line(w[0] if isinstance(w, tuple) and w else w)}"
+        for r, w in sorted(failures.items(), key=lambda kv: str(kv[0]))
+    ]
+    more = f"; and {len(parts) - shown} more rank(s)" if len(parts) > shown else ""
+    return "; ".join(parts[:shown]) + more
+
+
+def _line(e: Any, limit: int = 300) -> str:
+    """``e``'s type and the first line of its message, without gloo's advice ("This is
+    typically caused by ..."), at most ``limit`` characters of it."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    first = first.split(" This is typically caused by")[0]
+    if len(first) > limit:
+        first = first[:limit] + "..."
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _clear_frames(e: BaseException) -> None:

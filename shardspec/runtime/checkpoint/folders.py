@@ -1,10 +1,27 @@
-"""The crash-proof folder protocol on disk: a save writes ``<path>.partial`` (with the
-in-progress marker :data:`SAVING`), marks it complete (:data:`MARKER`, the
-``.shardspec.json`` a load also reads), sets the previous checkpoint aside as
-``<path>.old`` (marked :data:`REPLACED`) and moves the new one into place. Whatever step a
-save stopped at, :func:`_recover` finishes or undoes it, so ``path`` always holds a
-complete checkpoint. The steps run on the coordinator; :mod:`~shardspec.runtime.checkpoint.api`
-sequences them across ranks.
+"""The crash-proof folder protocol on disk, shared by ``save`` (checkpoints, :data:`CHECKPOINT`)
+and ``export_hf`` (Hugging Face exports, :mod:`shardspec.runtime.hf.folders`).
+
+A writer fills ``<path>.partial`` (holding an in-progress marker), marks it complete (a
+completion marker, which stays in the folder), sets the folder at ``path`` aside as
+``<path>.old`` (a set-aside marker written just before the rename; ``<path>.replaced`` for
+exports), moves the new folder into place and removes the one set aside. Whatever step a
+writer stopped at, :meth:`Protocol.recover` finishes or undoes it, so ``path`` always holds
+the previous folder or the new one. The steps run on one rank (the coordinator);
+:mod:`~shardspec.runtime.checkpoint.api` and :mod:`shardspec.runtime.hf.export` sequence
+them across ranks.
+
+**Ownership.** Every marker records the inode of the folder it was written into. A rename
+keeps a folder's inode; a copy (``cp -r``) gets a new one, though it carries the markers.
+So a folder is the protocol's own (:func:`_owned`) only when it is a real folder (not a
+link) holding a marker whose inode is the folder's own: recovery moves or removes only
+such folders, and never a user's ``<path>.partial``, ``<path>.old`` or ``<path>.replaced``,
+whatever is inside (a copy of a checkpoint with its markers included). A folder whose
+file system does not keep inode numbers across a rename is never proven the protocol's: it
+is refused with an error that names it, never removed.
+
+**Links.** :func:`target` follows a ``path`` that is a symbolic link, once, before
+anything else: the protocol then works beside the folder the link points to, and the link
+itself is never replaced or removed. Siblings that are links are never the protocol's.
 """
 
 from __future__ import annotations
@@ -13,21 +30,32 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import warnings
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from shardspec.runtime.units import CheckpointError
 
-# A complete checkpoint: written into it (the spec, the mesh, the structure fingerprint)
-# once every rank's data and DCP's .metadata are there, before it moves into place.
+# A complete checkpoint: written into it (the spec, the mesh, the structure fingerprint, the
+# checksum of DCP's .metadata) once every rank's data and DCP's .metadata are there, before
+# it moves into place.
 MARKER = ".shardspec.json"
 
 # A save in progress: written into ``<path>.partial`` before any data, removed once the
 # completion marker is there. A folder that has it is never loaded as a checkpoint.
 SAVING = ".shardspec-saving"
 
-# Test hook: called with the name of each step of the save protocol (see save()).
+# Written into the checkpoint at ``path`` just before a save renames it to ``<path>.old``:
+# recovery restores or removes only a ``<path>.old`` that a save set aside, never a user's
+# own folder of that name.
+REPLACED = ".shardspec-replaced"
+
+# Markers are small JSON files; one larger than this is not the protocol's.
+_MARKER_BYTES = 1 << 20
+
+# Test hook: called with the name of each step of the protocol (see Protocol.commit).
 _fault_point: Any = None
 
 
@@ -37,35 +65,30 @@ def _point(name: str) -> None:
 
 
 class Folder(str, Enum):
-    """What is at a checkpoint path (equal to its lower-case name as a string)."""
+    """What is at a path (equal to its lower-case name as a string)."""
 
     MISSING = "missing"
-    COMPLETE = "complete"  # DCP's .metadata and shardspec's completion marker
-    SAVING = "saving"  # a shardspec save in progress or interrupted: the in-progress marker
+    COMPLETE = "complete"  # the completion marker (and, for a checkpoint, DCP's .metadata)
+    SAVING = "saving"  # a write in progress or interrupted: the in-progress marker
     FOREIGN = "foreign"  # a DCP checkpoint without shardspec's markers, as dcp.save writes
     EMPTY = "empty"
-    OTHER = "other"  # anything else
+    OTHER = "other"  # anything else: a file, a link, someone else's folder
 
 
-def _folder_state(path: str) -> Folder:
-    """``missing``; ``complete`` (DCP's ``.metadata`` and shardspec's completion marker);
-    ``saving`` (a shardspec save in progress or interrupted: no completion marker, the
-    in-progress marker); ``foreign`` (a DCP checkpoint without shardspec's markers, as
-    ``dcp.save`` writes); ``empty``; ``other`` (anything else)."""
-    if not os.path.lexists(path):
-        return Folder.MISSING
-    if not os.path.isdir(path):
-        return Folder.OTHER
-    names = set(os.listdir(path))
-    if MARKER in names and ".metadata" in names:
-        return Folder.COMPLETE
-    if SAVING in names:
-        return Folder.SAVING
-    if MARKER in names:
-        return Folder.OTHER
-    if ".metadata" in names:
-        return Folder.FOREIGN
-    return Folder.OTHER if names else Folder.EMPTY
+def target(path: str | os.PathLike, error: type[Exception] = CheckpointError) -> str:
+    """The folder a save, load or export of ``path`` works on: ``path`` without trailing
+    separators (``ck/`` is ``ck``, not a folder whose ``.partial`` is inside it) and, when
+    ``path`` is a symbolic link, the folder it points to (see the module's "Links")."""
+    text = os.fspath(path)
+    stripped = text.rstrip("/" + os.sep) or text[:1]
+    if not stripped:
+        raise error("the path is empty")
+    if not os.path.islink(stripped):
+        return stripped
+    real = os.path.realpath(stripped)
+    if os.path.islink(real):
+        raise error(f"{stripped} is a symbolic link that does not resolve (a loop); nothing done")
+    return real
 
 
 def _fsync_dir(path: str) -> None:
@@ -91,151 +114,258 @@ def _write_json(path: str, value: Any) -> None:
     os.replace(tmp, path)
 
 
-# Written into the checkpoint at ``path`` just before a save renames it to ``<path>.old``:
-# recovery restores or removes only a ``<path>.old`` that a save set aside (or that is a
-# shardspec checkpoint), never a user's own folder of that name.
-REPLACED = ".shardspec-replaced"
+def _stamp(folder: str, name: str, fields: dict[str, Any]) -> None:
+    """Write the marker ``name`` into ``folder``: ``fields`` and the folder's inode."""
+    _write_json(os.path.join(folder, name), {**fields, "inode": os.lstat(folder).st_ino})
 
 
-def _set_aside(path: str, old: str) -> None:
-    """Mark the checkpoint at ``path`` as set aside by a save, and rename it to ``old``."""
-    with open(os.path.join(path, REPLACED), "w", encoding="utf-8") as f:
-        f.write("set aside by a shardspec save; removed when the save completes\n")
-    os.rename(path, old)
-
-
-def _ours_old(old: str) -> bool:
-    """Whether ``old`` is a checkpoint that a save set aside (see :data:`REPLACED`)."""
+def _owned(folder: str, name: str) -> bool:
+    """Whether ``folder`` is a folder (not a link) holding the marker ``name`` that the
+    protocol wrote into this very folder: the inode the marker records is the folder's."""
     try:
-        names = set(os.listdir(old))
-    except OSError:
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or not st.st_ino:
+            return False
+        mark = os.path.join(folder, name)
+        mst = os.lstat(mark)
+        if not stat.S_ISREG(mst.st_mode) or mst.st_size > _MARKER_BYTES:
+            return False
+        with open(mark, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError):
         return False
-    return REPLACED in names or (MARKER in names and ".metadata" in names)
+    return isinstance(data, dict) and data.get("inode") == st.st_ino
+
+
+def _parent(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The names and words of one use of the protocol: who writes (``actor``), what a
+    complete folder is (``kind``), its three markers, the suffix of the folder set aside,
+    the file a complete folder holds besides its marker (``payload``, DCP's ``.metadata``),
+    which states of ``path`` a new folder may replace, and the error it raises."""
+
+    actor: str  # "save", "export_hf"
+    work: str  # "a save", "an export": what is in progress in ``<path>.partial``
+    nothing: str  # "nothing was saved": what a refusal leaves
+    kind: str  # "checkpoint", "export"
+    saving: str
+    done: str
+    aside: str
+    aside_suffix: str
+    payload: str | None
+    replaces: frozenset[Folder]
+    not_kind: str  # why a folder at ``path`` is no ``kind`` the protocol may replace
+    error: type[Exception]
+
+    def partial(self, path: str) -> str:
+        return path + ".partial"
+
+    def old(self, path: str) -> str:
+        return path + self.aside_suffix
+
+    def state(self, path: str) -> Folder:
+        """``missing``; ``complete`` (the completion marker, and the payload); ``saving``
+        (the in-progress marker, no completion marker); ``foreign`` (the payload without
+        markers: a DCP checkpoint as ``dcp.save`` writes it); ``empty``; ``other``
+        (anything else, a link or a file included)."""
+        if not os.path.lexists(path):
+            return Folder.MISSING
+        if os.path.islink(path) or not os.path.isdir(path):
+            return Folder.OTHER
+        names = set(os.listdir(path))
+        payload = self.payload is None or self.payload in names
+        if self.done in names and payload:
+            return Folder.COMPLETE
+        if self.saving in names:
+            return Folder.SAVING
+        if self.done in names:
+            return Folder.OTHER
+        if self.payload is not None and self.payload in names:
+            return Folder.FOREIGN
+        return Folder.OTHER if names else Folder.EMPTY
+
+    def _set_aside(self, path: str, old: str) -> None:
+        """Mark the folder at ``path`` as set aside by the protocol, and rename it to ``old``."""
+        _stamp(path, self.aside, {"set_aside_by": self.actor, "path": os.path.basename(path)})
+        try:
+            os.rename(path, old)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(path, self.aside))
+            raise
+
+    def recover(self, path: str) -> list[str]:
+        """Finish or undo what a write of ``path`` that stopped part-way left (the
+        coordinator, before a save or load of ``path``, or an export to it). Returns what
+        it did, one sentence each:
+
+        * ``<path>.partial`` complete and the protocol's (stamped), not moved into place:
+          moved into place, the folder at ``path`` (set aside, then) removed;
+        * ``path`` missing and ``<path>.old`` a folder the protocol set aside: restored;
+        * such a ``<path>.old`` beside a complete folder at ``path``: removed.
+
+        Nothing else is moved or removed: a folder that is not provably the protocol's
+        (module docstring) is left alone, and a write that needs its name refuses."""
+        tmp, old = self.partial(path), self.old(path)
+        done: list[str] = []
+        here = self.state(path)
+        if self.state(tmp) == Folder.COMPLETE and _owned(tmp, self.done):
+            if here not in (Folder.MISSING, *self.replaces):
+                raise self.error(
+                    f"{tmp} holds a complete {self.kind} that {self.actor} did not move into "
+                    f"place, but {path} exists and is not a {self.kind}; nothing was changed: "
+                    f"move {path} away and retry"
+                )
+            if here != Folder.MISSING:
+                if os.path.lexists(old):
+                    if not _owned(old, self.aside):
+                        raise self.error(
+                            f"{tmp} holds a complete {self.kind} that {self.actor} did not "
+                            f"move into place, but {old}, which no {self.actor} set aside, is "
+                            "in the way; nothing was changed: move it away and retry"
+                        )
+                    shutil.rmtree(old)
+                self._set_aside(path, old)
+            os.rename(tmp, path)
+            _fsync_dir(_parent(path))
+            done.append(
+                f"{tmp} held a complete {self.kind} that its {self.actor} had marked but not "
+                f"moved into place: moved it to {path}"
+                + (
+                    ""
+                    if here == Folder.MISSING
+                    else f" (the {self.kind} that was there is removed)"
+                )
+            )
+            if _owned(old, self.aside):
+                shutil.rmtree(old)
+            return done
+        if not _owned(old, self.aside):
+            return done
+        if here == Folder.MISSING:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(old, self.aside))
+            os.rename(old, path)
+            _fsync_dir(_parent(path))
+            done.append(
+                f"{path} was missing and {old} held the previous {self.kind} (a {self.actor} "
+                f"stopped between its renames): restored it to {path}"
+            )
+        elif here in self.replaces:
+            shutil.rmtree(old)
+            done.append(
+                f"removed {old}, the previous {self.kind}, which a {self.actor} that moved the "
+                f"new one to {path} had not removed yet"
+            )
+        return done
+
+    def prepare(self, path: str, fields: dict[str, Any]) -> list[str]:
+        """The coordinator, before any rank writes: recover what an interrupted write
+        left, then create ``<path>.partial`` with the in-progress marker (``fields`` and
+        the stamp). Refuses (nothing changed) a ``path``, ``<path>.partial`` or
+        ``<path>.old`` that is someone else's."""
+        tmp, old = self.partial(path), self.old(path)
+        done = self.recover(path)
+        here = self.state(path)
+        nothing = self.nothing
+        if here != Folder.MISSING and here not in self.replaces:
+            raise self.error(
+                f"{path} exists and is not a {self.kind} ({self.not_kind}); {nothing}: "
+                f"write elsewhere or move it away"
+            )
+        if os.path.lexists(old) and here != Folder.MISSING:
+            raise self.error(
+                f"{old} exists and no {self.actor} set it aside; {nothing}: move it away "
+                f"({self.work} to {path} moves the {self.kind} there while it replaces it)"
+            )
+        state = self.state(tmp)
+        if state == Folder.SAVING and _owned(tmp, self.saving):
+            shutil.rmtree(tmp)
+            done.append(f"removed {tmp}, an unfinished {self.actor}")
+        elif state == Folder.EMPTY:
+            os.rmdir(tmp)
+        elif state != Folder.MISSING:
+            raise self.error(
+                f"{tmp} exists and is not {self.work} in progress (no {self.saving} "
+                f"marker that {self.actor} wrote into that very folder: a folder of yours, a "
+                f"copy, or one an older shardspec left); {nothing}: move it away "
+                f"({self.work} to {path} writes there first)"
+            )
+        os.makedirs(tmp)
+        _stamp(tmp, self.saving, {**fields, "path": os.path.basename(path)})
+        return done
+
+    def commit(self, path: str, marker: dict[str, Any]) -> None:
+        """The coordinator, once every rank's files are in ``<path>.partial``: mark it
+        complete (``marker`` and the stamp), then move it into place."""
+        tmp, old = self.partial(path), self.old(path)
+        _stamp(tmp, self.done, marker)
+        os.remove(os.path.join(tmp, self.saving))
+        _fsync_dir(tmp)
+        _point("marked")
+        replacing = os.path.lexists(path)
+        if replacing:
+            self._set_aside(path, old)  # prepare made sure no other <path>.old is in the way
+            _point("renamed-old")
+        os.rename(tmp, path)
+        _fsync_dir(_parent(path))
+        _point("renamed-new")
+        if replacing:
+            shutil.rmtree(old)
+
+    def discard(self, path: str) -> bool:
+        """Remove ``<path>.partial`` if it is an unfinished write of the protocol's (its
+        stamped in-progress marker); whether it did."""
+        tmp = self.partial(path)
+        if self.state(tmp) != Folder.SAVING or not _owned(tmp, self.saving):
+            return False
+        shutil.rmtree(tmp, ignore_errors=True)
+        return True
+
+
+CHECKPOINT = Protocol(
+    actor="save",
+    work="a save",
+    nothing="nothing was saved",
+    kind="checkpoint",
+    saving=SAVING,
+    done=MARKER,
+    aside=REPLACED,
+    aside_suffix=".old",
+    payload=".metadata",
+    replaces=frozenset({Folder.EMPTY, Folder.COMPLETE, Folder.FOREIGN}),
+    not_kind="no DCP .metadata",
+    error=CheckpointError,
+)
+
+
+def _folder_state(path: str) -> Folder:
+    """What is at ``path``, as a checkpoint (:meth:`Protocol.state`)."""
+    return CHECKPOINT.state(path)
 
 
 def _recover(path: str) -> list[str]:
-    """Finish or undo what a save of ``path`` that stopped part-way left (the coordinator,
-    before a save or load of ``path``; see :func:`save` for the steps). Returns what it
-    did, one sentence each:
-
-    * ``<path>.partial`` complete (marked) but not moved into place: moved into place,
-      the checkpoint that was at ``path`` removed (the save stopped after marking);
-    * ``path`` missing and ``<path>.old`` a checkpoint a save set aside: restored (the
-      save stopped between its two renames, before the new one was complete);
-    * such a ``<path>.old`` beside a checkpoint at ``path``: removed (the save stopped
-      after moving the new checkpoint into place).
-
-    A ``<path>.old`` that no save set aside is left alone (and a save that would need its
-    name is refused, by :func:`_prepare`)."""
-    tmp, old = path + ".partial", path + ".old"
-    done: list[str] = []
-    here, new = _folder_state(path), _folder_state(tmp)
-    checkpoint = (Folder.COMPLETE, Folder.FOREIGN)
-    parent = os.path.dirname(os.path.abspath(path))
-    if new == Folder.COMPLETE:
-        if here not in (Folder.MISSING, Folder.EMPTY, *checkpoint):
-            raise CheckpointError(
-                f"{tmp} holds a complete checkpoint that a save did not move into place, but "
-                f"{path} exists and is not a checkpoint; move {path} away and retry"
-            )
-        if here != Folder.MISSING:
-            if os.path.lexists(old):
-                if not _ours_old(old):
-                    raise CheckpointError(
-                        f"{tmp} holds a complete checkpoint that a save did not move into "
-                        f"place, but {old}, which is not a save's, is in the way; move it away "
-                        "and retry"
-                    )
-                shutil.rmtree(old)
-            _set_aside(path, old)
-        os.rename(tmp, path)
-        _fsync_dir(parent)
-        done.append(
-            f"{tmp} held a complete checkpoint that its save had marked but not moved into "
-            f"place: moved it to {path}"
-            + ("" if here == Folder.MISSING else " (the checkpoint that was there is removed)")
-        )
-        if os.path.lexists(old) and _ours_old(old):
-            shutil.rmtree(old)
-        return done
-    if not _ours_old(old):
-        return done
-    if here == Folder.MISSING and _folder_state(old) in checkpoint:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(old, REPLACED))
-        os.rename(old, path)
-        _fsync_dir(parent)
-        done.append(
-            f"{path} was missing and {old} held the previous checkpoint (a save stopped "
-            f"between its renames): restored it to {path}"
-        )
-    elif here in checkpoint:
-        shutil.rmtree(old)
-        done.append(
-            f"removed {old}, the previous checkpoint, which a save that moved the new one to "
-            f"{path} had not removed yet"
-        )
-    return done
+    """:meth:`Protocol.recover` of a checkpoint path."""
+    return CHECKPOINT.recover(path)
 
 
 def _prepare(path: str) -> list[str]:
-    """The coordinator, before any rank writes: recover what an interrupted save left,
-    then create ``<path>.partial`` with the in-progress marker. Refuses (nothing changed) a
-    ``path``, ``<path>.partial`` or ``<path>.old`` that is someone else's folder."""
-    tmp, old = path + ".partial", path + ".old"
-    done = _recover(path)
-    here = _folder_state(path)
-    if here == Folder.OTHER or here == Folder.SAVING:
-        raise CheckpointError(
-            f"{path} exists and is not a checkpoint (no DCP .metadata); nothing was saved: "
-            "save elsewhere or remove it"
-        )
-    if os.path.lexists(old) and here != Folder.MISSING:
-        raise CheckpointError(
-            f"{old} exists and no save set it aside; nothing was saved: move it away (a save "
-            f"of {path} moves the checkpoint there while it replaces it)"
-        )
-    state = _folder_state(tmp)
-    if state == Folder.SAVING:
-        shutil.rmtree(tmp)
-        done.append(f"removed {tmp}, an unfinished save")
-    elif state == Folder.EMPTY:
-        os.rmdir(tmp)
-    elif state != Folder.MISSING:
-        raise CheckpointError(
-            f"{tmp} exists and is not a save in progress by shardspec (no {SAVING} marker); "
-            f"nothing was saved: move it away (a save of {path} writes there first)"
-        )
-    os.makedirs(tmp)
-    _write_json(
-        os.path.join(tmp, SAVING),
-        {"format": "shardspec-save-in-progress/1", "path": os.path.basename(path)},
-    )
-    return done
+    """:meth:`Protocol.prepare` of a checkpoint path."""
+    return CHECKPOINT.prepare(path, {"format": "shardspec-save-in-progress/1"})
 
 
 def _commit(path: str, marker: dict[str, Any]) -> None:
-    """The coordinator, after every rank's data and DCP's ``.metadata`` are written: mark
-    ``<path>.partial`` complete, then move it into place."""
-    tmp, old = path + ".partial", path + ".old"
-    _write_json(os.path.join(tmp, MARKER), marker)
-    os.remove(os.path.join(tmp, SAVING))
-    _fsync_dir(tmp)
-    _point("marked")
-    replacing = os.path.lexists(path)
-    if replacing:
-        _set_aside(path, old)  # _prepare made sure no other <path>.old is in the way
-        _point("renamed-old")
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-    _point("renamed-new")
-    if replacing:
-        shutil.rmtree(old)
+    """:meth:`Protocol.commit` of a checkpoint path."""
+    CHECKPOINT.commit(path, marker)
 
 
-def _report(done: list[str]) -> None:
+def _report(done: list[str], category: type[Warning] | None = None) -> None:
     for line in done:
-        warnings.warn(line, CheckpointRecoveryWarning, stacklevel=3)
+        warnings.warn(line, category or CheckpointRecoveryWarning, stacklevel=3)
 
 
 class CheckpointRecoveryWarning(UserWarning):
@@ -262,6 +392,6 @@ def _read_marker(path: str) -> dict | None:
     try:
         with open(os.path.join(path, MARKER), encoding="utf-8") as f:
             marker = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return marker if isinstance(marker, dict) else None

@@ -54,6 +54,7 @@ import contextlib
 import hashlib
 import io
 import os
+import pickle
 import struct
 import sys
 import threading
@@ -72,9 +73,14 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.futures import Future
 
+from shardspec.runtime.checkpoint.folders import MARKER, _read_marker
+from shardspec.runtime.checkpoint.metadata import _short, coverage_problem, storage_problem
 from shardspec.runtime.units import CheckpointError
 
 ALGORITHM = "rowsum64"
+# The key of a checkpoint's completion marker (.shardspec.json) that holds the checksum of
+# its .metadata, written by ``save`` once DCP has written the .metadata.
+METADATA_CHECKSUM = "metadata_checksum"
 
 
 class ChecksumError(CheckpointError):
@@ -211,6 +217,12 @@ def checksum(
     sums.fill(view, start, 0, rows)
     crc = zlib.crc32(view[start + rows * _ROW_BYTES : start + length], sums.crc())
     return _digest(crc, sums.total())
+
+
+def file_checksum(path: str | os.PathLike) -> str:
+    """The ``rowsum64`` checksum of a whole file (a checkpoint's ``.metadata``)."""
+    with open(path, "rb") as f:
+        return checksum(f.read())
 
 
 class _Running:
@@ -616,7 +628,93 @@ class _ReaderFileSystem(FileSystem):
                 raise error
 
 
-class ChecksumReader(FileSystemReader):
+class MetadataChecks:
+    """Mixin for a DCP ``FileSystemReader`` (or a subclass; put it first): how ``.metadata``
+    is read. Before anything is unpickled, the file's bytes are checked against the
+    checksum ``save`` recorded in the completion marker (``.shardspec.json``,
+    :data:`METADATA_CHECKSUM`; skipped with ``verify=False``, and where there is none);
+    after, every data file it names must be a plain file inside the checkpoint folder
+    (:func:`~shardspec.runtime.checkpoint.metadata.storage_problem`). Any failure is one
+    :class:`CheckpointError` line naming ``.metadata``, kept in ``metadata_error`` (DCP
+    swallows it, retries with rank-local metadata, and raises its own assertion: the
+    retry raises the same error, and ``load`` reports it as it is). ``_unpickle`` is how
+    the bytes become metadata (``pickle``, as DCP does; the trust boundary's allowlisting
+    unpickler in :class:`~shardspec.runtime.checkpoint.trust.SafeMetadata`)."""
+
+    metadata_error: CheckpointError | None = None
+    metadata_verified = False  # .metadata matched the checksum its save recorded
+    path: Any  # FileSystemReader's, which this class is mixed into
+    fs: Any
+
+    def _unpickle(self, data: bytes, where: str) -> Any:
+        try:
+            return pickle.loads(data)
+        except (Exception, RecursionError) as e:  # damaged: whatever the opcodes made of it
+            raise CheckpointError(
+                f"{where} cannot be read: it is damaged or not DCP metadata "
+                f"({type(e).__name__}: {_short(e)}); nothing was read"
+            ) from None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        if rank is not None and self.metadata_error is not None:
+            raise self.metadata_error  # the global one failed, and that is the answer
+        try:
+            metadata = self._checked_metadata(rank)
+        except CheckpointError as e:
+            self.metadata_error = e
+            raise
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+    def _checked_metadata(self, rank: int | None) -> Any:
+        locate = getattr(self, "_get_metadata_path", None)
+        path = os.fspath(
+            locate(rank) if locate is not None else os.path.join(self.path, ".metadata")
+        )
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CheckpointError(f"cannot read {path}: {e}") from None
+        if rank is None and getattr(self, "verify", True):
+            self._verify_metadata(path, data)
+        metadata = self._unpickle(data, path)
+        try:
+            problem = storage_problem(metadata, os.fspath(self.path))
+            if problem is None and not self.metadata_verified:  # no recorded checksum
+                problem = coverage_problem(metadata)
+        except Exception as e:  # an object a damaged pickle left half-built
+            problem = f"{type(e).__name__}: {_short(e)}"
+        if problem is not None:
+            raise CheckpointError(f"{path} is damaged or refused: {problem}; nothing was read")
+        return metadata
+
+    def _verify_metadata(self, path: str, data: bytes) -> None:
+        marker = _read_marker(os.fspath(self.path))
+        expected = marker.get(METADATA_CHECKSUM) if marker is not None else None
+        if not isinstance(expected, str):
+            return  # no checksum recorded (dcp.save, an older shardspec): unverified
+        algorithm = expected.split(":", 1)[0]
+        got = checksum(data, algorithm=algorithm) if algorithm in ALGORITHMS else "(unknown)"
+        if got != expected:
+            raise ChecksumError(
+                f"{path} does not match the checksum its save recorded in {MARKER} "
+                f"(reads as {got}, recorded as {_short_text(expected)}): the checkpoint's "
+                f".metadata (or its {MARKER}) is damaged; nothing was read"
+            )
+        self.metadata_verified = True
+
+
+def _short_text(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class ChecksumReader(MetadataChecks, FileSystemReader):
     """DCP's ``FileSystemReader`` that verifies every item it reads against the checksum
     :class:`ChecksumWriter` stored (module docstring: how, and when). A mismatch, or a data
     file shorter than the metadata says, raises :class:`CheckpointError` naming the file,
@@ -685,9 +783,15 @@ class ChecksumReader(FileSystemReader):
                 f"{name} is truncated: {where} is stored at bytes {sinfo.offset}..{end}, "
                 "past the end of the file"
             )
+        damaged = (
+            "the data file is damaged (the .metadata matches its own checksum)"
+            if self.metadata_verified
+            else "the data file, or the checkpoint's .metadata that records the checksum, "
+            "is damaged"
+        )
         return ChecksumError(
             f"checksum mismatch in {name}: {where} (bytes {sinfo.offset}..{end}) reads as "
-            f"{got}, written as {sinfo.checksum}: the file is corrupt"
+            f"{got}, recorded in .metadata as {_short_text(str(sinfo.checksum))}: {damaged}"
         )
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:

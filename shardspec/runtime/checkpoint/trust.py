@@ -16,8 +16,10 @@ DCP's own metadata classes (``Metadata``, ``TensorStorageMetadata``, ``BytesStor
 ``ChunkStorageMetadata``, ``TensorProperties``, ``MetadataIndex``, ``StorageMeta``,
 ``_StorageInfo``; ``torch.Size``, dtypes, layouts and memory formats; ``pathlib`` paths;
 builtin containers and scalars) and refuses anything else with a :class:`CheckpointError`
-naming the offending global, without calling it. It then checks the result's structure:
-every data file named in it is a plain file name inside the checkpoint folder. Pickled
+naming the offending global, without calling it. It then checks the result's structure
+(:mod:`~shardspec.runtime.checkpoint.metadata`); that every data file named in it is a
+plain file name inside the checkpoint folder, every reader of shardspec checks, trusted or
+not (:class:`~shardspec.runtime.checkpoint.integrity.MetadataChecks`). Pickled
 entries are checked with torch's ``weights_only`` unpickler before the planner unpickles
 them (objects of other classes are refused; ``torch.serialization.add_safe_globals``
 admits more).
@@ -40,13 +42,23 @@ import pathlib
 import pickle
 import re
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeGuard
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from shardspec.runtime.checkpoint.integrity import ChecksumReader
+from shardspec.runtime.checkpoint.integrity import ChecksumReader, MetadataChecks
+from shardspec.runtime.checkpoint.metadata import _short, _show, _structure_problem
 from shardspec.runtime.units import CheckpointError
+
+__all__ = [
+    "SafeChecksumReader",
+    "SafeFileSystemReader",
+    "SafeMetadata",
+    "_structure_problem",
+    "load_metadata",
+    "loads_metadata",
+]
 
 _METADATA_CLASSES = (
     "Metadata",
@@ -315,138 +327,19 @@ def load_metadata(path: str | os.PathLike) -> Any:
     return loads_metadata(data, path)
 
 
-def _show(value: Any) -> str:
-    """A value of untrusted metadata, for a message: no repr of objects a damaged pickle
-    may have built half-way (a dataclass's repr reads fields that may be missing)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 80 else value[:80] + "...")
-    if isinstance(value, torch.Size):
-        return str(list(value)) if len(value) <= 8 else f"a torch.Size of {len(value)} dims"
-    return f"a {type(value).__name__}"
-
-
-def _short(e: BaseException, limit: int = 200) -> str:
-    text = str(e)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _is_size(value: Any) -> TypeGuard[torch.Size]:
-    return isinstance(value, torch.Size) and all(isinstance(x, int) and x >= 0 for x in value)
-
-
-def _file_name_problem(name: Any) -> str | None:
-    if not isinstance(name, str) or not name:
-        return f"a data file named {_show(name)}"
-    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name or ":" in name:
-        return f"a data file {_show(name)} outside the checkpoint folder (only plain names are)"
-    return None
-
-
-def _structure_problem(md: Any) -> str | None:
-    """What in ``md`` is not the structure DCP's ``FileSystemWriter`` writes, or None."""
-    from torch.distributed.checkpoint import filesystem, metadata
-
-    if not isinstance(md, metadata.Metadata):
-        return f"a {type(md).__name__}, not Metadata"
-    sd = getattr(md, "state_dict_metadata", None)
-    if not isinstance(sd, dict):
-        return "no state_dict_metadata table"
-    for key, entry in sd.items():
-        if not isinstance(key, str):
-            return f"a key {_show(key)} that is not a string"
-        if isinstance(entry, metadata.BytesStorageMetadata):
-            continue
-        if not isinstance(entry, metadata.TensorStorageMetadata):
-            return f"{key}: a {type(entry).__name__} entry"
-        props = getattr(entry, "properties", None)
-        if not isinstance(getattr(props, "dtype", None), torch.dtype):
-            return f"{key}: no dtype"
-        size = getattr(entry, "size", None)
-        if not _is_size(size):
-            return f"{key}: size {_show(size)}"
-        chunks = getattr(entry, "chunks", None)
-        if not isinstance(chunks, list):
-            return f"{key}: no chunk list"
-        for chunk in chunks:
-            offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
-            if not isinstance(chunk, metadata.ChunkStorageMetadata) or not (
-                _is_size(offsets) and _is_size(sizes) and len(offsets) == len(sizes) == len(size)
-            ):
-                return f"{key}: a malformed chunk ({_show(chunk)})"
-            if any(o + s > d for o, s, d in zip(offsets, sizes, size, strict=True)):
-                return f"{key}: a chunk at {_show(offsets)} of {_show(sizes)} outside {list(size)}"
-    storage = getattr(md, "storage_data", None)
-    if not isinstance(storage, dict):
-        return "no storage_data table"
-    for index, info in storage.items():
-        if not isinstance(index, metadata.MetadataIndex) or not isinstance(
-            getattr(index, "fqn", None), str
-        ):
-            return f"a storage key {_show(index)}"
-        if not isinstance(info, filesystem._StorageInfo):
-            return f"{index.fqn}: storage {type(info).__name__}"
-        problem = _file_name_problem(getattr(info, "relative_path", None))
-        if problem is not None:
-            return f"{index.fqn}: {problem}"
-        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
-        if not (isinstance(offset, int) and isinstance(length, int)) or offset < 0 or length < 0:
-            return f"{index.fqn}: bytes at {_show(offset)}, {_show(length)} long"
-        descriptors = getattr(info, "transform_descriptors", None)
-        if descriptors is not None and not (
-            isinstance(descriptors, (list, tuple)) and all(isinstance(d, str) for d in descriptors)
-        ):
-            return f"{index.fqn}: transform descriptors {_show(descriptors)}"
-        checksum = vars(info).get("checksum")
-        if checksum is not None and not isinstance(checksum, str):
-            return f"{index.fqn}: a checksum {_show(checksum)}"
-    meta = getattr(md, "storage_meta", None)
-    if meta is not None and not isinstance(meta, metadata.StorageMeta):
-        return f"storage_meta is a {type(meta).__name__}"
-    version = getattr(md, "version", None)
-    if version is not None and not isinstance(version, str):
-        return f"version {_show(version)}"
-    return None
-
-
 _UNSUPPORTED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
-class SafeMetadata:
+class SafeMetadata(MetadataChecks):
     """Mixin for a DCP ``FileSystemReader`` (or a subclass): reads ``.metadata`` with the
     allowlisting unpickler (:func:`loads_metadata`), and checks every pickled entry with
     torch's ``weights_only`` unpickler before the load planner unpickles it. Put it first:
-    ``class R(SafeMetadata, FileSystemReader)``."""
+    ``class R(SafeMetadata, FileSystemReader)``. What every reader of shardspec checks in
+    ``.metadata`` besides (its recorded checksum, data files inside the folder) comes from
+    :class:`~shardspec.runtime.checkpoint.integrity.MetadataChecks`."""
 
-    _refused: CheckpointError | None = None
-    path: Any  # FileSystemReader's, which this class is mixed into
-    fs: Any
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        rank = kwargs.get("rank")
-        if rank is not None and self._refused is not None:
-            # DCP tries rank-local metadata after a failed read of the global one: the
-            # global one was refused, and that is the answer.
-            raise self._refused
-        locate = getattr(self, "_get_metadata_path", None)
-        path = locate(rank) if locate is not None else os.path.join(self.path, ".metadata")
-        try:
-            with self.fs.create_stream(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise CheckpointError(f"cannot read {os.fspath(path)}: {e}") from None
-        try:
-            metadata = loads_metadata(data, os.fspath(path))
-        except CheckpointError as e:
-            self._refused = e
-            raise
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = getattr(self, "load_id", None)
-        return metadata
+    def _unpickle(self, data: bytes, where: str) -> Any:
+        return loads_metadata(data, where)
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args, **kwargs):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)  # type: ignore[misc]

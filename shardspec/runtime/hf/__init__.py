@@ -36,12 +36,16 @@ from shardspec.runtime.hf.common import (
     HFLoadReport,
 )
 from shardspec.runtime.hf.export import export_hf
+from shardspec.runtime.hf.folders import EXPORT_DONE, EXPORT_REPLACED, ExportRecoveryWarning
 from shardspec.runtime.hf.load import load_hf
 
 __all__ = [
+    "EXPORT_DONE",
     "EXPORT_MARKER",
+    "EXPORT_REPLACED",
     "INDEX",
     "SINGLE",
+    "ExportRecoveryWarning",
     "HFError",
     "HFExportReport",
     "HFLoadReport",

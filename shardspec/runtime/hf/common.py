@@ -19,7 +19,7 @@ from shardspec.core.hfmap import (
     unit_names,
 )
 from shardspec.core.layout import Mesh, ParamLayout
-from shardspec.core.paths import inside
+from shardspec.core.paths import escape
 from shardspec.runtime.canonical import CanonicalPlan, Unit
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
@@ -30,7 +30,8 @@ from shardspec.runtime.units import (
 )
 
 INDEX = "model.safetensors.index.json"
-# Marks a ``<path>.partial`` folder as export_hf's own: only such a folder is ever removed.
+# Marks a ``<path>.partial`` folder as an export in progress (shardspec.runtime.hf.folders):
+# only a folder export_hf wrote it into is ever removed.
 EXPORT_MARKER = ".shardspec-export-in-progress"
 SINGLE = "model.safetensors"
 _MAX_LISTED = 20
@@ -66,6 +67,9 @@ class HFExportReport:
     # tie aliases (``tie A = B``) not written: the config ties them, or, without a config
     # that says, the model's tensors are equal (the same on every rank)
     aliases_not_written: list[str] = field(default_factory=list)
+    # what export_hf finished or undid of an interrupted export to the same path, one
+    # sentence each (also warned as ExportRecoveryWarning; the same on every rank)
+    recovered: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------- units
@@ -200,19 +204,23 @@ def torch_dtype(name: str, fqn: str) -> torch.dtype:
 
 def weight_map_of(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """``key -> file`` of the checkpoint at ``path`` and the problems found on the way
-    (a single-file checkpoint is opened here, into ``handles``). Every name must be a plain
-    relative path whose folders stay inside the folder; the file itself may be a link to
-    anywhere, as in Hugging Face's cache (:mod:`shardspec.core.paths`)."""
+    (a single-file checkpoint is opened here, into ``handles``). Every file, the index
+    included, must be inside the folder, links followed, except where Hugging Face's cache
+    links a snapshot's files to its blobs (the rule of :mod:`shardspec.core.paths`); a file
+    that is not is never opened."""
     if not os.path.isdir(path):
         raise HFError(f"{path}: not a directory (expected a Hugging Face checkpoint folder)")
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
+        _refuse_outside(path, INDEX)
         wm = _read_index(index)
         problems = []
         for key, rel in sorted(wm.items()):
-            if not inside(path, rel):
+            why = escape(path, rel)
+            if why is not None:
                 problems.append(
-                    f"{key}: weight_map points to {rel!r}, outside the checkpoint directory {path}"
+                    f"{key}: weight_map points to {rel!r}, outside the checkpoint directory "
+                    f"{path} (the file {why.value})"
                 )
             elif not os.path.isfile(os.path.join(path, rel)):
                 problems.append(
@@ -223,6 +231,16 @@ def weight_map_of(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], l
     if not os.path.isfile(single):
         raise HFError(f"{path}: neither {INDEX} nor {SINGLE} is there")
     return {key: SINGLE for key in open_file(path, SINGLE, handles).keys()}, []
+
+
+def _refuse_outside(root: str, rel: str) -> None:
+    """An ``HFError`` if ``root/rel`` is not a file of the folder (:mod:`shardspec.core.paths`)."""
+    why = escape(root, rel)
+    if why is not None:
+        raise HFError(
+            f"{os.path.join(root, rel)}: the file {why.value}; nothing was read (copy the "
+            "checkpoint with `cp -rL` to read it)"
+        )
 
 
 def _read_index(index: str) -> dict[str, str]:
@@ -241,11 +259,13 @@ def _read_index(index: str) -> dict[str, str]:
 
 
 def open_file(root: str, rel: str, handles: dict[str, Any]) -> Any:
-    """The file's safetensors handle, opened once and kept in ``handles``."""
+    """The file's safetensors handle, opened once and kept in ``handles``; a file outside
+    the folder (:mod:`shardspec.core.paths`) is refused, never opened."""
     handle = handles.get(rel)
     if handle is None:
         from safetensors import safe_open
 
+        _refuse_outside(root, rel)
         try:
             handle = safe_open(os.path.join(root, rel), framework="pt")
         except Exception as e:  # safetensors raises its own error type for bad files

@@ -23,8 +23,6 @@ from shardspec.core.hfmap import (
 from shardspec.core.layout import Mesh
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.hf.common import (
-    EXPORT_MARKER,
-    INDEX,
     GlobalUnit,
     HFError,
     HFExportReport,
@@ -37,6 +35,7 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     torch_dtype,
 )
+from shardspec.runtime.hf.folders import ExportSession, attempt, target
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
     CheckpointError,
@@ -346,6 +345,8 @@ def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
 
 
 def _write_config(config: Any, path: str) -> None:
+    if config is None:
+        return
     target = os.path.join(path, "config.json")
     if isinstance(config, (str, os.PathLike)):
         src = os.fspath(config)
@@ -377,81 +378,6 @@ def _check_config(config: Any) -> None:
     raise HFError(f"config must be a dict, a path or a transformers config, not {type(config)}")
 
 
-def _attempt(step: Any) -> str | None:
-    """Run ``step()``; its error as text, or None."""
-    try:
-        step()
-    except Exception as e:  # reported to every rank by _agree
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def _agree(error: str | None, path: str, partial: str | None = None) -> None:
-    """Share every rank's error; if any rank failed, all raise (rank 0 removes
-    ``partial`` first), so no rank waits for one that gave up."""
-    errors = [error]
-    if dist.is_initialized():
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if not failed:
-        return
-    if partial is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-        _remove_own(partial)
-    lines = "\n  ".join(f"rank {r}: {e}" for r, e in failed)
-    raise HFError(f"export to {path} failed; nothing was written there:\n  {lines}")
-
-
-def _remove_own(partial: str) -> None:
-    """Remove ``partial`` if export_hf made it (its marker is there), else leave it."""
-    if os.path.isfile(os.path.join(partial, EXPORT_MARKER)):
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-def _fresh_dir(partial: str) -> None:
-    """Make ``partial`` with export_hf's marker. A leftover of an export that did not
-    finish (marked) is replaced; a folder of that name that export_hf did not make is
-    refused, never deleted."""
-    if os.path.lexists(partial):
-        if not os.path.isfile(os.path.join(partial, EXPORT_MARKER)):
-            raise HFError(
-                f"{partial} exists and was not made by export_hf (no {EXPORT_MARKER} in it); "
-                "export_hf writes there before renaming: move or delete it"
-            )
-        shutil.rmtree(partial)
-    os.makedirs(partial)
-    with open(os.path.join(partial, EXPORT_MARKER), "w", encoding="utf-8") as f:
-        f.write("export_hf writes this folder; it is renamed into place when complete\n")
-
-
-def _write_file(tensors: dict[str, torch.Tensor], partial: str, name: str | None) -> None:
-    from safetensors.torch import save_file
-
-    assert name is not None
-    tmp = os.path.join(partial, name + ".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(partial, name))
-
-
-def _finish(partial: str, path: str, index: dict, config: Any) -> None:
-    with open(os.path.join(partial, INDEX), "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=2)
-    if config is not None:
-        _write_config(config, partial)
-    os.remove(os.path.join(partial, EXPORT_MARKER))
-    if os.path.lexists(path):
-        # Moved aside, not deleted first: a crash between the renames leaves the old
-        # export at ``<path>.replaced`` and the new one complete at ``<path>.partial``.
-        aside = path + ".replaced"
-        if os.path.lexists(aside):
-            shutil.rmtree(aside)
-        os.rename(path, aside)
-        os.replace(partial, path)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(partial, path)
-
-
 def export_hf(
     spec: CompiledSpec,
     hfmap: HFMap,
@@ -480,7 +406,7 @@ def export_hf(
     config that ties them while the model's tensors differ is an error (the export would
     lose the alias's values). The report's ``aliases_not_written`` lists the aliases left out.
     """
-    path = os.fspath(path).rstrip("/") or "/"
+    path = target(path, HFError)
     error: HFError | None = None
     try:
         return _export_hf(spec, hfmap, model, path, mesh, config, overwrite, dtype)
@@ -490,14 +416,10 @@ def export_hf(
         # Built here, raised below, out of the except clause: no context chained, so no
         # frame of the failed export (its tensors, the mesh) stays referenced.
         rank = dist.get_rank() if dist.is_initialized() else 0
-        partial = path + ".partial"
-        if rank == 0:
-            _remove_own(partial)
         error = HFError(
-            f"export to {path} failed on rank {rank}: {type(e).__name__}: {e}. Another rank "
-            f"probably stopped (its own error, if it lives, names the cause). {path} is "
-            "unchanged"
-            + ("" if rank == 0 else f"; a leftover {partial} is removed by the next export_hf")
+            f"export to {path} failed on rank {rank} before anything was written: "
+            f"{type(e).__name__}: {e}. Another rank probably stopped (its own error, if it "
+            f"lives, names the cause). {path} is unchanged"
         )
     try:
         raise error
@@ -519,11 +441,9 @@ def _export_hf(
     m = model_view(spec, lm, rank, model, saving=True)
     sources, problems = resolve_sources(hfmap, m.units, strict=True)
     raise_problems(problems + _written_twice(sources), path)
-    if os.path.exists(path) and not overwrite:
-        raise HFError(f"{path} exists; pass overwrite=True to replace it")
     _check_config(config)
     plan = _export_plan(spec, hfmap, lm, m, sources, path)
-    return _export(hfmap, plan, m.local, rank, path, config, dtype)
+    return _export(hfmap, plan, m.local, rank, path, config, dtype, overwrite)
 
 
 @dataclass
@@ -551,12 +471,41 @@ def _export(
     path: str,
     config: Any,
     dtype: torch.dtype | None,
+    overwrite: bool,
 ) -> HFExportReport:
-    """export_hf's collective part: every failure on one rank ends in an exchange of
-    errors, so all ranks raise together instead of leaving the others waiting."""
-    partial = path + ".partial"
-    _agree(_attempt(lambda: _fresh_dir(partial)) if rank == 0 else None, path)
-    report = HFExportReport()
+    """export_hf's collective part, in the folder protocol's steps
+    (:class:`~shardspec.runtime.hf.folders.ExportSession`): a failed collective (a rank
+    that died) is an ``HFError`` that says what ``path`` holds."""
+    session = ExportSession(path, rank)
+    error: HFError | None = None
+    try:
+        return _export_steps(session, hfmap, plan, local, rank, config, dtype, overwrite)
+    except HFError:
+        raise
+    except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo, NCCL)
+        error = session.lost(e)  # raised below, out of the except clause (see export_hf)
+    finally:
+        session.close()
+    try:
+        raise error
+    finally:
+        error = None
+
+
+def _export_steps(
+    session: ExportSession,
+    hfmap: HFMap,
+    plan: _ExportPlan,
+    local: Mapping[str, tuple[Unit, torch.Tensor]],
+    rank: int,
+    config: Any,
+    dtype: torch.dtype | None,
+    overwrite: bool,
+) -> HFExportReport:
+    """Every failure on one rank ends in an exchange of errors, so all ranks raise
+    together instead of leaving the others waiting."""
+    recovered = session.prepare(overwrite)
+    report = HFExportReport(recovered=recovered)
     transfers = _transfers(plan, local, rank)
     device = next((t.device for _, t in local.values()), torch.device("cpu"))
     received = _exchange(transfers, rank, device, report)
@@ -580,14 +529,14 @@ def _export(
         report.tensors = len(tensors)
         report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
     mine = tie_error or (
-        _attempt(lambda: _write_file(tensors, partial, file_of.get(rank))) if tensors else None
+        attempt(lambda: session.write(tensors, file_of[rank])) if tensors else None
     )
-    _agree(mine, path, partial)
+    session.written(mine)
     error = None
     if rank == 0:
         index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), dtype)
-        error = _attempt(lambda: _finish(partial, path, index, config))
-    _agree(error, path, partial)
+        error = attempt(lambda: session.finish(index, lambda folder: _write_config(config, folder)))
+    session.finished_by_rank0(error)
     return report
 
 
@@ -634,7 +583,7 @@ def _exchange(
         received[peer] = buf
         ops.append(dist.P2POp(dist.irecv, buf, peer))
     # One batch: NCCL would deadlock on separate sends and receives between two ranks
-    # that both send first. (The collective in _agree before it makes this not the group's
+    # that both send first. (The collective in session.prepare before it makes this not the group's
     # first communication, as NCCL requires of a batch that not every rank joins.)
     if ops:
         for req in dist.batch_isend_irecv(ops):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,10 +19,12 @@ from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedInput
+from lark.lexer import PatternRE, TerminalDef
 
 from shardspec.findings.codes import diag
-from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.diagnostics import Diagnostic, Span, clip
 from shardspec.frontend import ir
+from shardspec.frontend.limits import MAX_TOKEN, NUMBER_HINT, number_too_large
 from shardspec.frontend.syntax_errors import comment_start, syntax_error
 from shardspec.frontend.textfile import read_text
 
@@ -41,6 +45,27 @@ def _grammar_path() -> Path:
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
+    if sys.version_info >= (3, 11):
+        try:
+            return _lark(_possessive)
+        except Exception:  # pragma: no cover - a lark plugin (interegular) that cannot read it
+            pass
+    return _lark(None)
+
+
+# The terminals whose regex ends in a repeated group: Python's regex engine keeps a
+# backtracking entry per repetition (120 bytes a character for a long pattern); a possessive
+# repeat (Python 3.11) keeps none, and nothing follows it in the terminal, so it matches
+# the same text.
+_REPEATED = ("PATTERN", "CONFIG_EXPR")
+
+
+def _possessive(t: TerminalDef) -> None:
+    if t.name in _REPEATED and isinstance(t.pattern, PatternRE) and t.pattern.value.endswith(")*"):
+        t.pattern = PatternRE(t.pattern.value + "+", t.pattern.flags, t.pattern.raw)
+
+
+def _lark(edit_terminals: Callable[[TerminalDef], None] | None) -> Lark:
     return Lark(
         _grammar_path().read_text(encoding="utf-8"),
         parser="lalr",
@@ -49,7 +74,82 @@ def _parser() -> Lark:
         # Cache the built parser (a pickle in the temp directory, keyed by the grammar's
         # hash): saves rebuilding the LALR tables on every lint.
         cache=True,
+        # Each statement becomes IR as soon as it is reduced (see _Statements), and every
+        # token is bounded as it is read (see _Bounds; lark's lexer_callbacks skip tokens
+        # whose terminal collides with a keyword, such as a pattern in an hf block).
+        transformer=_Statements(),
+        postlex=_Bounds(),
+        edit_terminals=edit_terminals,
     )
+
+
+# The parser (and its transformer, which carries the path of the text being parsed) is
+# one per process: one parse at a time.
+_LOCK = threading.Lock()
+
+
+# -- bounds: every token is checked as the lexer reads it -----------------------------------
+
+# The terminals whose text the user writes freely, and what to call each in a finding.
+_WHAT = {
+    "NAME": "name",
+    "PATTERN": "pattern",
+    "STRING": "quoted string",
+    "INT": "number",
+    "PART_SIZE": "number",
+    "CONFIG_EXPR": "product",
+}
+
+
+class _Refused(Exception):
+    """A token beyond the front end's bounds (:mod:`shardspec.frontend.limits`): the
+    finding's code, message, place (line, column, end column) and hint."""
+
+    def __init__(self, code: str, message: str, where: tuple[int, int, int], hint: str):
+        super().__init__(message)
+        self.code, self.message, self.where, self.hint = code, message, where, hint
+
+    def diagnostic(self, path: str) -> Diagnostic:
+        line, col, end = self.where
+        return diag(self.code, self.message, Span(path, line, col, line, end), self.hint)
+
+
+class _Bounds:
+    """The lexer's tokens, each checked by :func:`_bounded` as it is read (a lark
+    post-lexer)."""
+
+    always_accept: tuple[str, ...] = ()
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        for tok in stream:
+            yield _bounded(tok) if tok.type in _WHAT else tok
+
+
+def _bounded(tok: Token) -> Token:
+    """``tok`` if it is within bounds; else raises :class:`_Refused` (SS007 for a token of
+    more than :data:`MAX_TOKEN` characters, SS006 for a number over ``MAX_NUMBER``)."""
+    line, col = tok.line or 1, tok.column or 1
+    if len(tok) > MAX_TOKEN:
+        first = str(tok).split("\n", 1)[0]
+        shown = clip(first) if tok.type == "STRING" else repr(clip(first))  # quoted already
+        raise _Refused(
+            "SS007",
+            f"{_WHAT[tok.type]} {shown} is {len(tok)} characters long",
+            (line, col, col + len(first)),
+            f"names, patterns, paths and numbers have at most {MAX_TOKEN} characters",
+        )
+    numbers = [(0, str(tok))] if tok.type in ("INT", "PART_SIZE") else []
+    if tok.type == "CONFIG_EXPR":
+        numbers = [(m.start(), m.group()) for m in re.finditer(r"[0-9A-Za-z_]+", tok)]
+    for at, text in numbers:
+        if text.isdigit() and number_too_large(text):
+            raise _Refused(
+                "SS006",
+                f"number too large: {clip(text)} ({len(text)} digits)",
+                (line, col + at, col + at + len(text)),
+                NUMBER_HINT,
+            )
+    return tok
 
 
 _SUPPRESS = re.compile(r"#\s*shardspec:\s*ignore\[([A-Za-z0-9_,\s]*)\]")
@@ -253,7 +353,8 @@ class _ToIR(Transformer):
         self.rule_index = 0
 
     def _name(self, tok: Token) -> ir.Name:
-        return ir.Name(span=_tok_span(self.path, tok), text=str(tok))
+        # Names repeat (dimensions, axes): one string each, however many rules use it.
+        return ir.Name(span=_tok_span(self.path, tok), text=sys.intern(str(tok)))
 
     def _pattern(self, tok: Token) -> ir.Pattern:
         return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
@@ -520,14 +621,41 @@ class _ToIR(Transformer):
         return rule
 
 
+class _Statements(Transformer):
+    """The parser's own transformer: each ``statement`` becomes IR (by :class:`_ToIR`,
+    which has the statement's positions) when the parser reduces it, and its parse tree is
+    dropped, so that only the IR of a large spec is ever held, never its whole tree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_ir = _ToIR("<string>")
+
+    def start_text(self, path: str) -> None:
+        """Get ready to parse the text of file ``path``."""
+        self.to_ir = _ToIR(path)
+
+    def statement(self, children: list[Tree]) -> object:
+        (tree,) = children
+        return self.to_ir.transform(tree)
+
+
 def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagnostic]]:
-    """Parse ``text``. Returns the IR (``None`` on a syntax error) and the diagnostics."""
+    """Parse ``text``. Returns the IR (``None`` on a syntax error, or on a token beyond the
+    front end's bounds) and the diagnostics."""
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    try:
-        tree = _parser().parse(text)
-    except UnexpectedInput as err:
-        return None, [syntax_error(path, text, err)]
-    start = _ToIR(path).transform(tree)
+    parser = _parser()
+    statements = parser.options.transformer
+    assert isinstance(statements, _Statements)
+    with _LOCK:
+        statements.start_text(path)
+        try:
+            start = parser.parse(text)
+        except UnexpectedInput as err:
+            return None, [syntax_error(path, text, err)]
+        except _Refused as refused:
+            return None, [refused.diagnostic(path)]
+        finally:
+            statements.start_text("<string>")  # hold no reference to this text's IR
     assert isinstance(start, Tree)
     diags: list[Diagnostic] = []
     fields: dict[str, object] = {}
@@ -559,13 +687,22 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
 
 def _suppressions(path: str, text: str) -> list[ir.Suppression]:
     """``# shardspec: ignore[CODE, ...]`` comments; the same words inside a string (such as
-    a manifest path) are not a comment and suppress nothing."""
+    a manifest path) are not a comment and suppress nothing. Only the lines that hold
+    ``ignore[`` are read."""
     out = []
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        start = comment_start(line)
-        if start is None:
-            continue
-        m = _SUPPRESS.search(line, start)
+    lineno, counted = 1, 0  # the line number of offset ``counted``
+    next_line = 0
+    for hit in re.finditer(r"ignore\[", text):
+        if hit.start() < next_line:
+            continue  # on a line already read
+        start = text.rfind("\n", 0, hit.start()) + 1
+        end = text.find("\n", hit.start())
+        next_line = end + 1 if end >= 0 else len(text)
+        lineno += text.count("\n", counted, start)
+        counted = start
+        line = text[start:next_line].rstrip("\n")
+        comment = comment_start(line)
+        m = _SUPPRESS.search(line, comment) if comment is not None else None
         if not m:
             continue
         codes = [c.strip().upper() for c in m.group(1).split(",") if c.strip()]

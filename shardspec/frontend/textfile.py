@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 
 # No spec, manifest or HF manifest comes near this; a larger file is a mistake.
@@ -32,7 +34,12 @@ def read_text(path: str | os.PathLike, *, limit: int = MAX_TEXT_BYTES) -> str:
             raise OSError(
                 errno.EFBIG, f"{st.st_size} bytes, more than the {limit} a text file may have"
             )
-        data = f.read(limit + 1)
+        # As much as the file holds (f.read(limit + 1) would allocate the whole limit up
+        # front: 256 MB for every file), and on up to the limit if it grew since fstat.
+        want = st.st_size + 1
+        data = f.read(want)
+        if len(data) == want:
+            data += f.read(limit + 1 - len(data))
     if len(data) > limit:  # grew while being read
         raise OSError(errno.EFBIG, f"more than the {limit} bytes a text file may have")
     return data.decode("utf-8-sig")
@@ -43,3 +50,23 @@ def file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+# Python reads integers of at most this many digits (0: any; before 3.10.7 no limit).
+# json.loads raises a bare ValueError for a longer one, not a JSONDecodeError.
+_INT_DIGITS = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+# The lookbehind keeps the search linear.
+_LONG_DIGITS = re.compile(rf"(?<![0-9])[0-9]{{{_INT_DIGITS + 1},}}")
+
+
+def long_number(text: str) -> tuple[str, int, int] | None:
+    """Why JSON ``text`` that ``json.loads`` refused with a plain ``ValueError`` cannot
+    be read, and the (line, col) of the cause: its first number of more digits than Python
+    reads. ``None`` when there is no such number."""
+    m = _LONG_DIGITS.search(text) if _INT_DIGITS else None
+    if m is None:
+        return None
+    line = text.count("\n", 0, m.start()) + 1
+    col = m.start() - text.rfind("\n", 0, m.start())
+    why = f"a number of {len(m.group())} digits (Python reads at most {_INT_DIGITS})"
+    return why, line, col

@@ -45,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardspec.frontend.textfile import read_text
+from shardspec.frontend.textfile import long_number, read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
@@ -242,6 +242,10 @@ def _raise_json_error(text: str) -> None:
         raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
     except RecursionError:
         raise ManifestError("manifest is not valid JSON: nested too deeply") from None
+    except ValueError:  # a number json cannot read
+        number = long_number(text)
+        if number is not None:
+            raise ManifestError(f"manifest is not valid JSON: {number[0]}", *number[1:]) from None
     raise ManifestError("manifest is not valid JSON")
 
 

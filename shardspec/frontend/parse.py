@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
 from lark.lexer import PatternRE, TerminalDef
 
@@ -343,14 +343,23 @@ def _once(stmt: object) -> tuple[str, Span, dict[str, object]] | None:
     return None
 
 
-class _ToIR(Transformer):
-    """Lark tree -> IR objects: the children of ``start`` are the statements, each an IR node
-    (or a :class:`_Manifest` or :class:`_Fsdp`)."""
+class _ToIR:
+    """A statement's lark tree -> its IR node (or a :class:`_Manifest` or :class:`_Fsdp`).
+    Each grammar rule has a method of the same name, called with the node's positions and
+    its children already turned into IR."""
 
     def __init__(self, path: str) -> None:
-        super().__init__()
         self.path = path
         self.rule_index = 0
+
+    def transform(self, tree: Tree) -> Any:
+        """``tree`` as IR, bottom up (what lark's Transformer does, without its per-call
+        wrappers: this runs for every node of a spec)."""
+        children = [self.transform(c) if isinstance(c, Tree) else c for c in tree.children]
+        method = getattr(self, str(tree.data), None)
+        if method is None:  # a rule with no IR of its own (none in today's grammar)
+            return Tree(tree.data, children, tree.meta)
+        return method(tree.meta, children)
 
     def _name(self, tok: Token) -> ir.Name:
         # Names repeat (dimensions, axes): one string each, however many rules use it.
@@ -359,16 +368,13 @@ class _ToIR(Transformer):
     def _pattern(self, tok: Token) -> ir.Pattern:
         return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
 
-    @v_args(meta=True)
     def manifest_stmt(self, meta, children):
         (tok,) = children
         return _Manifest(str(tok)[1:-1], _tok_span(self.path, tok), _span(self.path, meta))
 
-    @v_args(meta=True)
     def world(self, meta, children):
         return int(children[0])
 
-    @v_args(meta=True)
     def axis_decl(self, meta, children):
         name, size = children
         return ir.AxisDecl(
@@ -377,53 +383,47 @@ class _ToIR(Transformer):
             size=None if size.type == "REST" else int(size),
         )
 
-    @v_args(meta=True)
     def mesh_stmt(self, meta, children):
         world = next((c for c in children if isinstance(c, int)), None)
         axes = [c for c in children if isinstance(c, ir.AxisDecl)]
         return ir.MeshDecl(span=_span(self.path, meta), axes=axes, world=world)
 
-    @v_args(meta=True)
     def fsdp_stmt(self, meta, children):
         return _Fsdp(self._name(children[0]), _span(self.path, meta))
 
-    @v_args(meta=True)
     def ignore_stmt(self, meta, children):
         return ir.IgnoreRule(span=_span(self.path, meta), pattern=self._pattern(children[0]))
 
-    def dims(self, children):
+    def dims(self, meta, children):
         return [self._name(t) for t in children]
 
-    def axis_list(self, children):
+    def axis_list(self, meta, children):
         return [self._name(t) for t in children]
 
-    @v_args(meta=True)
     def shard_item(self, meta, children):
         dim, axes = children
         return ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
 
-    def local_item(self, children):
+    def local_item(self, meta, children):
         return _Local(tuple(self._name(t) for t in children))
 
-    def replicate_item(self, children):
+    def replicate_item(self, meta, children):
         return _Replicate(tuple(self._name(t) for t in children[1:]))
 
-    @v_args(meta=True)
     def component(self, meta, children):
         name = children[0]
         size = int(children[1]) if len(children) > 1 else None
         return ir.Component(span=_span(self.path, meta), name=self._name(name), size=size)
 
-    def components(self, children):
+    def components(self, meta, children):
         return list(children)
 
-    def groups(self, children):
+    def groups(self, meta, children):
         return _Groups(int(children[0]), children[1])
 
-    def stored(self, children):
+    def stored(self, meta, children):
         return _StoredFused()
 
-    @v_args(meta=True)
     def fuse_item(self, meta, children):
         body = children[1]
         return ir.FuseItem(
@@ -434,7 +434,6 @@ class _ToIR(Transformer):
             stored_fused=any(isinstance(c, _StoredFused) for c in children[2:]),
         )
 
-    @v_args(meta=True)
     def head_size(self, meta, children):
         target, size = children
         return ir.HeadSize(
@@ -444,41 +443,35 @@ class _ToIR(Transformer):
             size_name=self._name(size) if size.type == "NAME" else None,
         )
 
-    def heads_item(self, children):
+    def heads_item(self, meta, children):
         return _Heads(tuple(children))
 
-    @v_args(meta=True)
     def checkpoint_shard(self, meta, children):
         dim, axes = children
         return _CheckpointShard(
             (ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes),)
         )
 
-    @v_args(meta=True)
     def checkpoint_replicate(self, meta, children):
         return _CheckpointReplicate((_span(self.path, meta),))
 
-    def style_opt(self, children):
+    def style_opt(self, meta, children):
         if len(children) == 1:
             return _StyleOption("dtensor", True)
         return _StyleOption(str(children[0]), self._name(children[1]))
 
-    @v_args(meta=True)
     def style_item(self, meta, children):
         options = {o.field: o.value for o in children[1:]}
         return ir.StyleItem(span=_span(self.path, meta), kind=self._name(children[0]), **options)
 
-    @v_args(meta=True)
     def hf_stack(self, meta, children):
         return self._name(children[0])
 
-    @v_args(meta=True)
     def hf_transform(self, meta, children):
         kind = children[0]
         head_dim = int(children[1]) if len(children) > 1 else 0
         return ir.HFTransform(span=_span(self.path, meta), kind=str(kind), head_dim=head_dim)
 
-    @v_args(meta=True)
     def hf_map(self, meta, children):
         hf, _arrow, target = children[0], children[1], children[2]
         rest = children[3:]
@@ -492,14 +485,12 @@ class _ToIR(Transformer):
             parts=parts.parts if parts is not None else None,
         )
 
-    def hf_parts(self, children):
+    def hf_parts(self, meta, children):
         return _Parts(list(children))
 
-    @v_args(meta=True)
     def hf_size(self, meta, children):
         return _Size(self._factors(children[0]), _span(self.path, meta))
 
-    @v_args(meta=True)
     def hf_part(self, meta, children):
         size = next((c for c in children[1:] if isinstance(c, _Size)), None)
         return ir.HFPart(
@@ -524,30 +515,25 @@ class _ToIR(Transformer):
             )
         return factors
 
-    @v_args(meta=True)
     def hf_drop(self, meta, children):
         glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
         return _Drop((glob,))
 
-    @v_args(meta=True)
     def hf_keep(self, meta, children):
         glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
         return _Keep((glob,))
 
-    @v_args(meta=True)
     def hf_tie(self, meta, children):
         alias, source = children
         return ir.HFTie(
             span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
         )
 
-    @v_args(meta=True)
     def hf_config(self, meta, children):
         name, expr = children
         factors = self._factors(expr)
         return ir.HFConfig(span=_span(self.path, meta), name=self._name(name), factors=factors)
 
-    @v_args(meta=True)
     def hf_stmt(self, meta, children):
         manifest = next((c for c in children if isinstance(c, Token)), None)
         items = _sort((c for c in children if not isinstance(c, Token)), _HF_LISTS)
@@ -558,17 +544,15 @@ class _ToIR(Transformer):
             **items,
         )
 
-    def pipe_first(self, children):
+    def pipe_first(self, meta, children):
         return _First(tuple(self._pattern(t) for t in children))
 
-    def pipe_last(self, children):
+    def pipe_last(self, meta, children):
         return _Last(tuple(self._pattern(t) for t in children))
 
-    @v_args(meta=True)
     def pipe_counts(self, meta, children):
         return _Counts([int(t) for t in children], _span(self.path, meta))
 
-    @v_args(meta=True)
     def pipe_split(self, meta, children):
         counts = next((c for c in children if isinstance(c, _Counts)), None)
         return ir.StageSplit(
@@ -579,25 +563,22 @@ class _ToIR(Transformer):
             local_names=any(isinstance(c, Token) and c.type == "PIPE_LOCAL" for c in children),
         )
 
-    @v_args(meta=True)
     def pipe_tie(self, meta, children):
         alias, source = children
         return ir.StageTie(
             span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
         )
 
-    @v_args(meta=True)
     def pipeline_stmt(self, meta, children):
         items = _sort(children[1:], _PIPE_LISTS)
         return ir.Pipeline(span=_span(self.path, meta), axis=self._name(children[0]), **items)
 
-    def param_body(self, children):
+    def param_body(self, meta, children):
         return list(children)
 
-    def replicate_all(self, children):
+    def replicate_all(self, meta, children):
         return _ReplicateAll()
 
-    @v_args(meta=True)
     def param_stmt(self, meta, children):
         tok, body = children[0], children[-1]
         dims = children[1] if len(children) == 3 else None
@@ -621,13 +602,13 @@ class _ToIR(Transformer):
         return rule
 
 
-class _Statements(Transformer):
-    """The parser's own transformer: each ``statement`` becomes IR (by :class:`_ToIR`,
+class _Statements:
+    """The parser's own transformer (lark calls a method named after a rule when it reduces
+    the rule; other rules become trees): each ``statement`` becomes IR (by :class:`_ToIR`,
     which has the statement's positions) when the parser reduces it, and its parse tree is
     dropped, so that only the IR of a large spec is ever held, never its whole tree."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.to_ir = _ToIR("<string>")
 
     def start_text(self, path: str) -> None:
@@ -681,7 +662,7 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
         fields.update(values)
     fields.update(_sort(others, _SPEC_LISTS))
     fields["suppressions"] = _suppressions(path, text)
-    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)  # type: ignore[arg-type]
+    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)
     return spec, diags
 
 

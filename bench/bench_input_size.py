@@ -106,6 +106,16 @@ def make_inputs(root: Path, scale: float, cases: list[str]) -> dict[str, tuple[P
     return out
 
 
+def make_inputs_apart(root: Path, scale: float, cases: list[str]) -> dict[str, tuple[Path, int]]:
+    """:func:`make_inputs` in a process of its own. A child's peak RSS counts the parent's
+    at fork (Linux keeps the larger of the two across exec): this process must stay small,
+    so it never holds the inputs it writes."""
+    argv = [sys.executable, "-m", "bench.bench_input_size", "--make-inputs", str(root)]
+    argv += ["--scale", str(scale), "--cases", ",".join(cases)]
+    made = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return {case: (Path(path), size) for case, (path, size) in json.loads(made).items()}
+
+
 def lint_once(spec: Path, src: Path, timeout: float) -> tuple[int | None, float, float, float, int]:
     """(status, wall s, CPU s, peak RSS MB, output bytes) of ``shardspec lint spec`` run
     with the package of checkout ``src``."""
@@ -206,13 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the floor (best kept)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--make-inputs", default=None, metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
+    if args.make_inputs:  # the child of make_inputs_apart
+        made = make_inputs(Path(args.make_inputs), args.scale, cases)
+        print(json.dumps({case: (str(path), size) for case, (path, size) in made.items()}))
+        return 0
     trees = {"this": REPO}
     if args.baseline:
         trees["baseline"] = Path(args.baseline).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        inputs = make_inputs(Path(tmp), args.scale, cases)
+        inputs = make_inputs_apart(Path(tmp), args.scale, cases)
         runs = run(inputs, trees, args.rounds, args.timeout)
     print(report(runs, trees, args))
     if args.json:

@@ -418,6 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _JSON_OUTPUT = "--format=json" in tokens or any(
         t == "--format" and nxt == "json" for t, nxt in itertools.pairwise(tokens)
     )
+    nul = next((t for t in tokens if "\0" in t), None)
+    if nul is not None:  # no shell passes one; a caller in Python can, and paths cannot hold it
+        _bad_argument(f"argument {nul!r} holds a NUL character", "remove it")
+        return 2
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (already reported)

@@ -53,6 +53,17 @@ def test_read_text_bounds(tmp_path: Path) -> None:
         read_text(f, limit=50)
     with pytest.raises(OSError, match="not a regular file"):
         read_text("/dev/null")
+    with pytest.raises(OSError, match="NUL"):  # os.stat raised ValueError: a traceback
+        read_text("a\x00b")
+
+
+def test_a_manifest_path_with_a_nul_is_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.shard"
+    spec.write_text('manifest "m\x00.json"\n' + RULES)
+    status, out = lint(capsys, str(spec))
+    assert status == 2 and "SS002" in out and "NUL" in out, out
 
 
 def _safetensors(path: Path) -> None:
@@ -203,3 +214,23 @@ def test_hf_without_a_mesh_names_its_own_argument(
         "build_mesh()/distribute() first"
     )
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_head_cut_no_size_can_mend_is_reported_not_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SS034's hint lists the sizes of the cutting axis that keep heads whole; when the
+    other axes on the dimension cut the heads whatever that size, there are none, and the
+    hint raised IndexError (found by tests/test_heads.py's fuzz)."""
+    (tmp_path / "m.json").write_text(
+        '{"format": "shardspec-manifest/1", "entries": '
+        '[{"fqn": "w", "kind": "param", "shape": [1, 2, 8], "dtype": "float32"}]}'
+    )
+    spec = tmp_path / "s.shard"
+    spec.write_text(
+        'manifest "m.json"\nmesh over 1 ranks { dp: *  tp: 2  cp: 1 }\nfsdp dp\n'
+        "param w [e, d, h] {\n    heads d 2\n    shard d over (tp, cp)\n}\n"
+    )
+    status, out = lint(capsys, "-D", "cp=2", "-D", "world=84", str(spec))
+    assert status == 1 and "SS034" in out, out
+    assert "no size of tp keeps them whole while the other axes cut as they do" in out, out

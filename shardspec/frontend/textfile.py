@@ -21,9 +21,12 @@ MAX_TEXT_BYTES = 256 * 1024 * 1024
 
 def read_text(path: str | os.PathLike, *, limit: int = MAX_TEXT_BYTES) -> str:
     """The UTF-8 text of regular file ``path`` (a byte order mark dropped). Raises
-    ``OSError`` for a path that is not a regular file or holds more than ``limit`` bytes,
-    and ``UnicodeDecodeError`` for bytes that are not UTF-8."""
+    ``OSError`` for a path that is not a regular file, holds more than ``limit`` bytes or
+    cannot be a path (a NUL in it), and ``UnicodeDecodeError`` for bytes that are not
+    UTF-8."""
     p = Path(path)
+    if "\0" in str(p):  # os.stat would raise ValueError, not OSError
+        raise OSError(errno.EINVAL, "the path holds a NUL character", str(p))
     if not stat.S_ISREG(os.stat(p).st_mode):  # before opening: a FIFO would block open()
         raise OSError(errno.EINVAL, "not a regular file", str(p))
     with open(p, "rb") as f:

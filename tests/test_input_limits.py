@@ -292,3 +292,19 @@ def test_repeated_pieces_never_cost_more_than_their_size(
     for d in attach_sources(diags, {"f.shard": text}):
         assert len(render_text(d)) < MAX_LINE + 2 * MAX_MESSAGE + 200
     assert took < BOUND_S, f"{took:.1f} s"
+
+
+def test_a_huge_manifest_name_is_placed_without_backtracking(tmp_path: Path) -> None:
+    """A finding about a manifest entry is placed at its name in the file; the search for
+    names kept a backtracking entry per character of each (150 MB for a 1 MB name), and
+    split the whole file into lines first."""
+    fqn = "w" * 1_000_000
+    (tmp_path / "m.json").write_text(
+        '{"format": "shardspec-manifest/2", "entries": [\n'
+        f'  {{"fqn": "{fqn}", "shape": [4]}},\n  {{"fqn": "v", "shape": [4]}}]}}\n'
+    )
+    spec = tmp_path / "s.shard"
+    spec.write_text('manifest "m.json"\n' + MESH + "param v [a] {}\n")
+    (status, out), used = peak(lambda: lint(str(spec)))
+    assert status == 1 and "SS040" in out and "m.json:2:11" in out, out[:3000]
+    assert used < 12 * len(fqn), used / len(fqn)

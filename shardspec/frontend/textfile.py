@@ -9,6 +9,7 @@ Pure Python: the compiler (no torch) and the runtime both read through it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -73,3 +74,31 @@ def long_number(text: str) -> tuple[str, int, int] | None:
     col = m.start() - text.rfind("\n", 0, m.start())
     why = f"a number of {len(m.group())} digits (Python reads at most {_INT_DIGITS})"
     return why, line, col
+
+
+# A JSON string literal as a regex, matched without a backtracking entry per character:
+# Python's engine keeps one per repetition of a group (150 MB for a 1 MB string written
+# `(?:[^"\\]|\\.)*`); here only escapes repeat the group, and on 3.11 the repeat is
+# possessive and keeps none.
+JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*' + ("+" if sys.version_info >= (3, 11) else "") + '"'
+
+
+def positions(
+    text: str, pattern: re.Pattern[str], *, whole: bool = False
+) -> dict[str, tuple[int, int]]:
+    """For each match of ``pattern`` in JSON ``text``, its group 1 (a JSON string literal)
+    read as a string -> the (line, col) of that literal (with ``whole``, of the match);
+    the first match wins. Lines are counted at ``\\n`` as the file is read once, never
+    split."""
+    out: dict[str, tuple[int, int]] = {}
+    line, counted = 1, 0
+    for m in pattern.finditer(text):
+        at = m.start(0 if whole else 1)
+        line += text.count("\n", counted, at)
+        counted = at
+        try:
+            name = json.loads(m.group(1))
+        except ValueError:  # pragma: no cover - the file parsed as JSON
+            continue
+        out.setdefault(name, (line, at - text.rfind("\n", 0, at)))
+    return out

@@ -31,13 +31,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shardspec.core.paths import Escape, escape
-from shardspec.frontend.textfile import long_number, read_text
+from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
 
 FORMAT = "shardspec-hf-manifest/1"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the header size
-_KEY = re.compile(r'^\s*("(?:[^"\\]|\\.)*"):\s*\{"shape"')
+_KEY = re.compile(r"(?m)^[ \t]*(" + JSON_STRING + r'):\s*\{"shape"')
 
 
 class HFManifestError(ValueError):
@@ -76,15 +76,7 @@ class HFManifest:
 
     @cached_property
     def _positions(self) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
-        for lineno, line in enumerate(self.text.splitlines(), start=1):
-            m = _KEY.match(line)
-            if m:
-                try:
-                    out.setdefault(json.loads(m.group(1)), (lineno, m.start(1) + 1))
-                except json.JSONDecodeError:  # pragma: no cover - the file parsed
-                    continue
-        return out
+        return positions(self.text, _KEY)
 
     def position(self, key: str) -> tuple[int, int]:
         """(line, col) of a tensor's key in the file, for diagnostics ((1, 1) if unknown)."""

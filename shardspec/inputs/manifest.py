@@ -46,11 +46,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from shardspec.frontend.textfile import long_number, read_text
+from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
-_FQN = re.compile(r'"fqn":\s*("(?:[^"\\]|\\.)*")')
+_FQN = re.compile(r'"fqn":\s*(' + JSON_STRING + ")")
 
 
 # A pydantic dataclass with slots, not a BaseModel: a manifest of a million entries held
@@ -128,12 +128,7 @@ class Manifest:
 
     @cached_property
     def _positions(self) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
-        for lineno, line in enumerate(self.text.splitlines(), start=1):
-            m = _FQN.search(line)
-            if m:
-                out.setdefault(json.loads(m.group(1)), (lineno, m.start(1) + 1))
-        return out
+        return positions(self.text, _FQN)
 
     def position(self, fqn: str) -> tuple[int, int]:
         """(line, col) of an entry's name in the manifest file, for diagnostics."""
@@ -217,10 +212,8 @@ def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
     if mf.format != FORMAT:
         raise ManifestError(f"manifest field state_dict: a {FORMAT} manifest's section")
 
-    def fail(message: str, fqn: str) -> None:
-        m = re.search(r'"fqn":\s*' + re.escape(json.dumps(fqn)), text)
-        line = text.count("\n", 0, m.start()) + 1 if m else 1
-        col = m.start() - text.rfind("\n", 0, m.start()) if m else 1
+    def fail(message: str, fqn: str) -> None:  # at the name's first "fqn" in the text
+        line, col = positions(text, _FQN, whole=True).get(fqn, (1, 1))
         raise ManifestError(f"manifest field state_dict: {message}", line, col)
 
     seen: set[str] = set()

@@ -344,6 +344,6 @@ def test_any_command_line_gives_a_status_and_no_traceback(argv: list[str]) -> No
         finally:
             os.chdir(here)
         assert code in (0, 1, 2) and "Traceback" not in said, said[-3000:]
-        assert len(said) < 200_000, len(said)
+        assert len(said) < 50_000, len(said)  # a 100,000-character argument is quoted in part
         command = args[0] if args and args[0] in COMMANDS else "other"
         event(f"{command} exit {code}")

@@ -232,7 +232,7 @@ def _rules(n: int) -> str:
 def test_a_spec_of_many_rules_parses_in_memory_proportional_to_it() -> None:
     """The parse tree of the whole spec and pydantic IR nodes beside it took 100 times the
     text (a 50 MB spec of 510,000 rules: 7 GB). Statements become IR as they are read, and
-    nodes are slotted dataclasses: the peak is now about 25 times the text."""
+    nodes are slotted dataclasses: the peak is now about 20 times the text."""
     text = _rules(10_000)
     (spec, diags), used = peak(lambda: parse(text, "big.shard"))
     assert spec is not None and not diags and len(spec.rules) == 10_000

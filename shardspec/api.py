@@ -36,7 +36,7 @@ __all__ = [
     "render_specs",
 ]
 
-INPUT_CODES = frozenset({"SS001", "SS002", "SS003", "SS004"})
+INPUT_CODES = frozenset({"SS001", "SS002", "SS003", "SS004", "SS006", "SS007"})
 
 
 def display_path(path: str | Path) -> str:

@@ -25,18 +25,17 @@ DEFAULT_GLOB = "specs/*.shard"
 _JSON_OUTPUT = False
 
 
-def _bad_argument(message: str, hint: str) -> None:
-    """Report a bad command line as an SS004 diagnostic (text on stderr, or JSON)."""
-    if _JSON_OUTPUT:
-        from shardspec.findings.codes import diag
-        from shardspec.findings.diagnostics import Span, render_json
+def _bad_argument(message: str, hint: str, code: str = "SS004") -> None:
+    """Report a bad command line as a diagnostic (SS004, or ``code``): text on stderr, or
+    JSON. What it quotes is capped like every finding's."""
+    from shardspec.findings.codes import diag
+    from shardspec.findings.diagnostics import Span, render_json, render_text
 
-        sys.stdout.write(render_json([diag("SS004", message, Span("<command line>", 1, 1), hint)]))
+    d = diag(code, message, Span("<command line>", 1, 1), hint)
+    if _JSON_OUTPUT:
+        sys.stdout.write(render_json([d]))
         return
-    text = f"<command line>:1:1: error SS004 [bad-argument]: {message}\n"
-    if hint:
-        text += f"  hint: {hint}\n"
-    sys.stderr.write(text)
+    sys.stderr.write(render_text(d) + "\n")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,10 +47,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _define(value: str) -> tuple[str, int]:
+def _define(value: str) -> tuple[str, int | str]:
+    """``AXIS=N`` as (axis, N); a number over ``MAX_NUMBER`` stays text, for
+    :func:`_check_defines` to report as SS006 (argparse would report it as SS004)."""
+    from shardspec.frontend.limits import number_too_large
+
     name, eq, size = value.partition("=")
-    ok_size = size.isascii() and size.isdigit() and int(size) >= 1
-    if not eq or not name.isidentifier() or not ok_size:
+    digits = size.isascii() and size.isdigit()
+    if digits and eq and name.isidentifier() and number_too_large(size):
+        return name, size
+    if not eq or not name.isidentifier() or not digits or int(size) < 1:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not AXIS=N (a mesh axis and a positive whole number)"
         )
@@ -217,6 +222,17 @@ def _status(outcome) -> int:
 
 
 def _check_defines(args, paths) -> int | None:
+    from shardspec.findings.diagnostics import clip
+    from shardspec.frontend.limits import NUMBER_HINT
+
+    for name, size in args.defines:
+        if isinstance(size, str):
+            _bad_argument(
+                f"-D {name}: number too large: {clip(size)} ({len(size)} digits)",
+                NUMBER_HINT,
+                "SS006",
+            )
+            return 2
     twice = _repeated_define(args.defines)
     if twice:
         _bad_argument(twice, "give each axis once")
@@ -402,6 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _JSON_OUTPUT = "--format=json" in tokens or any(
         t == "--format" and nxt == "json" for t, nxt in itertools.pairwise(tokens)
     )
+    nul = next((t for t in tokens if "\0" in t), None)
+    if nul is not None:  # no shell passes one; a caller in Python can, and paths cannot hold it
+        _bad_argument(f"argument {nul!r} holds a NUL character", "remove it")
+        return 2
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (already reported)

@@ -9,13 +9,15 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shardspec.cli import main
+from shardspec.cli import COMMANDS, main
 
 NAMES = ["tok_embeddings", "layers", "0", "1", "2", "attention", "wqkv", "w13", "norm", "output"]
 AXES = ["dp_shard", "tp", "pp", "ep", "dp", "x"]
@@ -260,3 +262,100 @@ def test_lint_and_compile_never_raise_and_modules_import(inputs: tuple[str, str,
                 buffers = {e["fqn"] for e in doc["entries"] if e.get("kind") == "buffer"}
                 assert mod.SPEC.buffers == buffers
                 event("compiled with buffers or hook keys" if added or buffers else "plain")
+
+
+# ----------------------------------------------------------------- the command line, fuzzed
+
+_SPEC = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }\nfsdp dp_shard\n'
+_SPEC += "param ** replicate\n"
+# Pieces of command lines: commands, options, their values (good, odd and hostile), paths
+# (filled in per example: a good spec, a broken one, a folder, a missing file). `manifest`
+# runs only with factories that cannot be imported: a fuzzer must not call functions.
+_ARGS = [
+    "lint", "compile", "explain", "hf-manifest", "manifest", "--version", "--help", "-h",
+    "-D", "-Dtp=2", "tp=2", "world=16", "world=0", "tp=", "=2", "dp_shard=4", "tpp=2",
+    "tp=" + "9" * 5000, "world=" + str(2**63), "x" * 100_000, "--format", "json", "text",
+    "--format=json", "--check", "-o", "--out", "--ranks", "0-3", "3-1", "-1", "9" * 60,
+    "--arg", "n=1", "--output", "nope.module:f", ":", "a:b:c", "é", "\x00", "", " ", "--",
+    "tok_embeddings.weight", "layers.0.attention.wqkv.weight", "{GOOD}", "{BAD}", "{DIR}",
+    "{MISSING}", "{OUT}",
+]  # fmt: skip
+
+
+_DEFINES = st.one_of(  # a good one half the time
+    st.sampled_from(["tp=2", "tp=4", "world=16", "dp_shard=4"]),
+    st.sampled_from(
+        ["world=0", "tp=", "=2", "tpp=2", "tp=x", "tp=" + "9" * 5000, "world=" + str(2**63),
+         "world=1099511627776", "tp=" + "x" * 100_000]
+    ),
+)  # fmt: skip
+# `manifest` runs these only: none can be imported and called (a fuzzer must call nothing)
+_SAFE_FACTORIES = ("nope.module:f", ":", "a:b:c", "x", "os.path:nope")
+_PATHS = st.one_of(  # the good spec half the time
+    st.just("{GOOD}"), st.sampled_from(["{BAD}", "{DIR}", "{MISSING}", "{HUGE}", "x" * 5000])
+)
+
+
+@st.composite
+def command_lines(draw) -> list[str]:
+    """A command with options that fit it (values good or not), then sometimes a stray
+    piece anywhere."""
+    cmd = draw(st.sampled_from(["lint", "compile", "explain", "hf-manifest", "manifest"]))
+    argv = [cmd]
+    if cmd in ("lint", "compile", "explain"):
+        for _ in range(draw(st.integers(0, 2))):
+            argv += ["-D", draw(_DEFINES)]
+    if cmd == "lint" and draw(st.booleans()):
+        argv += ["--format", draw(st.sampled_from(["json", "text", "xml"]))]
+    if cmd == "compile":
+        argv += draw(st.sampled_from([[], ["--check"], ["-o", "{OUT}"], ["-o", "{GOOD}"]]))
+    if cmd == "explain":
+        if draw(st.booleans()):
+            argv += ["--ranks", draw(st.sampled_from(["0-3", "3-1", "-1", "9" * 60, "x", "7"]))]
+        fqn = st.sampled_from(["tok_embeddings.weight", "nope", "x" * 100_000, "", "é"])
+        argv += [draw(_PATHS), draw(fqn)]
+    elif cmd == "hf-manifest":
+        argv += [draw(st.sampled_from(["{DIR}", "{MISSING}", "{GOOD}"]))]
+        argv += draw(st.sampled_from([[], ["-o", "{OUT}"], ["-o", "{DIR}"]]))
+    elif cmd == "manifest":  # only factories that cannot be imported: no function is called
+        argv += [draw(st.sampled_from(_SAFE_FACTORIES))]
+        argv += ["-o", "{OUT}", *draw(st.sampled_from([[], ["--arg", "n=1"], ["--arg", "n"]]))]
+    else:
+        argv += draw(st.lists(_PATHS, max_size=3))
+    if draw(st.integers(0, 3)) == 0:
+        argv.insert(draw(st.integers(0, len(argv))), draw(st.sampled_from(_ARGS)))
+    return argv
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(command_lines(), command_lines(), st.lists(st.sampled_from(_ARGS), max_size=8)))
+def test_any_command_line_gives_a_status_and_no_traceback(argv: list[str]) -> None:
+    """Whatever the arguments, every command exits 0, 1 or 2 with findings or usage, never
+    a traceback; what it prints is bounded (a 100,000-character argument is quoted in part)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "good.shard").write_text(_SPEC, encoding="utf-8")
+        (root / "bad.shard").write_text(_SPEC + "param [x] {\n", encoding="utf-8")
+        (root / "huge.shard").write_text(_SPEC + "fsdp " + "a" * 300_000, encoding="utf-8")
+        shutil.copy(Path(__file__).parents[1] / "specs" / "llama.manifest.json", root / "m.json")
+        where = {
+            "{GOOD}": root / "good.shard",
+            "{BAD}": root / "bad.shard",
+            "{HUGE}": root / "huge.shard",
+            "{DIR}": root,
+            "{MISSING}": root / "missing.shard",
+            "{OUT}": root / "out",
+        }
+        args = [str(where.get(a, a)) for a in argv]
+        if args[:1] == ["manifest"]:  # only factories that cannot be imported
+            args = [a if ":" not in a or a in _SAFE_FACTORIES else "x" for a in args]
+        here = os.getcwd()
+        os.chdir(root)  # `compile` without -o writes generated/ where it runs
+        try:
+            code, said = _run(*args)
+        finally:
+            os.chdir(here)
+        assert code in (0, 1, 2) and "Traceback" not in said, said[-3000:]
+        assert len(said) < 50_000, len(said)  # a 100,000-character argument is quoted in part
+        command = args[0] if args and args[0] in COMMANDS else "other"
+        event(f"{command} exit {code}")

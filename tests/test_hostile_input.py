@@ -53,6 +53,17 @@ def test_read_text_bounds(tmp_path: Path) -> None:
         read_text(f, limit=50)
     with pytest.raises(OSError, match="not a regular file"):
         read_text("/dev/null")
+    with pytest.raises(OSError, match="NUL"):  # os.stat raised ValueError: a traceback
+        read_text("a\x00b")
+
+
+def test_a_manifest_path_with_a_nul_is_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.shard"
+    spec.write_text('manifest "m\x00.json"\n' + RULES)
+    status, out = lint(capsys, str(spec))
+    assert status == 2 and "SS002" in out and "NUL" in out, out
 
 
 def _safetensors(path: Path) -> None:
@@ -62,13 +73,11 @@ def _safetensors(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", [hfmod.SINGLE, hfmod.INDEX])
-def test_checkpoint_files_linked_from_elsewhere_are_read_but_not_through_linked_folders(
-    tmp_path: Path, name: str
-) -> None:
-    """One rule for the index, the single file and index entries (core/paths.py): a file may
-    be a link to anywhere (Hugging Face's cache links every file into ../../blobs); a name
-    may not leave the folder through a linked folder. (Before, the index and the single file
-    linked out were read while index entries linked out were refused.)"""
+def test_checkpoint_files_linked_from_elsewhere_are_refused(tmp_path: Path, name: str) -> None:
+    """One rule for the index, the single file and index entries (core/paths.py): a file
+    may link out of the folder only as Hugging Face's cache links (snapshots/<rev>/* ->
+    ../../blobs/*, tests/test_paths.py), and a name may not leave the folder through a
+    linked folder. (Session 8's rule read any file linked anywhere, /etc/passwd included.)"""
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     ckpt = tmp_path / "ckpt"
@@ -76,20 +85,23 @@ def test_checkpoint_files_linked_from_elsewhere_are_read_but_not_through_linked_
     if name == hfmod.SINGLE:
         _safetensors(outside / "weights.safetensors")
         (ckpt / name).symlink_to(outside / "weights.safetensors")
-        assert hfmod.common.weight_map_of(str(ckpt), {})[0] == {"w": hfmod.SINGLE}
+        with pytest.raises(HFError, match="link to a file outside the directory"):
+            hfmod.common.weight_map_of(str(ckpt), {})
         return
+    (outside / "index.json").write_text('{"weight_map": {"w": "model-1.safetensors"}}')
+    (ckpt / name).symlink_to(outside / "index.json")
+    with pytest.raises(HFError, match="link to a file outside the directory"):
+        hfmod.common.weight_map_of(str(ckpt), {})
+    # An index in the folder whose entries leave it, by a link or through a linked folder.
+    (ckpt / name).unlink()
     _safetensors(outside / "model-1.safetensors")
     (ckpt / "model-1.safetensors").symlink_to(outside / "model-1.safetensors")
     (ckpt / "out").symlink_to(outside)
     index = '{"weight_map": {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}}'
-    (outside / "index.json").write_text(index)
-    (ckpt / name).symlink_to(outside / "index.json")
-    wm, problems = hfmod.common.weight_map_of(str(ckpt), {})
-    assert wm == {"w": "model-1.safetensors", "v": "out/model-1.safetensors"}
-    assert problems == [
-        f"v: weight_map points to 'out/model-1.safetensors', outside the checkpoint "
-        f"directory {ckpt}"
-    ]
+    (ckpt / name).write_text(index)
+    _wm, problems = hfmod.common.weight_map_of(str(ckpt), {})
+    assert len(problems) == 2, problems
+    assert all("outside" in p for p in problems), problems
 
 
 def _compile(capsys: pytest.CaptureFixture[str], spec: Path, out: Path) -> tuple[int, str]:
@@ -140,15 +152,15 @@ def test_a_spec_path_with_control_characters(
 @pytest.mark.parametrize(
     ("mesh", "define"),
     [
-        ("mesh over 18446744073709551616 ranks", []),
+        ("mesh over 4611686018427387904 ranks", []),
         ("mesh over 8 ranks", ["-D", "world=1099511627776"]),
     ],
 )
 def test_worlds_too_large_to_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], mesh: str, define: list[str]
 ) -> None:
-    """With a manifest, lint walked every rank: an OverflowError traceback at 2**64, a
-    MemoryError at 2**40."""
+    """With a manifest, lint walked every rank: an OverflowError traceback at 2**64 (over
+    2**63 - 1 a number is SS006 now, before any check), a MemoryError at 2**40."""
     import shutil
 
     shutil.copy(Path(__file__).parents[1] / "specs" / "llama.manifest.json", tmp_path / "m.json")
@@ -203,3 +215,23 @@ def test_hf_without_a_mesh_names_its_own_argument(
         "build_mesh()/distribute() first"
     )
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_head_cut_no_size_can_mend_is_reported_not_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SS034's hint lists the sizes of the cutting axis that keep heads whole; when the
+    other axes on the dimension cut the heads whatever that size, there are none, and the
+    hint raised IndexError (found by tests/test_heads.py's fuzz)."""
+    (tmp_path / "m.json").write_text(
+        '{"format": "shardspec-manifest/1", "entries": '
+        '[{"fqn": "w", "kind": "param", "shape": [1, 2, 8], "dtype": "float32"}]}'
+    )
+    spec = tmp_path / "s.shard"
+    spec.write_text(
+        'manifest "m.json"\nmesh over 1 ranks { dp: *  tp: 2  cp: 1 }\nfsdp dp\n'
+        "param w [e, d, h] {\n    heads d 2\n    shard d over (tp, cp)\n}\n"
+    )
+    status, out = lint(capsys, "-D", "cp=2", "-D", "world=84", str(spec))
+    assert status == 1 and "SS034" in out, out
+    assert "no size of tp keeps them whole while the other axes cut as they do" in out, out

@@ -291,7 +291,10 @@ def _head_cut_diag(
 
 
 def _sizes_text(axis: str, sizes: list[int], limit: int = 6) -> str:
-    """``tp=1 or 2 keep them whole``, ``only tp=1 keeps them whole``."""
+    """``tp=1 or 2 keep them whole``, ``only tp=1 keeps them whole``; with no sizes, that
+    none does (the other axes on the dimension cut the heads already)."""
+    if not sizes:
+        return f"no size of {axis} keeps them whole while the other axes cut as they do"
     if len(sizes) == 1:
         return f"only {axis}={sizes[0]} keeps them whole"
     shown = [str(s) for s in sizes[:limit]]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 _SEGMENT_OK = re.compile(r"^(?:[A-Za-z0-9_*]|\{[A-Za-z0-9_,*]+\})+\Z")
 _BRACE = re.compile(r"\{([^}]*)\}")
@@ -39,9 +39,13 @@ class PatternError(ValueError):
 @dataclass(frozen=True)
 class Glob:
     text: str
-    regex: re.Pattern[str]
+    source: str  # the regex, compiled on first use: checking a pattern needs no regex
     captures: tuple[str, ...]
     key: tuple[int, int, int, int]
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.source)
 
     def match(self, fqn: str) -> dict[str, str] | None:
         m = self.regex.match(fqn)
@@ -87,6 +91,8 @@ def _literal(text: str) -> str:
 
 def _check_braces(text: str) -> None:
     """Braces must pair up, not nest, not be empty and not contain a ``.``."""
+    if "{" not in text and "}" not in text:
+        return
     depth = 0
     start = 0
     for i, ch in enumerate(text):
@@ -140,6 +146,11 @@ def compile_glob(text: str) -> Glob:
             raise PatternError(
                 f"segment {seg!r} has characters other than letters, digits, '_', '*' and braces"
             )
+        if "*" not in seg and "{" not in seg:  # a literal segment, as most are
+            n_literal += 1
+            n_chars += len(seg)
+            parts.append(re.escape(seg) + ("" if last else r"\."))
+            continue
         rx, caps, constrains, chars = _segment_regex(seg)
         if seg == "*":
             rx = r"[^.]+"
@@ -153,8 +164,8 @@ def compile_glob(text: str) -> Glob:
             n_constrain += 1
         n_chars += chars
         parts.append(rx + ("" if last else r"\."))
-    regex = re.compile("^" + "".join(parts) + r"\Z")  # \Z: "$" would allow a final newline
-    return Glob(text, regex, tuple(captures), (n_literal, -n_double, n_constrain, n_chars))
+    source = "^" + "".join(parts) + r"\Z"  # \Z: "$" would allow a final newline
+    return Glob(text, source, tuple(captures), (n_literal, -n_double, n_constrain, n_chars))
 
 
 def describe_key(key: tuple[int, int, int, int]) -> str:

@@ -78,6 +78,29 @@ CHECKS: tuple[Check, ...] = (
         "fsdp dp_shard\nfsdp dp_replicate",
         "fsdp dp_shard",
     ),
+    Check(
+        "SS006",
+        "number-too-large",
+        E,
+        "A whole number in the spec (a mesh or world size, a group, head or part size, a "
+        "split count, a `rope` head size, a number in a `config` product) or in `-D` is "
+        "larger than 2**63 - 1.",
+        "No tensor dimension or count can be that large, and numbers of over 4,300 digits "
+        "cannot even be read: the number is a typo, or not meant as one.",
+        "mesh over 18446744073709551616 ranks { dp_shard: * }",
+        "mesh over 64 ranks { dp_shard: * }",
+    ),
+    Check(
+        "SS007",
+        "token-too-long",
+        E,
+        "A name, pattern, quoted path or number in the spec is longer than 4096 characters.",
+        "Real names are tens of characters. A token of megabytes is a mistake (a file pasted "
+        "into a spec), and every check that read it would pay for its length; the finding "
+        "quotes only its start and end.",
+        "param layers.0.aaaa...(5,000 more letters).weight [a] {}",
+        "param layers.0.attention.wq.weight [a] {}",
+    ),
     # --- mesh ----------------------------------------------------------------------------
     Check(
         "SS010",

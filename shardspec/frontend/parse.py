@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedInput
+from lark.lexer import PatternRE, TerminalDef
 
 from shardspec.findings.codes import diag
-from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.diagnostics import Diagnostic, Span, clip
 from shardspec.frontend import ir
+from shardspec.frontend.limits import MAX_TOKEN, NUMBER_HINT, number_too_large
 from shardspec.frontend.syntax_errors import comment_start, syntax_error
 from shardspec.frontend.textfile import read_text
 
@@ -41,6 +45,27 @@ def _grammar_path() -> Path:
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
+    if sys.version_info >= (3, 11):
+        try:
+            return _lark(_possessive)
+        except Exception:  # pragma: no cover - a lark plugin (interegular) that cannot read it
+            pass
+    return _lark(None)
+
+
+# The terminals whose regex ends in a repeated group: Python's regex engine keeps a
+# backtracking entry per repetition (120 bytes a character for a long pattern); a possessive
+# repeat (Python 3.11) keeps none, and nothing follows it in the terminal, so it matches
+# the same text.
+_REPEATED = ("PATTERN", "CONFIG_EXPR")
+
+
+def _possessive(t: TerminalDef) -> None:
+    if t.name in _REPEATED and isinstance(t.pattern, PatternRE) and t.pattern.value.endswith(")*"):
+        t.pattern = PatternRE(t.pattern.value + "+", t.pattern.flags, t.pattern.raw)
+
+
+def _lark(edit_terminals: Callable[[TerminalDef], None] | None) -> Lark:
     return Lark(
         _grammar_path().read_text(encoding="utf-8"),
         parser="lalr",
@@ -49,7 +74,82 @@ def _parser() -> Lark:
         # Cache the built parser (a pickle in the temp directory, keyed by the grammar's
         # hash): saves rebuilding the LALR tables on every lint.
         cache=True,
+        # Each statement becomes IR as soon as it is reduced (see _Statements), and every
+        # token is bounded as it is read (see _Bounds; lark's lexer_callbacks skip tokens
+        # whose terminal collides with a keyword, such as a pattern in an hf block).
+        transformer=_Statements(),
+        postlex=_Bounds(),
+        edit_terminals=edit_terminals,
     )
+
+
+# The parser (and its transformer, which carries the path of the text being parsed) is
+# one per process: one parse at a time.
+_LOCK = threading.Lock()
+
+
+# -- bounds: every token is checked as the lexer reads it -----------------------------------
+
+# The terminals whose text the user writes freely, and what to call each in a finding.
+_WHAT = {
+    "NAME": "name",
+    "PATTERN": "pattern",
+    "STRING": "quoted string",
+    "INT": "number",
+    "PART_SIZE": "number",
+    "CONFIG_EXPR": "product",
+}
+
+
+class _Refused(Exception):
+    """A token beyond the front end's bounds (:mod:`shardspec.frontend.limits`): the
+    finding's code, message, place (line, column, end column) and hint."""
+
+    def __init__(self, code: str, message: str, where: tuple[int, int, int], hint: str):
+        super().__init__(message)
+        self.code, self.message, self.where, self.hint = code, message, where, hint
+
+    def diagnostic(self, path: str) -> Diagnostic:
+        line, col, end = self.where
+        return diag(self.code, self.message, Span(path, line, col, line, end), self.hint)
+
+
+class _Bounds:
+    """The lexer's tokens, each checked by :func:`_bounded` as it is read (a lark
+    post-lexer)."""
+
+    always_accept: tuple[str, ...] = ()
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        for tok in stream:
+            yield _bounded(tok) if tok.type in _WHAT else tok
+
+
+def _bounded(tok: Token) -> Token:
+    """``tok`` if it is within bounds; else raises :class:`_Refused` (SS007 for a token of
+    more than :data:`MAX_TOKEN` characters, SS006 for a number over ``MAX_NUMBER``)."""
+    line, col = tok.line or 1, tok.column or 1
+    if len(tok) > MAX_TOKEN:
+        first = str(tok).split("\n", 1)[0]
+        shown = clip(first) if tok.type == "STRING" else repr(clip(first))  # quoted already
+        raise _Refused(
+            "SS007",
+            f"{_WHAT[tok.type]} {shown} is {len(tok)} characters long",
+            (line, col, col + len(first)),
+            f"names, patterns, paths and numbers have at most {MAX_TOKEN} characters",
+        )
+    numbers = [(0, str(tok))] if tok.type in ("INT", "PART_SIZE") else []
+    if tok.type == "CONFIG_EXPR":
+        numbers = [(m.start(), m.group()) for m in re.finditer(r"[0-9A-Za-z_]+", tok)]
+    for at, text in numbers:
+        if text.isdigit() and number_too_large(text):
+            raise _Refused(
+                "SS006",
+                f"number too large: {clip(text)} ({len(text)} digits)",
+                (line, col + at, col + at + len(text)),
+                NUMBER_HINT,
+            )
+    return tok
 
 
 _SUPPRESS = re.compile(r"#\s*shardspec:\s*ignore\[([A-Za-z0-9_,\s]*)\]")
@@ -243,31 +343,38 @@ def _once(stmt: object) -> tuple[str, Span, dict[str, object]] | None:
     return None
 
 
-class _ToIR(Transformer):
-    """Lark tree -> IR objects: the children of ``start`` are the statements, each an IR node
-    (or a :class:`_Manifest` or :class:`_Fsdp`)."""
+class _ToIR:
+    """A statement's lark tree -> its IR node (or a :class:`_Manifest` or :class:`_Fsdp`).
+    Each grammar rule has a method of the same name, called with the node's positions and
+    its children already turned into IR."""
 
     def __init__(self, path: str) -> None:
-        super().__init__()
         self.path = path
         self.rule_index = 0
 
+    def transform(self, tree: Tree) -> Any:
+        """``tree`` as IR, bottom up (what lark's Transformer does, without its per-call
+        wrappers: this runs for every node of a spec)."""
+        children = [self.transform(c) if isinstance(c, Tree) else c for c in tree.children]
+        method = getattr(self, str(tree.data), None)
+        if method is None:  # a rule with no IR of its own (none in today's grammar)
+            return Tree(tree.data, children, tree.meta)
+        return method(tree.meta, children)
+
     def _name(self, tok: Token) -> ir.Name:
-        return ir.Name(span=_tok_span(self.path, tok), text=str(tok))
+        # Names repeat (dimensions, axes): one string each, however many rules use it.
+        return ir.Name(span=_tok_span(self.path, tok), text=sys.intern(str(tok)))
 
     def _pattern(self, tok: Token) -> ir.Pattern:
         return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
 
-    @v_args(meta=True)
     def manifest_stmt(self, meta, children):
         (tok,) = children
         return _Manifest(str(tok)[1:-1], _tok_span(self.path, tok), _span(self.path, meta))
 
-    @v_args(meta=True)
     def world(self, meta, children):
         return int(children[0])
 
-    @v_args(meta=True)
     def axis_decl(self, meta, children):
         name, size = children
         return ir.AxisDecl(
@@ -276,53 +383,47 @@ class _ToIR(Transformer):
             size=None if size.type == "REST" else int(size),
         )
 
-    @v_args(meta=True)
     def mesh_stmt(self, meta, children):
         world = next((c for c in children if isinstance(c, int)), None)
         axes = [c for c in children if isinstance(c, ir.AxisDecl)]
         return ir.MeshDecl(span=_span(self.path, meta), axes=axes, world=world)
 
-    @v_args(meta=True)
     def fsdp_stmt(self, meta, children):
         return _Fsdp(self._name(children[0]), _span(self.path, meta))
 
-    @v_args(meta=True)
     def ignore_stmt(self, meta, children):
         return ir.IgnoreRule(span=_span(self.path, meta), pattern=self._pattern(children[0]))
 
-    def dims(self, children):
+    def dims(self, meta, children):
         return [self._name(t) for t in children]
 
-    def axis_list(self, children):
+    def axis_list(self, meta, children):
         return [self._name(t) for t in children]
 
-    @v_args(meta=True)
     def shard_item(self, meta, children):
         dim, axes = children
         return ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
 
-    def local_item(self, children):
+    def local_item(self, meta, children):
         return _Local(tuple(self._name(t) for t in children))
 
-    def replicate_item(self, children):
+    def replicate_item(self, meta, children):
         return _Replicate(tuple(self._name(t) for t in children[1:]))
 
-    @v_args(meta=True)
     def component(self, meta, children):
         name = children[0]
         size = int(children[1]) if len(children) > 1 else None
         return ir.Component(span=_span(self.path, meta), name=self._name(name), size=size)
 
-    def components(self, children):
+    def components(self, meta, children):
         return list(children)
 
-    def groups(self, children):
+    def groups(self, meta, children):
         return _Groups(int(children[0]), children[1])
 
-    def stored(self, children):
+    def stored(self, meta, children):
         return _StoredFused()
 
-    @v_args(meta=True)
     def fuse_item(self, meta, children):
         body = children[1]
         return ir.FuseItem(
@@ -333,7 +434,6 @@ class _ToIR(Transformer):
             stored_fused=any(isinstance(c, _StoredFused) for c in children[2:]),
         )
 
-    @v_args(meta=True)
     def head_size(self, meta, children):
         target, size = children
         return ir.HeadSize(
@@ -343,41 +443,35 @@ class _ToIR(Transformer):
             size_name=self._name(size) if size.type == "NAME" else None,
         )
 
-    def heads_item(self, children):
+    def heads_item(self, meta, children):
         return _Heads(tuple(children))
 
-    @v_args(meta=True)
     def checkpoint_shard(self, meta, children):
         dim, axes = children
         return _CheckpointShard(
             (ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes),)
         )
 
-    @v_args(meta=True)
     def checkpoint_replicate(self, meta, children):
         return _CheckpointReplicate((_span(self.path, meta),))
 
-    def style_opt(self, children):
+    def style_opt(self, meta, children):
         if len(children) == 1:
             return _StyleOption("dtensor", True)
         return _StyleOption(str(children[0]), self._name(children[1]))
 
-    @v_args(meta=True)
     def style_item(self, meta, children):
         options = {o.field: o.value for o in children[1:]}
         return ir.StyleItem(span=_span(self.path, meta), kind=self._name(children[0]), **options)
 
-    @v_args(meta=True)
     def hf_stack(self, meta, children):
         return self._name(children[0])
 
-    @v_args(meta=True)
     def hf_transform(self, meta, children):
         kind = children[0]
         head_dim = int(children[1]) if len(children) > 1 else 0
         return ir.HFTransform(span=_span(self.path, meta), kind=str(kind), head_dim=head_dim)
 
-    @v_args(meta=True)
     def hf_map(self, meta, children):
         hf, _arrow, target = children[0], children[1], children[2]
         rest = children[3:]
@@ -399,14 +493,12 @@ class _ToIR(Transformer):
             ),
         )
 
-    def hf_parts(self, children):
+    def hf_parts(self, meta, children):
         return _Parts(list(children))
 
-    @v_args(meta=True)
     def hf_size(self, meta, children):
         return _Size(self._factors(children[0]), _span(self.path, meta))
 
-    @v_args(meta=True)
     def hf_part(self, meta, children):
         size = next((c for c in children[1:] if isinstance(c, _Size)), None)
         return ir.HFPart(
@@ -431,30 +523,25 @@ class _ToIR(Transformer):
             )
         return factors
 
-    @v_args(meta=True)
     def hf_drop(self, meta, children):
         glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
         return _Drop((glob,))
 
-    @v_args(meta=True)
     def hf_keep(self, meta, children):
         glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
         return _Keep((glob,))
 
-    @v_args(meta=True)
     def hf_tie(self, meta, children):
         alias, source = children
         return ir.HFTie(
             span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
         )
 
-    @v_args(meta=True)
     def hf_config(self, meta, children):
         name, expr = children
         factors = self._factors(expr)
         return ir.HFConfig(span=_span(self.path, meta), name=self._name(name), factors=factors)
 
-    @v_args(meta=True)
     def hf_stmt(self, meta, children):
         manifest = next((c for c in children if isinstance(c, Token)), None)
         items = _sort((c for c in children if not isinstance(c, Token)), _HF_LISTS)
@@ -465,17 +552,15 @@ class _ToIR(Transformer):
             **items,
         )
 
-    def pipe_first(self, children):
+    def pipe_first(self, meta, children):
         return _First(tuple(self._pattern(t) for t in children))
 
-    def pipe_last(self, children):
+    def pipe_last(self, meta, children):
         return _Last(tuple(self._pattern(t) for t in children))
 
-    @v_args(meta=True)
     def pipe_counts(self, meta, children):
         return _Counts([int(t) for t in children], _span(self.path, meta))
 
-    @v_args(meta=True)
     def pipe_split(self, meta, children):
         counts = next((c for c in children if isinstance(c, _Counts)), None)
         return ir.StageSplit(
@@ -486,25 +571,22 @@ class _ToIR(Transformer):
             local_names=any(isinstance(c, Token) and c.type == "PIPE_LOCAL" for c in children),
         )
 
-    @v_args(meta=True)
     def pipe_tie(self, meta, children):
         alias, source = children
         return ir.StageTie(
             span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
         )
 
-    @v_args(meta=True)
     def pipeline_stmt(self, meta, children):
         items = _sort(children[1:], _PIPE_LISTS)
         return ir.Pipeline(span=_span(self.path, meta), axis=self._name(children[0]), **items)
 
-    def param_body(self, children):
+    def param_body(self, meta, children):
         return list(children)
 
-    def replicate_all(self, children):
+    def replicate_all(self, meta, children):
         return _ReplicateAll()
 
-    @v_args(meta=True)
     def param_stmt(self, meta, children):
         tok, body = children[0], children[-1]
         dims = children[1] if len(children) == 3 else None
@@ -528,14 +610,41 @@ class _ToIR(Transformer):
         return rule
 
 
+class _Statements:
+    """The parser's own transformer (lark calls a method named after a rule when it reduces
+    the rule; other rules become trees): each ``statement`` becomes IR (by :class:`_ToIR`,
+    which has the statement's positions) when the parser reduces it, and its parse tree is
+    dropped, so that only the IR of a large spec is ever held, never its whole tree."""
+
+    def __init__(self) -> None:
+        self.to_ir = _ToIR("<string>")
+
+    def start_text(self, path: str) -> None:
+        """Get ready to parse the text of file ``path``."""
+        self.to_ir = _ToIR(path)
+
+    def statement(self, children: list[Tree]) -> object:
+        (tree,) = children
+        return self.to_ir.transform(tree)
+
+
 def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagnostic]]:
-    """Parse ``text``. Returns the IR (``None`` on a syntax error) and the diagnostics."""
+    """Parse ``text``. Returns the IR (``None`` on a syntax error, or on a token beyond the
+    front end's bounds) and the diagnostics."""
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    try:
-        tree = _parser().parse(text)
-    except UnexpectedInput as err:
-        return None, [syntax_error(path, text, err)]
-    start = _ToIR(path).transform(tree)
+    parser = _parser()
+    statements = parser.options.transformer
+    assert isinstance(statements, _Statements)
+    with _LOCK:
+        statements.start_text(path)
+        try:
+            start = parser.parse(text)
+        except UnexpectedInput as err:
+            return None, [syntax_error(path, text, err)]
+        except _Refused as refused:
+            return None, [refused.diagnostic(path)]
+        finally:
+            statements.start_text("<string>")  # hold no reference to this text's IR
     assert isinstance(start, Tree)
     diags: list[Diagnostic] = []
     fields: dict[str, object] = {}
@@ -561,19 +670,28 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
         fields.update(values)
     fields.update(_sort(others, _SPEC_LISTS))
     fields["suppressions"] = _suppressions(path, text)
-    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)  # type: ignore[arg-type]
+    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)
     return spec, diags
 
 
 def _suppressions(path: str, text: str) -> list[ir.Suppression]:
     """``# shardspec: ignore[CODE, ...]`` comments; the same words inside a string (such as
-    a manifest path) are not a comment and suppress nothing."""
+    a manifest path) are not a comment and suppress nothing. Only the lines that hold
+    ``ignore[`` are read."""
     out = []
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        start = comment_start(line)
-        if start is None:
-            continue
-        m = _SUPPRESS.search(line, start)
+    lineno, counted = 1, 0  # the line number of offset ``counted``
+    next_line = 0
+    for hit in re.finditer(r"ignore\[", text):
+        if hit.start() < next_line:
+            continue  # on a line already read
+        start = text.rfind("\n", 0, hit.start()) + 1
+        end = text.find("\n", hit.start())
+        next_line = end + 1 if end >= 0 else len(text)
+        lineno += text.count("\n", counted, start)
+        counted = start
+        line = text[start:next_line].rstrip("\n")
+        comment = comment_start(line)
+        m = _SUPPRESS.search(line, comment) if comment is not None else None
         if not m:
             continue
         codes = [c.strip().upper() for c in m.group(1).split(",") if c.strip()]

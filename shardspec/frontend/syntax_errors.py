@@ -17,7 +17,7 @@ from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from shardspec.findings.codes import diag
-from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.diagnostics import Diagnostic, Span, clip
 from shardspec.findings.suggest import closest
 
 # Readable names for the grammar's terminals, for "expected ..." messages.
@@ -68,7 +68,8 @@ def syntax_error(path: str, text: str, err: UnexpectedInput) -> Diagnostic:
 
 @dataclass
 class _Where:
-    """A syntax error as the hints read it."""
+    """A syntax error as the hints read it. Nothing here splits the whole text into lines
+    or rescans it per line: a hint costs at most a few passes over the text."""
 
     text: str
     line: int  # 1-based; at the end of the text, just after its last code
@@ -78,15 +79,13 @@ class _Where:
     word: str  # the token or character found, "" at the end of the text
     expected: set[str]  # the terminals the parser expected
     at_end: bool
-
-    @cached_property
-    def lines(self) -> list[str]:
-        return self.text.split("\n")
+    line_start: int  # offset of the error's line in the text
 
     @cached_property
     def src(self) -> str:
         """The error's line without its comment."""
-        return _code_part(self.lines[self.line - 1]) if 0 < self.line <= len(self.lines) else ""
+        end = self.text.find("\n", self.line_start)
+        return _code_part(self.text[self.line_start : end if end >= 0 else len(self.text)])
 
     @property
     def stripped(self) -> str:
@@ -97,38 +96,60 @@ class _Where:
         """The error's line up to the error, without its comment."""
         return self.src[: self.col - 1]
 
-    @property
+    @cached_property
     def before_or_prior(self) -> str:
         """:attr:`before`, or the last line of code above when the error is the first thing
         on its line."""
         if self.before.strip():
             return self.before
-        code = (_code_part(x) for x in reversed(self.lines[: self.line - 1]))
-        return next((c for c in code if c.strip()), "")
+        end = self.line_start - 1  # the "\n" that ends the line above
+        while end >= 0:
+            start = self.text.rfind("\n", 0, end) + 1
+            code = _code_part(self.text[start:end])
+            if code.strip():
+                return code
+            end = start - 1
+        return ""
 
     @property
     def text_before(self) -> str:
         """The text up to the error, comments included."""
-        return "\n".join([*self.lines[: self.line - 1], self.before])
+        return self.text[: self.line_start] + self.before
 
-    @property
-    def code_before(self) -> str:
-        """The text up to the error, without comments."""
-        return "\n".join([*(_code_part(x) for x in self.lines[: self.line - 1]), self.before])
+
+def _line_start(text: str, line: int, pos: int | None, col: int) -> int:
+    """The offset where 1-based ``line`` starts: from the error's offset ``pos`` and column
+    where lark gives them, else by counting lines."""
+    if pos is not None:
+        start = pos - (col - 1)
+        if 0 <= start <= len(text) and (start == 0 or text[start - 1] == "\n"):
+            return start
+    start = 0
+    for _ in range(line - 1):
+        nl = text.find("\n", start)
+        if nl < 0:
+            break
+        start = nl + 1
+    return start
 
 
 def _where(text: str, err: UnexpectedInput) -> _Where:
     token: Token | None = getattr(err, "token", None)
     at_end = isinstance(err, UnexpectedEOF) or (token is not None and token.type == "$END")
-    line, col = _end_of_text(text) if at_end else (err.line or 1, err.column or 1)
+    pos: int | None = None
+    if at_end:
+        line, col, pos = _end_of_text(text)
+    else:
+        line, col = err.line or 1, err.column or 1
     width, word = 1, ""
     if isinstance(err, UnexpectedToken):
         expected = set(err.accepts or err.expected)
         found = "unexpected end of file"
         if not at_end:
             word = str(err.token)
-            found = f"unexpected {word!r}"
+            found = f"unexpected {clip(word)!r}"
             width = max(1, len(word.split("\n", 1)[0]))
+            pos = err.token.start_pos
     elif isinstance(err, UnexpectedCharacters):
         expected = set(err.allowed or ())
         pos = err.pos_in_stream or 0
@@ -138,7 +159,8 @@ def _where(text: str, err: UnexpectedInput) -> _Where:
         expected = set(getattr(err, "expected", ()) or ())
         found = "unexpected end of file"
     expected.discard("COMMENT")
-    return _Where(text, line, col, width, found, word, expected, at_end)
+    start = _line_start(text, line, pos, col)
+    return _Where(text, line, col, width, found, word, expected, at_end, start)
 
 
 def _token_name(t: str) -> str:
@@ -155,14 +177,16 @@ def _join_or(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}"
 
 
-def _end_of_text(text: str) -> tuple[int, int]:
-    """(line, col) just after the last thing that is not blank or a comment."""
-    lines = text.split("\n")
-    for i in range(len(lines) - 1, -1, -1):
-        code = _code_part(lines[i]).rstrip()
+def _end_of_text(text: str) -> tuple[int, int, int]:
+    """(line, col, offset) just after the last thing that is not blank or a comment."""
+    end = len(text)
+    while end >= 0:
+        start = text.rfind("\n", 0, end) + 1
+        code = _code_part(text[start:end]).rstrip()
         if code:
-            return i + 1, len(code) + 1
-    return 1, 1
+            return text.count("\n", 0, start) + 1, len(code) + 1, start + len(code)
+        end = start - 1
+    return 1, 1, 0
 
 
 def _code_part(line: str) -> str:
@@ -174,13 +198,20 @@ def _code_part(line: str) -> str:
 def comment_start(line: str) -> int | None:
     """Index of the ``#`` that starts the comment on ``line``, ``None`` if there is none.
     Strings cannot span lines, so one line is enough to tell."""
-    in_string = False
-    for i, ch in enumerate(line):
-        if ch == '"':
-            in_string = not in_string
-        elif ch == "#" and not in_string:
-            return i
-    return None
+    hash_at = line.find("#")
+    if hash_at < 0:
+        return None
+    quote = line.find('"', 0, hash_at)
+    while quote >= 0:  # a "#" inside a string is text: find the next one after it closes
+        close = line.find('"', quote + 1)
+        if close < 0:
+            return None
+        if close > hash_at:
+            hash_at = line.find("#", close + 1)
+            if hash_at < 0:
+                return None
+        quote = line.find('"', close + 1, hash_at)
+    return hash_at
 
 
 def _unclosed_brace(text: str) -> int | None:
@@ -188,6 +219,8 @@ def _unclosed_brace(text: str) -> int | None:
     the braces of a pattern's ``{a,b}`` pair up among themselves)."""
     stack: list[int] = []
     for lineno, line in enumerate(text.split("\n"), start=1):
+        if "{" not in line and "}" not in line:
+            continue
         in_string = False
         for ch in _code_part(line):
             if ch == '"':
@@ -254,11 +287,26 @@ def _unclosed_block(w: _Where) -> str:
     return f"the `{{`{where} is never closed: add `}}`"
 
 
+def _arrow_then_as(line: str) -> bool:
+    """Whether ``line`` has ``->``, then a word, then the word ``as`` (a split line's
+    ``as`` list). One pass: the first ``->`` leaves the most room after it (the regex
+    ``->\\s*\\S+.*\\bas\\b`` it replaces backtracked quadratically)."""
+    arrow = line.find("->")
+    if arrow < 0:
+        return False
+    rest = line[arrow + 2 :]
+    word = len(rest) - len(rest.lstrip())  # the first character of the target
+    return word < len(rest) and _AS.search(rest, word + 1) is not None
+
+
+_AS = re.compile(r"\bas\b")
+
+
 def _hf_parts(w: _Where) -> str:
     """A split line's ``as`` list (the error may be the first thing on the next line)."""
     if not (
         w.expected & {"NAME", "PART_SIZE", "RPAR", "CONFIG_EXPR"}
-        and re.search(r"->\s*\S+.*\bas\b", w.before_or_prior)
+        and _arrow_then_as(w.before_or_prior)
     ):
         return ""
     if "RPAR" in w.expected or "CONFIG_EXPR" in w.expected:
@@ -321,12 +369,17 @@ _HEADS_FORM = (
 )
 
 
+_HEADS = re.compile(r"[ \t]*heads\b")
+
+
 def _heads_line(w: _Where) -> str:
-    """The usual mistakes in a ``heads`` line."""
-    m = re.search(r"(?:^|\{)[ \t]*heads\b([^\n{}]*)\n?[ \t]*$", w.code_before, re.M)
-    if m is None:
+    """The usual mistakes in a ``heads`` line: the error is on it (or first on the next
+    line), after the last ``{`` of that line."""
+    item = w.before_or_prior.rpartition("{")[2]
+    head = _HEADS.match(item)
+    if head is None or "}" in item:
         return ""
-    typed = m.group(1).split()
+    typed = item[head.end() :].split()
     if w.word == "of" or typed[-1:] == ["of"]:
         return "write `heads kv 128`, without `of`"
     if w.word.isdigit() and "INT" not in w.expected and (not typed or typed[-1].endswith(",")):

@@ -9,8 +9,11 @@ Pure Python: the compiler (no torch) and the runtime both read through it.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 
 # No spec, manifest or HF manifest comes near this; a larger file is a mistake.
@@ -19,9 +22,12 @@ MAX_TEXT_BYTES = 256 * 1024 * 1024
 
 def read_text(path: str | os.PathLike, *, limit: int = MAX_TEXT_BYTES) -> str:
     """The UTF-8 text of regular file ``path`` (a byte order mark dropped). Raises
-    ``OSError`` for a path that is not a regular file or holds more than ``limit`` bytes,
-    and ``UnicodeDecodeError`` for bytes that are not UTF-8."""
+    ``OSError`` for a path that is not a regular file, holds more than ``limit`` bytes or
+    cannot be a path (a NUL in it), and ``UnicodeDecodeError`` for bytes that are not
+    UTF-8."""
     p = Path(path)
+    if "\0" in str(p):  # os.stat would raise ValueError, not OSError
+        raise OSError(errno.EINVAL, "the path holds a NUL character", str(p))
     if not stat.S_ISREG(os.stat(p).st_mode):  # before opening: a FIFO would block open()
         raise OSError(errno.EINVAL, "not a regular file", str(p))
     with open(p, "rb") as f:
@@ -32,7 +38,12 @@ def read_text(path: str | os.PathLike, *, limit: int = MAX_TEXT_BYTES) -> str:
             raise OSError(
                 errno.EFBIG, f"{st.st_size} bytes, more than the {limit} a text file may have"
             )
-        data = f.read(limit + 1)
+        # As much as the file holds (f.read(limit + 1) would allocate the whole limit up
+        # front: 256 MB for every file), and on up to the limit if it grew since fstat.
+        want = st.st_size + 1
+        data = f.read(want)
+        if len(data) == want:
+            data += f.read(limit + 1 - len(data))
     if len(data) > limit:  # grew while being read
         raise OSError(errno.EFBIG, f"more than the {limit} bytes a text file may have")
     return data.decode("utf-8-sig")
@@ -43,3 +54,51 @@ def file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+# Python reads integers of at most this many digits (0: any; before 3.10.7 no limit).
+# json.loads raises a bare ValueError for a longer one, not a JSONDecodeError.
+_INT_DIGITS = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+# The lookbehind keeps the search linear.
+_LONG_DIGITS = re.compile(rf"(?<![0-9])[0-9]{{{_INT_DIGITS + 1},}}")
+
+
+def long_number(text: str) -> tuple[str, int, int] | None:
+    """Why JSON ``text`` that ``json.loads`` refused with a plain ``ValueError`` cannot
+    be read, and the (line, col) of the cause: its first number of more digits than Python
+    reads. ``None`` when there is no such number."""
+    m = _LONG_DIGITS.search(text) if _INT_DIGITS else None
+    if m is None:
+        return None
+    line = text.count("\n", 0, m.start()) + 1
+    col = m.start() - text.rfind("\n", 0, m.start())
+    why = f"a number of {len(m.group())} digits (Python reads at most {_INT_DIGITS})"
+    return why, line, col
+
+
+# A JSON string literal as a regex, matched without a backtracking entry per character:
+# Python's engine keeps one per repetition of a group (150 MB for a 1 MB string written
+# `(?:[^"\\]|\\.)*`); here only escapes repeat the group, and on 3.11 the repeat is
+# possessive and keeps none.
+JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*' + ("+" if sys.version_info >= (3, 11) else "") + '"'
+
+
+def positions(
+    text: str, pattern: re.Pattern[str], *, whole: bool = False
+) -> dict[str, tuple[int, int]]:
+    """For each match of ``pattern`` in JSON ``text``, its group 1 (a JSON string literal)
+    read as a string -> the (line, col) of that literal (with ``whole``, of the match);
+    the first match wins. Lines are counted at ``\\n`` as the file is read once, never
+    split."""
+    out: dict[str, tuple[int, int]] = {}
+    line, counted = 1, 0
+    for m in pattern.finditer(text):
+        at = m.start(0 if whole else 1)
+        line += text.count("\n", counted, at)
+        counted = at
+        try:
+            name = json.loads(m.group(1))
+        except ValueError:  # pragma: no cover - the file parsed as JSON
+            continue
+        out.setdefault(name, (line, at - text.rfind("\n", 0, at)))
+    return out

@@ -31,13 +31,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shardspec.core.paths import Escape, escape
-from shardspec.frontend.textfile import read_text
+from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
 
 FORMAT = "shardspec-hf-manifest/1"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the header size
-_KEY = re.compile(r'^\s*("(?:[^"\\]|\\.)*"):\s*\{"shape"')
+_KEY = re.compile(r"(?m)^[ \t]*(" + JSON_STRING + r'):\s*\{"shape"')
 
 
 class HFManifestError(ValueError):
@@ -76,15 +76,7 @@ class HFManifest:
 
     @cached_property
     def _positions(self) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
-        for lineno, line in enumerate(self.text.splitlines(), start=1):
-            m = _KEY.match(line)
-            if m:
-                try:
-                    out.setdefault(json.loads(m.group(1)), (lineno, m.start(1) + 1))
-                except json.JSONDecodeError:  # pragma: no cover - the file parsed
-                    continue
-        return out
+        return positions(self.text, _KEY)
 
     def position(self, key: str) -> tuple[int, int]:
         """(line, col) of a tensor's key in the file, for diagnostics ((1, 1) if unknown)."""
@@ -109,6 +101,9 @@ def load_hf_manifest(path: str | Path) -> HFManifest:
         ) from None
     except RecursionError:
         raise HFManifestError("HF manifest is not valid JSON: nested too deeply") from None
+    except ValueError:  # a number json cannot read
+        why, line, col = long_number(text) or ("a value json cannot read", 1, 1)
+        raise HFManifestError(f"HF manifest is not valid JSON: {why}", line=line, col=col) from None
     if isinstance(raw, dict) and raw.get("format") != FORMAT:
         raise HFManifestError(f"HF manifest field format: expected {FORMAT!r}")
     try:
@@ -153,7 +148,7 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict[str, Any]]:
         raise HFManifestError(f"cannot read {str(p)!r}: {e.strerror or e}", "SS002") from None
     try:
         header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # ValueError: a long number too
         raise HFManifestError(f"{p}: the safetensors header is not valid JSON") from None
     if not isinstance(header, dict):
         raise HFManifestError(f"{p}: the safetensors header is not a JSON object")
@@ -188,6 +183,9 @@ def _read_json(path: Path, what: str) -> Any:
         ) from None
     except RecursionError:
         raise HFManifestError(f"{path}: {what} is not valid JSON: nested too deeply") from None
+    except ValueError:  # a number json cannot read
+        why, line, col = long_number(text) or ("a value json cannot read", 1, 1)
+        raise HFManifestError(f"{path}:{line}:{col}: {what} is not valid JSON: {why}") from None
 
 
 _LINK_HINT = (

@@ -30,7 +30,7 @@ from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
 
 
-@dataclass
+@dataclass(slots=True)  # one per manifest entry: a million of them in a large model
 class Match:
     """One manifest entry and the rules that match it."""
 
@@ -327,13 +327,15 @@ def _match_all(res: Resolved) -> None:
     # Buffers are placed as parameters are, outside pipeline stages (a stage model's
     # buffers are saved whole, as they are).
     buffers = res.spec.pipeline is None
+    shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
     for entry in res.manifest.entries:
         if entry.kind != "buffer" or buffers:
-            res.matches[entry.fqn] = _match_one(res, entry, rules, ignores)
+            res.matches[entry.fqn] = _match_one(res, entry, rules, ignores, shared)
 
 
-def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
-    """``entry`` and the rules that match its name, best first."""
+def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=None) -> Match:
+    """``entry`` and the rules that match its name, best first. ``shared``: one captures
+    dict per distinct value (read only; a million entries have a few hundred)."""
     if rules is None:
         ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
         rules = [(index, g.regex.match, g.key) for index, g in ordered]
@@ -354,7 +356,10 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None) -> Match:
             m.candidates.append(index)
             if best_key is None:
                 best_key = key
-                m.winner, m.captures = index, found.groupdict()
+                captures = found.groupdict()
+                if shared is not None:
+                    captures = shared.setdefault(tuple(captures.items()), captures)
+                m.winner, m.captures = index, captures
             elif key == best_key:
                 m.tied.append(index)
     return m

@@ -131,13 +131,13 @@ CASES = [
     {
         "name": "a world too large to check (it overflowed, or ran out of memory)",
         "spec": """
-            mesh over 18446744073709551616 ranks { dp_shard: *  tp: 2 }
+            mesh over 4611686018427387904 ranks { dp_shard: *  tp: 2 }
             """,
         "expect": [
             (
                 "SS010",
                 1,
-                "has 18446744073709551616 ranks; lint and compile check meshes of up to "
+                "has 4611686018427387904 ranks; lint and compile check meshes of up to "
                 "1048576 ranks",
                 "",
                 "at most 1048576 ranks (-D world=N)",

@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/deepseek_moe.shard"
 SPEC_SHA256 = "2194a25c1b26edd63dd8b0251fd4ece7645391b0e089f1871f468f1d3ce316d5"
@@ -106,39 +106,32 @@ IGNORE: tuple[str, ...] = ("**._extra_state",)
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "embed.weight": Param(5, (256, 64), "float32"),
-    "hc_head.base": Param(8, (2,), "float32"),
-    "hc_head.fn": Param(8, (2, 128), "float32"),
-    "hc_head.scale": Param(8, (1,), "float32"),
-    "head.weight": Param(7, (256, 64), "float32"),
-    "layers.0.attn.k_norm.weight": Param(6, (16,), "float32"),
-    "layers.0.attn.q_norm.weight": Param(6, (16,), "float32"),
-    "layers.0.attn.wk.weight": Param(3, (32, 64), "float32"),
-    "layers.0.attn.wo.weight": Param(4, (64, 64), "float32"),
-    "layers.0.attn.wq.weight": Param(3, (64, 64), "float32"),
-    "layers.0.attn.wv.weight": Param(3, (32, 64), "float32"),
-    "layers.0.attn_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
-    "layers.0.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
-    "layers.0.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
-    "layers.0.moe.router.weight": Param(2, (8, 64), "float32"),
-    "layers.1.attn.k_norm.weight": Param(6, (16,), "float32"),
-    "layers.1.attn.q_norm.weight": Param(6, (16,), "float32"),
-    "layers.1.attn.wk.weight": Param(3, (32, 64), "float32"),
-    "layers.1.attn.wo.weight": Param(4, (64, 64), "float32"),
-    "layers.1.attn.wq.weight": Param(3, (64, 64), "float32"),
-    "layers.1.attn.wv.weight": Param(3, (32, 64), "float32"),
-    "layers.1.attn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
-    "layers.1.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
-    "layers.1.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
-    "layers.1.moe.router.weight": Param(2, (8, 64), "float32"),
-    "norm.weight": Param(6, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 30 parameters in 18 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "embed.weight": Param(5, (256, 64), "float32"),
+        "hc_head.base": Param(8, (2,), "float32"),
+        "hc_head.fn": Param(8, (2, 128), "float32"),
+        "hc_head.scale": Param(8, (1,), "float32"),
+        "head.weight": Param(7, (256, 64), "float32"),
+        "layers.{0..1}.attn.k_norm.weight": Param(6, (16,), "float32"),
+        "layers.{0..1}.attn.q_norm.weight": Param(6, (16,), "float32"),
+        "layers.{0..1}.attn.wk.weight": Param(3, (32, 64), "float32"),
+        "layers.{0..1}.attn.wo.weight": Param(4, (64, 64), "float32"),
+        "layers.{0..1}.attn.wq.weight": Param(3, (64, 64), "float32"),
+        "layers.{0..1}.attn.wv.weight": Param(3, (32, 64), "float32"),
+        "layers.{0..1}.attn_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..1}.ffn_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..1}.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
+        "layers.{0..1}.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
+        "layers.{0..1}.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
+        "layers.{0..1}.moe.router.weight": Param(2, (8, 64), "float32"),
+        "norm.weight": Param(6, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

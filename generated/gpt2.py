@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/gpt2.shard"
 SPEC_SHA256 = "391f69c93e14683d5191d0315bc0f5a49c4b3d0cfd2f3390c9d274a65dc104dd"
@@ -108,37 +108,30 @@ IGNORE: tuple[str, ...] = ("lm_head.weight",)
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "transformer.h.0.attn.c_attn.bias": Param(3, (192,), "float32"),
-    "transformer.h.0.attn.c_attn.weight": Param(2, (64, 192), "float32"),
-    "transformer.h.0.attn.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.attn.c_proj.weight": Param(4, (64, 64), "float32"),
-    "transformer.h.0.ln_1.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.ln_1.weight": Param(8, (64,), "float32"),
-    "transformer.h.0.ln_2.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.ln_2.weight": Param(8, (64,), "float32"),
-    "transformer.h.0.mlp.c_fc.bias": Param(6, (256,), "float32"),
-    "transformer.h.0.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
-    "transformer.h.0.mlp.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
-    "transformer.h.1.attn.c_attn.bias": Param(3, (192,), "float32"),
-    "transformer.h.1.attn.c_attn.weight": Param(2, (64, 192), "float32"),
-    "transformer.h.1.attn.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.attn.c_proj.weight": Param(4, (64, 64), "float32"),
-    "transformer.h.1.ln_1.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.ln_1.weight": Param(8, (64,), "float32"),
-    "transformer.h.1.ln_2.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.ln_2.weight": Param(8, (64,), "float32"),
-    "transformer.h.1.mlp.c_fc.bias": Param(6, (256,), "float32"),
-    "transformer.h.1.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
-    "transformer.h.1.mlp.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
-    "transformer.ln_f.bias": Param(7, (64,), "float32"),
-    "transformer.ln_f.weight": Param(8, (64,), "float32"),
-    "transformer.wpe.weight": Param(1, (128, 64), "float32"),
-    "transformer.wte.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 28 parameters in 16 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "transformer.h.{0..1}.attn.c_attn.bias": Param(3, (192,), "float32"),
+        "transformer.h.{0..1}.attn.c_attn.weight": Param(2, (64, 192), "float32"),
+        "transformer.h.{0..1}.attn.c_proj.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.attn.c_proj.weight": Param(4, (64, 64), "float32"),
+        "transformer.h.{0..1}.ln_1.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.ln_1.weight": Param(8, (64,), "float32"),
+        "transformer.h.{0..1}.ln_2.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.ln_2.weight": Param(8, (64,), "float32"),
+        "transformer.h.{0..1}.mlp.c_fc.bias": Param(6, (256,), "float32"),
+        "transformer.h.{0..1}.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
+        "transformer.h.{0..1}.mlp.c_proj.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
+        "transformer.ln_f.bias": Param(7, (64,), "float32"),
+        "transformer.ln_f.weight": Param(8, (64,), "float32"),
+        "transformer.wpe.weight": Param(1, (128, 64), "float32"),
+        "transformer.wte.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

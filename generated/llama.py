@@ -21,12 +21,21 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, Transform, require
+from shardspec.runtime import (
+    CompiledSpec,
+    HFMap,
+    MapRule,
+    Param,
+    ParamTable,
+    RuleSpec,
+    Transform,
+    require,
+)
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama.shard"
 SPEC_SHA256 = "6c39da8288ef58bc1de450ffbadd0ae2d84539d26ff663c212567517dd632ea7"
@@ -96,24 +105,23 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "layers.0.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.0.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.0.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.0.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.0.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.1.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.1.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.1.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.1.ffn_norm.weight": Param(6, (64,), "float32"),
-    "norm.weight": Param(6, (64,), "float32"),
-    "output.weight": Param(1, (256, 64), "float32"),
-    "tok_embeddings.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 15 parameters in 9 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "layers.{0..1}.attention.wo.weight": Param(3, (64, 64), "float32"),
+        "layers.{0..1}.attention.wqkv.weight": Param(2, (128, 64), "float32"),
+        "layers.{0..1}.attention_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..1}.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
+        "layers.{0..1}.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
+        "layers.{0..1}.ffn_norm.weight": Param(6, (64,), "float32"),
+        "norm.weight": Param(6, (64,), "float32"),
+        "output.weight": Param(1, (256, 64), "float32"),
+        "tok_embeddings.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

@@ -21,13 +21,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, PipelineSpec, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, PipelineSpec, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 from shardspec.runtime import pipeline as _pipeline
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/llama_pp_tied.shard"
 SPEC_SHA256 = "ab235160dad4f5dc25bd8d9db68daaa061ec0b713083bd4878c47e70d1ea1c79"
@@ -97,35 +97,22 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "layers.0.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.0.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.0.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.0.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.0.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.1.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.1.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.1.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.1.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.2.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.2.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.2.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.2.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.2.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.2.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.3.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.3.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.3.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.3.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.3.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.3.ffn_norm.weight": Param(6, (64,), "float32"),
-    "norm.weight": Param(6, (64,), "float32"),
-    "tok_embeddings.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 26 parameters in 8 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "layers.{0..3}.attention.wo.weight": Param(3, (64, 64), "float32"),
+        "layers.{0..3}.attention.wqkv.weight": Param(2, (128, 64), "float32"),
+        "layers.{0..3}.attention_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..3}.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
+        "layers.{0..3}.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
+        "layers.{0..3}.ffn_norm.weight": Param(6, (64,), "float32"),
+        "norm.weight": Param(6, (64,), "float32"),
+        "tok_embeddings.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "specs/qwen2.shard"
 SPEC_SHA256 = "6634deb6c51aec86854920406b122715fbf9c7a835cbd2cdbd164b28ad32c186"
@@ -100,36 +100,29 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "lm_head.weight": Param(7, (256, 64), "float32"),
-    "model.embed_tokens.weight": Param(0, (256, 64), "float32"),
-    "model.layers.0.input_layernorm.weight": Param(6, (64,), "float32"),
-    "model.layers.0.mlp.down_proj.weight": Param(5, (64, 96), "float32"),
-    "model.layers.0.mlp.gate_proj.weight": Param(4, (96, 64), "float32"),
-    "model.layers.0.mlp.up_proj.weight": Param(4, (96, 64), "float32"),
-    "model.layers.0.post_attention_layernorm.weight": Param(6, (64,), "float32"),
-    "model.layers.0.self_attn.k_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.0.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.0.self_attn.o_proj.weight": Param(3, (64, 64), "float32"),
-    "model.layers.0.self_attn.q_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.0.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.0.self_attn.v_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.0.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.1.input_layernorm.weight": Param(6, (64,), "float32"),
-    "model.layers.1.mlp.down_proj.weight": Param(5, (64, 96), "float32"),
-    "model.layers.1.mlp.gate_proj.weight": Param(4, (96, 64), "float32"),
-    "model.layers.1.mlp.up_proj.weight": Param(4, (96, 64), "float32"),
-    "model.layers.1.post_attention_layernorm.weight": Param(6, (64,), "float32"),
-    "model.layers.1.self_attn.k_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.1.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.1.self_attn.o_proj.weight": Param(3, (64, 64), "float32"),
-    "model.layers.1.self_attn.q_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.1.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.1.self_attn.v_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.1.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
-    "model.norm.weight": Param(6, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 27 parameters in 15 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "lm_head.weight": Param(7, (256, 64), "float32"),
+        "model.embed_tokens.weight": Param(0, (256, 64), "float32"),
+        "model.layers.{0..1}.input_layernorm.weight": Param(6, (64,), "float32"),
+        "model.layers.{0..1}.mlp.down_proj.weight": Param(5, (64, 96), "float32"),
+        "model.layers.{0..1}.mlp.gate_proj.weight": Param(4, (96, 64), "float32"),
+        "model.layers.{0..1}.mlp.up_proj.weight": Param(4, (96, 64), "float32"),
+        "model.layers.{0..1}.post_attention_layernorm.weight": Param(6, (64,), "float32"),
+        "model.layers.{0..1}.self_attn.k_proj.bias": Param(2, (32,), "float32"),
+        "model.layers.{0..1}.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
+        "model.layers.{0..1}.self_attn.o_proj.weight": Param(3, (64, 64), "float32"),
+        "model.layers.{0..1}.self_attn.q_proj.bias": Param(2, (64,), "float32"),
+        "model.layers.{0..1}.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
+        "model.layers.{0..1}.self_attn.v_proj.bias": Param(2, (32,), "float32"),
+        "model.layers.{0..1}.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
+        "model.norm.weight": Param(6, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

@@ -11,4 +11,6 @@ __version__ = "0.1.0"
 # 2: generated modules pass buffers= and hook_keys= (manifest format 2).
 # 3: "name-indexed" for what was "virtual": RuleSpec(name_indexed=...), NAME_INDEXED_COUNTS,
 #    CompiledSpec(name_indexed_counts=...).
-RUNTIME_API = 3
+# 4: PARAMS is a ParamTable of folded rows (names that differ only in numbers share one),
+#    imported from shardspec.runtime.
+RUNTIME_API = 4

@@ -7,6 +7,7 @@ with the compiler; they are re-exported here so that a generated module imports 
 
 from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
 from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
+from shardspec.core.paramtable import ParamTable
 from shardspec.core.stages import PipelineSpec
 from shardspec.runtime.spec import CompiledSpec, Param, SpecError, require
 
@@ -20,6 +21,7 @@ __all__ = [
     "Mesh",
     "Param",
     "ParamLayout",
+    "ParamTable",
     "Part",
     "PipelineSpec",
     "RuleSpec",

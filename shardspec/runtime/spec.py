@@ -2,13 +2,14 @@
 
 A generated module holds plain tables (axes, rules, parameters); it builds one
 ``CompiledSpec`` from them and delegates to it. Layout arithmetic is
-:mod:`shardspec.core.layout`, the very code the compiler checked the spec with.
+:mod:`shardspec.core.layout`, the very code the compiler checked the spec with. The
+parameter table is a :class:`shardspec.core.paramtable.ParamTable`: rows of names that
+differ only in numbers, looked up without expanding them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,7 @@ from shardspec.core.layout import (
     representable,
     resolve_sizes,
 )
+from shardspec.core.paramtable import ParamTable
 from shardspec.core.patterns import compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
 from shardspec.core.stages import plan as stage_plan
@@ -97,7 +99,13 @@ class CompiledSpec:
         self.default_sizes = dict(sizes)
         self.default_world = world
         self.rules = rules
-        self.params = dict(params) if params is not None else None
+        # Every parameter of the manifest's model (None: no manifest). A plain mapping of
+        # names (a table built by hand) is folded into rows like a generated module's.
+        self.params: ParamTable[Param] | None = (
+            params
+            if params is None or isinstance(params, ParamTable)
+            else ParamTable.from_names(params)
+        )
         self.ignore = ignore
         # The manifest's state-dict entries that are no parameter: persistent buffers
         # (saved as they are), and the keys the model's state-dict hooks write, each with
@@ -186,15 +194,11 @@ class CompiledSpec:
             )
         return lm
 
-    @functools.cached_property
-    def modules(self) -> frozenset[str]:
-        """The names of the modules that hold the manifest's parameters, and of the modules
-        around them (``layers``, ``layers.0``, ``layers.0.attention``); empty without a
-        manifest."""
-        out: set[str] = set()
-        for fqn in self.params or ():
-            out.update(fqn[:i] for i, ch in enumerate(fqn) if ch == ".")
-        return frozenset(out)
+    def is_module(self, name: str) -> bool:
+        """Whether ``name`` is a module that holds parameters of the manifest, or a module
+        around them (``layers``, ``layers.0``, ``layers.0.attention``); never without a
+        manifest. Answered from the table's rows, without listing every module."""
+        return self.params is not None and self.params.has_module(name)
 
     # ----------------------------------------------------------------- pipeline stages
 
@@ -209,7 +213,9 @@ class CompiledSpec:
             if self.params is None:
                 raise SpecError(f"spec {self.name!r} has a pipeline but no manifest", "SS090")
             try:
-                got = stage_plan(self.pipeline, sorted(self.params), n)
+                # The whole model's names, listed (in sorted order) only here: a pipeline
+                # places every parameter on a stage.
+                got = stage_plan(self.pipeline, list(self.params), n)
             except StageError as e:
                 raise SpecError(
                     f"cannot place spec {self.name!r}'s parameters on {n} pipeline stage(s): {e}",
@@ -339,7 +345,7 @@ class CompiledSpec:
             rule, _ = self.match(fqn)
         return dict(self.rule_styles.get(rule, {}))
 
-    def table(self, mesh: object) -> dict[str, Param] | None:
+    def table(self, mesh: object) -> ParamTable[Param] | None:
         """The manifest's per-parameter table, or None where it does not describe the model
         on ``mesh``: no manifest, or local axes sized differently from the manifest's model
         (modules built with other local shapes; rules then match the real tensors)."""

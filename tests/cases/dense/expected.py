@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/dense/spec.shard"
 SPEC_SHA256 = "1633491aadc3bd907dc77db3f17e97d8e948df429b43ff6aa47a916bac09c087"
@@ -102,25 +102,24 @@ IGNORE: tuple[str, ...] = ("**._extra_state",)
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "embed.weight": Param(0, (256, 64), "float32"),
-    "head.bias": Param(7, (256,), "bfloat16"),
-    "head.weight": Param(6, (256, 64), "float32"),
-    "layers.0.attn.wo.weight": Param(2, (64, 64), "float32"),
-    "layers.0.attn.wqkv.weight": Param(1, (128, 64), "float32"),
-    "layers.0.attn_norm.weight": Param(5, (64,), "float32"),
-    "layers.0.mlp.w13.weight": Param(3, (192, 64), "float32"),
-    "layers.0.mlp.w2.weight": Param(4, (64, 96), "float32"),
-    "layers.0.mlp_norm.weight": Param(5, (64,), "float32"),
-    "layers.1.attn.wo.weight": Param(2, (64, 64), "float32"),
-    "layers.1.attn.wqkv.weight": Param(1, (128, 64), "float32"),
-    "layers.1.attn_norm.weight": Param(5, (64,), "float32"),
-    "layers.1.mlp.w13.weight": Param(3, (192, 64), "float32"),
-    "layers.1.mlp.w2.weight": Param(4, (64, 96), "float32"),
-    "layers.1.mlp_norm.weight": Param(5, (64,), "float32"),
-    "norm.weight": Param(5, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 16 parameters in 10 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "embed.weight": Param(0, (256, 64), "float32"),
+        "head.bias": Param(7, (256,), "bfloat16"),
+        "head.weight": Param(6, (256, 64), "float32"),
+        "layers.{0..1}.attn.wo.weight": Param(2, (64, 64), "float32"),
+        "layers.{0..1}.attn.wqkv.weight": Param(1, (128, 64), "float32"),
+        "layers.{0..1}.attn_norm.weight": Param(5, (64,), "float32"),
+        "layers.{0..1}.mlp.w13.weight": Param(3, (192, 64), "float32"),
+        "layers.{0..1}.mlp.w2.weight": Param(4, (64, 96), "float32"),
+        "layers.{0..1}.mlp_norm.weight": Param(5, (64,), "float32"),
+        "norm.weight": Param(5, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

@@ -22,12 +22,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/long_names/spec.shard"
 SPEC_SHA256 = "36233614845ac6695c75d105f70608de8161757c9d8e7ef0774ac2dc5703b4fc"
@@ -130,43 +130,34 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "encoder.blocks_with_long_names.0.feed_forward.intermediate_projection_gated.weight": Param(
-        2, (512, 128), "float32"
-    ),
-    "encoder.blocks_with_long_names.0.feed_forward.output_layer_normalization.weight": Param(
-        5, (128,), "float32"
-    ),
-    "encoder.blocks_with_long_names.0.feed_forward.output_projection.weight": Param(
-        3, (128, 256), "float32"
-    ),
-    "encoder.blocks_with_long_names.0.self_attention.query_key_value_projection.bias": Param(
-        1, (384,), "float32"
-    ),
-    "encoder.blocks_with_long_names.0.self_attention.query_key_value_projection.weight": Param(
-        0, (384, 128), "float32"
-    ),
-    "encoder.blocks_with_long_names.1.feed_forward.intermediate_projection_gated.weight": Param(
-        2, (512, 128), "float32"
-    ),
-    "encoder.blocks_with_long_names.1.feed_forward.output_layer_normalization.weight": Param(
-        5, (128,), "float32"
-    ),
-    "encoder.blocks_with_long_names.1.feed_forward.output_projection.weight": Param(
-        3, (128, 256), "float32"
-    ),
-    "encoder.blocks_with_long_names.1.self_attention.query_key_value_projection.bias": Param(
-        1, (384,), "float32"
-    ),
-    "encoder.blocks_with_long_names.1.self_attention.query_key_value_projection.weight": Param(
-        0, (384, 128), "float32"
-    ),
-    "final_layer_normalization_after_the_last_block.weight": Param(5, (128,), "float32"),
-    "token_embedding_table_for_the_vocabulary_with_a_long_name.weight": Param(
-        4, (1024, 128), "float32"
-    ),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 12 parameters in 7 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        (
+            "encoder.blocks_with_long_names.{0..1}.feed_forward.intermediate_projection_gated."
+            "weight"
+        ): Param(2, (512, 128), "float32"),
+        (
+            "encoder.blocks_with_long_names.{0..1}.feed_forward.output_layer_normalization.weight"
+        ): Param(5, (128,), "float32"),
+        "encoder.blocks_with_long_names.{0..1}.feed_forward.output_projection.weight": Param(
+            3, (128, 256), "float32"
+        ),
+        (
+            "encoder.blocks_with_long_names.{0..1}.self_attention.query_key_value_projection.bias"
+        ): Param(1, (384,), "float32"),
+        (
+            "encoder.blocks_with_long_names.{0..1}.self_attention.query_key_value_projection.weight"
+        ): Param(0, (384, 128), "float32"),
+        "final_layer_normalization_after_the_last_block.weight": Param(5, (128,), "float32"),
+        "token_embedding_table_for_the_vocabulary_with_a_long_name.weight": Param(
+            4, (1024, 128), "float32"
+        ),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

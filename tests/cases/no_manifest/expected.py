@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/no_manifest/spec.shard"
 SPEC_SHA256 = "c452a0e828f275a16392dabac0fe5353c76a671afaa672d8f92ae8cabe2c1234"
@@ -93,7 +93,7 @@ RULES: tuple[RuleSpec, ...] = (
 IGNORE: tuple[str, ...] = ("**._extra_state", "**.rope.cache")
 
 # No manifest: rules are matched by name at run time.
-PARAMS: dict[str, Param] | None = None
+PARAMS: ParamTable[Param] | None = None
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict

@@ -23,12 +23,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/overrides/spec.shard"
 SPEC_SHA256 = "4d959b0bcb2bc7b634e376ab74c43dcbe061b72c4d1b7c4192aa169daa16ab44"
@@ -79,17 +79,19 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "embed.weight": Param(0, (256, 64), "float32"),
-    "layers.0.mlp.w13.weight": Param(1, (192, 64), "float32"),
-    "layers.0.mlp.w2.weight": Param(2, (64, 96), "float32"),
-    "layers.0.mlp_norm.weight": Param(3, (64,), "float32"),
-    "layers.1.mlp.w13.weight": Param(1, (192, 64), "float32"),
-    "layers.1.mlp.w2.weight": Param(2, (64, 96), "float32"),
-    "layers.1.mlp_norm.weight": Param(3, (64,), "float32"),
-    "norm.weight": Param(3, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 8 parameters in 5 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "embed.weight": Param(0, (256, 64), "float32"),
+        "layers.{0..1}.mlp.w13.weight": Param(1, (192, 64), "float32"),
+        "layers.{0..1}.mlp.w2.weight": Param(2, (64, 96), "float32"),
+        "layers.{0..1}.mlp_norm.weight": Param(3, (64,), "float32"),
+        "norm.weight": Param(3, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, require
 from shardspec.runtime import checkpoint as _checkpoint
 from shardspec.runtime import dtensor as _dtensor
 from shardspec.runtime import parallel as _parallel
 
-require(api=3, compiler="0.1.0")
+require(api=4, compiler="0.1.0")
 
 SPEC_PATH = "tests/cases/state_dict_hooks/spec.shard"
 SPEC_SHA256 = "9d03cfd54e75e82b7d6c8b36477e7b63059402d0ab0ceafd0d8decc713d3bfaa"
@@ -96,24 +96,23 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "layers.0.attention.qkv_linear.wqkv.weight": Param(1, (128, 64), "float32"),
-    "layers.0.attention.wo.weight": Param(2, (64, 64), "float32"),
-    "layers.0.attention_norm.weight": Param(5, (64,), "float32"),
-    "layers.0.feed_forward.w13.weight": Param(3, (192, 64), "float32"),
-    "layers.0.feed_forward.w2.weight": Param(4, (64, 96), "float32"),
-    "layers.0.ffn_norm.weight": Param(5, (64,), "float32"),
-    "layers.1.attention.qkv_linear.wqkv.weight": Param(1, (128, 64), "float32"),
-    "layers.1.attention.wo.weight": Param(2, (64, 64), "float32"),
-    "layers.1.attention_norm.weight": Param(5, (64,), "float32"),
-    "layers.1.feed_forward.w13.weight": Param(3, (192, 64), "float32"),
-    "layers.1.feed_forward.w2.weight": Param(4, (64, 96), "float32"),
-    "layers.1.ffn_norm.weight": Param(5, (64,), "float32"),
-    "norm.weight": Param(5, (64,), "float32"),
-    "output.weight": Param(6, (256, 64), "float32"),
-    "tok_embeddings.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. PARAMS maps each full name to its Param.
+# 15 parameters in 9 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "layers.{0..1}.attention.qkv_linear.wqkv.weight": Param(1, (128, 64), "float32"),
+        "layers.{0..1}.attention.wo.weight": Param(2, (64, 64), "float32"),
+        "layers.{0..1}.attention_norm.weight": Param(5, (64,), "float32"),
+        "layers.{0..1}.feed_forward.w13.weight": Param(3, (192, 64), "float32"),
+        "layers.{0..1}.feed_forward.w2.weight": Param(4, (64, 96), "float32"),
+        "layers.{0..1}.ffn_norm.weight": Param(5, (64,), "float32"),
+        "norm.weight": Param(5, (64,), "float32"),
+        "output.weight": Param(6, (256, 64), "float32"),
+        "tok_embeddings.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (saved as they are), and the keys the model's state-dict
 # hooks write in place of parameters: key -> (the hook's module, the parameters). No rule

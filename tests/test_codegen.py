@@ -250,10 +250,10 @@ def test_params_rows_are_laid_out_as_ruff_formats_them(tmp_path: Path) -> None:
 
 def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     text = render_case("hf")
-    assert "from typing import Any\n" in text
+    assert "from typing import TYPE_CHECKING, Any\n" in text
     assert (
         "from shardspec.runtime import (\n    CompiledSpec,\n    HFMap,\n    MapRule,\n    Param,\n"
-        "    ParamTable,\n    RuleSpec,\n    Transform,\n    require,\n)\n"
+        "    ParamTable,\n    RuleSpec,\n    RuntimeModule,\n    Transform,\n    require,\n)\n"
     ) in text
     assert "HF = HFMap(\n    rules=(\n" in text
     assert 'MapRule("model.embed_tokens.weight", "embed.weight", None, (), 29),' in text
@@ -533,6 +533,75 @@ def test_generated_modules_import_without_compiler_dependencies() -> None:
     assert run.stdout.count("\n") == len(files) + 1
     # The overrides case's defaults are the -D values: tp=4 on 16 ranks.
     assert "'dp_shard': 4, 'tp': 4" in run.stdout
+
+
+_LAZY_CHECK = r"""
+import importlib.util
+import sys
+
+import torch
+import shardspec.runtime
+
+before = set(sys.modules)
+for i, path in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"gen{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    assert mod.SPEC.params is mod.PARAMS
+heavy = sorted(
+    m
+    for m in set(sys.modules) - before
+    if m.startswith(("torch", "shardspec.runtime.")) and m != "shardspec.runtime.spec"
+)
+print("imported:", heavy)
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+
+for i in range(len(sys.argv) - 1):
+    mod = sys.modules[f"gen{i}"]
+    save, load = mod.SavePlanner, mod.LoadPlanner
+    assert issubclass(save, DefaultSavePlanner) and issubclass(load, DefaultLoadPlanner)
+    assert (save.__qualname__, save.__module__) == ("SavePlanner", f"gen{i}")
+    assert mod.SavePlanner is save and mod._planners() == (save, load)
+    assert load().spec is mod.SPEC and save(strict=False).spec is mod.SPEC
+    try:
+        mod.NoSuchName
+    except AttributeError as e:
+        assert "NoSuchName" in str(e)
+    else:
+        raise AssertionError("a missing attribute was found")
+print("OK")
+"""
+
+
+def test_importing_a_generated_module_leaves_torch_distributed_to_its_first_call() -> None:
+    """Issue 20.11: a module's import costs its tables. The runtime's torch.distributed parts
+    (DTensor, FSDP2, DCP: most of a second, and 50 MB) load on the first call; the DCP
+    planner classes are defined on first use, as subclasses of torch's, under their names."""
+    files = [str(p) for p in _generated_files()]
+    run = subprocess.run(
+        [sys.executable, "-c", _LAZY_CHECK, *files], cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "imported: []\n" in run.stdout and run.stdout.strip().endswith("OK")
+
+
+def test_a_runtime_module_is_imported_on_first_use() -> None:
+    from shardspec.runtime import RuntimeModule
+
+    code = (
+        "import sys\n"
+        "from shardspec.runtime import RuntimeModule\n"
+        "m = RuntimeModule('canonical')\n"
+        "assert 'shardspec.runtime.canonical' not in sys.modules, 'imported early'\n"
+        "from shardspec.runtime import canonical\n"
+        "assert m.chunk_table is canonical.chunk_table\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert repr(RuntimeModule("parallel")) == "RuntimeModule('shardspec.runtime.parallel')"
+    with pytest.raises(AttributeError):
+        RuntimeModule("canonical").no_such_function  # noqa: B018
 
 
 def test_repo_generated_files_are_fresh(in_repo: Path) -> None:

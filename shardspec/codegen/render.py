@@ -509,7 +509,7 @@ def _runtime_imports(ctx: dict) -> str:
     """The names a generated module takes from ``shardspec.runtime`` (its only import besides
     torch), in isort's order: classes, then functions; in parentheses, one per line, where
     they do not fit on the import's line (as ruff writes it)."""
-    names = ["CompiledSpec", "Param", "ParamTable", "RuleSpec"]
+    names = ["CompiledSpec", "Param", "ParamTable", "RuleSpec", "RuntimeModule"]
     if ctx["hf"] is not None:
         names += ctx["hf"]["imports"].split(", ")
     if ctx["pipeline"] is not None:

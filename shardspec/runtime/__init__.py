@@ -9,7 +9,7 @@ from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
 from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
 from shardspec.core.paramtable import ParamTable
 from shardspec.core.stages import PipelineSpec
-from shardspec.runtime.spec import CompiledSpec, Param, SpecError, require
+from shardspec.runtime.spec import CompiledSpec, Param, RuntimeModule, SpecError, require
 
 __all__ = [
     "CompiledSpec",
@@ -25,6 +25,7 @@ __all__ = [
     "Part",
     "PipelineSpec",
     "RuleSpec",
+    "RuntimeModule",
     "SpecError",
     "Transform",
     "require",

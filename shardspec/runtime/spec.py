@@ -10,10 +10,12 @@ differ only in numbers, looked up without expanding them.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.layout import (
@@ -71,6 +73,27 @@ def require(api: int, compiler: str) -> None:
             f"{compiler}), but the installed shardspec {__version__} provides API "
             f"{RUNTIME_API}; recompile the spec with `shardspec compile`"
         )
+
+
+class RuntimeModule:
+    """``shardspec.runtime.<name>``, imported when one of its names is first used.
+
+    A generated module calls the runtime's torch.distributed parts (``parallel``,
+    ``checkpoint``: DTensor, FSDP2, DCP) only from its functions, through these, so that
+    importing it costs its tables, not torch's distributed packages (a data-loader worker or
+    a launcher that imports the trainer reads the tables only); the first call pays for them.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = f"shardspec.runtime.{name}"
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.name), attr)
+
+    def __repr__(self) -> str:
+        return f"RuntimeModule({self.name!r})"
 
 
 class CompiledSpec:

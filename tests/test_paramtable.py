@@ -143,14 +143,46 @@ def test_number_pairs_fold_exactly(points: set[tuple[int, int]]) -> None:
     assert sum(n for _, _, n in table.value_rows()) == len(names)
 
 
-def test_many_rows_of_one_kind_are_indexed() -> None:
-    """Shapes that vary per layer give a row per layer; past SCAN_ROWS of them a lookup
-    indexes that kind once instead of scanning the rows every time."""
-    names = {f"layers.{i}.experts.{e}.w": (i,) for i in range(3 * SCAN_ROWS) for e in range(4)}
+def _index_entries(table: ParamTable) -> int:
+    """How many numbers the lookup trees of a table hold, over every node built so far."""
+    todo, count = list(table._by_skeleton.values()), 0
+    while todo:
+        node = todo.pop()
+        count += len(node.children or {})
+        todo.extend((node.children or {}).values())
+    return count
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        lambda i, e: (i,),  # a shape per layer: a row per layer
+        lambda i, e: (e,),  # a shape per expert: a row per expert
+        lambda i, e: (i * e % 5,),  # ragged: many rows, neither segment alone tells them
+    ],
+)
+def test_many_rows_of_one_kind_are_split_by_a_segment(value) -> None:
+    """Past SCAN_ROWS rows of one kind a lookup goes down a tree split by one segment's
+    numbers at a time, not through every row."""
+    names = {
+        f"layers.{i}.experts.{e}.w": value(i, e)
+        for i in range(3 * SCAN_ROWS)
+        for e in range(2 * SCAN_ROWS)
+    }
     table = ParamTable(fold(names.items()))
-    assert len(table.rows) == 3 * SCAN_ROWS
+    assert len(table.rows) > SCAN_ROWS
     _same_as_dict(table, names)
-    assert "layers.99.experts.0.w" not in table and "layers.0.experts.4.w" not in table
+    for other in ("layers.99.experts.0.w", "layers.0.experts.99.w", "layers.0.experts.w"):
+        assert other not in table
+
+
+def test_big_rows_of_one_kind_are_split_by_their_small_segment() -> None:
+    """Twenty experts of a million layers, each expert its own shape: the lookup splits by
+    expert (20 numbers), never by layer (20 million)."""
+    rows = {f"layers.{{0..999999}}.experts.{e}.w": (e,) for e in range(20)}
+    table = ParamTable(rows)
+    assert table["layers.123456.experts.7.w"] == (7,) and "layers.5.experts.20.w" not in table
+    assert _index_entries(table) == 20
 
 
 # ----------------------------------------------------------------------------- rows

@@ -39,8 +39,11 @@ V = TypeVar("V", bound=Hashable)
 
 MAX_DIGITS = 18  # longer numeric segments are kept as literal text
 # Rows that share a skeleton (the same names with other numbers) are scanned per lookup up
-# to this many; past it, one lookup indexes that skeleton's names (see ParamTable._find).
+# to this many; past it, they are split by the numbers of one segment (see _Node).
 SCAN_ROWS = 8
+# Rows of one skeleton are checked pairwise for names they share up to this many (the
+# compiler's rows never share one; this catches a table edited by hand).
+CHECK_ROWS = 64
 
 Runs = tuple[tuple[int, int], ...]  # sorted, disjoint, non-adjacent inclusive runs
 
@@ -280,10 +283,49 @@ class _Row:
             yield template.format(*numbers), self.value
 
 
+class _Node:
+    """The rows of one skeleton that can hold a name, split by the numbers of one segment
+    where they are more than :data:`SCAN_ROWS` (built on the first lookup that reaches it).
+    The segment chosen is the one whose sets are smallest in all, so a node costs about
+    the sum of its rows' sets in that segment, never a name per parameter of a big row."""
+
+    __slots__ = ("children", "rows", "slot", "used")
+
+    def __init__(self, rows: list[_Row], used: frozenset[int] = frozenset()) -> None:
+        self.rows = rows
+        self.used = used
+        self.slot: int | None = None
+        self.children: dict[int, _Node] | None = None
+
+    def find(self, numbers: tuple[int, ...]) -> _Row | None:
+        node = self
+        while len(node.rows) > SCAN_ROWS and len(node.used) < len(numbers):
+            if node.children is None:
+                node._split(len(numbers))
+            assert node.children is not None and node.slot is not None
+            child = node.children.get(numbers[node.slot])
+            if child is None:
+                return None
+            node = child
+        return next((row for row in node.rows if row.holds(numbers)), None)
+
+    def _split(self, width: int) -> None:
+        free = [i for i in range(width) if i not in self.used]
+        slot = min(free, key=lambda i: sum(_count(row.sets[i]) for row in self.rows))
+        children: dict[int, list[_Row]] = defaultdict(list)
+        for row in self.rows:
+            for v in _values(row.sets[slot]):
+                children[v].append(row)
+        used = self.used | {slot}
+        self.children = {v: _Node(rows, used) for v, rows in children.items()}
+        self.slot = slot
+
+
 class ParamTable(Mapping[str, V]):
     """Every parameter name of a model -> its value, held as folded rows (module
     docstring). ``rows`` is the table as written; lookups, ``in``, ``len`` and the prefix
-    test :meth:`has_module` never expand it, iteration expands it lazily."""
+    test :meth:`has_module` never expand it, iteration expands it lazily. Values are never
+    ``None``."""
 
     def __init__(self, rows: Mapping[str, V]) -> None:
         parsed = []
@@ -291,13 +333,16 @@ class ParamTable(Mapping[str, V]):
             segments, sets = parse_row(key)
             parsed.append(_Row(key, segments, sets, value))
         self._rows: tuple[_Row, ...] = tuple(parsed)
-        self._by_skeleton: dict[str, list[_Row]] = defaultdict(list)
+        by_skeleton: dict[str, list[_Row]] = defaultdict(list)
         for row in self._rows:
-            self._by_skeleton[row.skeleton].append(row)
-        for same in self._by_skeleton.values():
+            by_skeleton[row.skeleton].append(row)
+        for same in by_skeleton.values():
+            if len(same) > CHECK_ROWS:
+                continue
             for x, y in itertools.combinations(same, 2):
                 if all(_overlap(a, b) for a, b in zip(x.sets, y.sets, strict=True)):
                     raise TableError(f"rows {x.key!r} and {y.key!r} name the same parameter")
+        self._by_skeleton = {k: _Node(rows) for k, rows in by_skeleton.items()}
         # A name's first and last segments, checked before it is parsed: most names looked
         # up in vain (parts of optimizer-state keys) end or start in a segment no row has.
         self._ends = [
@@ -305,7 +350,6 @@ class ParamTable(Mapping[str, V]):
             for i in (0, -1)
         ]
         self._number_ends = [any(row.segments[i] == "{}" for row in self._rows) for i in (0, -1)]
-        self._index: dict[str, dict[tuple[int, ...], Hashable]] = {}
         self._prefixes: dict[str, list[_Row]] | None = None
         self._len: int | None = None
 
@@ -327,23 +371,9 @@ class ParamTable(Mapping[str, V]):
             ):
                 return None
         skeleton, numbers = split_name(name)
-        same = self._by_skeleton.get(skeleton)
-        if not same:
-            return None
-        if len(same) <= SCAN_ROWS:
-            for row in same:
-                if row.holds(numbers):
-                    return row.value  # type: ignore[return-value]
-            return None
-        index = self._index.get(skeleton)
-        if index is None:  # many rows of one kind (shapes that vary per layer): index them
-            index = {
-                point: row.value
-                for row in same
-                for point in itertools.product(*(_values(r) for r in row.sets))
-            }
-            self._index[skeleton] = index
-        return index.get(numbers)  # type: ignore[return-value]
+        node = self._by_skeleton.get(skeleton)
+        row = node.find(numbers) if node is not None else None
+        return None if row is None else row.value  # type: ignore[return-value]
 
     def __getitem__(self, name: str) -> V:
         value = self._find(name) if isinstance(name, str) else None
@@ -364,7 +394,8 @@ class ParamTable(Mapping[str, V]):
         return self._len
 
     def _items(self) -> Iterator[tuple[str, V]]:
-        return heapq.merge(*(row.items() for row in self._rows))  # type: ignore[arg-type]
+        rows = (row.items() for row in self._rows)
+        return heapq.merge(*rows, key=lambda item: item[0])  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self._items())

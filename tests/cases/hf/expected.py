@@ -122,7 +122,7 @@ NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
 # Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
 # {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
-# combination of its numbers. PARAMS maps each full name to its Param.
+# combination of its numbers. The table maps each full name to its Param.
 # 30 parameters in 18 rows.
 PARAMS: ParamTable[Param] | None = ParamTable(
     {

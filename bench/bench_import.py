@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -49,10 +50,12 @@ SIZES = (1_000, 100_000, 1_000_000)
 # The child: import torch and the runtime (the baseline), then optionally a module from a
 # folder, then optionally the runtime parts a module's first call needs. Prints JSON.
 _CHILD = r"""
-import importlib, json, resource, sys, time
+import importlib, json, sys, time
 
 def rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB (Linux: KB)
+    # Peak RSS in MB: VmHWM is this process's own (ru_maxrss starts from the parent's peak).
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
 
 t0 = time.perf_counter()
 import torch, shardspec.runtime
@@ -112,10 +115,10 @@ def compile_size(n: int, root: Path) -> dict:
         [
             sys.executable,
             "-c",
-            "import resource, sys\n"
+            "import sys\n"
             "from shardspec.cli import main\n"
             "rc = main(sys.argv[1:])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            "print(next(l.split()[1] for l in open('/proc/self/status') if 'VmHWM' in l))\n"
             "sys.exit(rc)",
             "compile",
             "-o",
@@ -140,9 +143,17 @@ def compile_size(n: int, root: Path) -> dict:
         "compile_s": compile_s,
         "compile_rss_mb": int(run.stdout.split()[-1]) / 1024,
         "module_bytes": module.stat().st_size,
-        "rows": module.read_text(encoding="utf-8").count(": Param("),
+        "rows": _rows(module.read_text(encoding="utf-8")),
         "expanded_bytes": expanded,
     }
+
+
+def _rows(text: str) -> int:
+    """The number of PARAMS rows, from the module's own count (``# N parameters in M rows.``)."""
+    m = re.search(r"^# [0-9]+ parameters? in ([0-9]+) rows?\.$", text, re.M)
+    if m is None:
+        raise SystemExit("the module does not count its PARAMS rows")
+    return int(m.group(1))
 
 
 def _write_expanded(target: Path) -> int:
@@ -185,66 +196,78 @@ def import_rounds(sizes: list[dict], rounds: int) -> dict[str, list[dict]]:
     return samples
 
 
-def plan_call(n: int, world: int, folder: Path) -> dict:
-    """One ``canonical_plan`` at ``n`` parameters, folded table against a dict of names,
-    and the name lookups alone; in a subprocess (a fresh heap)."""
-    code = r"""
+_PLAN = r"""
 import importlib, json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
 from shardspec.core.layout import Mesh
 from shardspec.runtime import CompiledSpec, ParamTable, units
 mod = importlib.import_module("moe")
-world = int(sys.argv[2])
+world, kind = int(sys.argv[2]), sys.argv[3]
 names = list(mod.PARAMS)
 plain = dict(mod.PARAMS.items())
+
 
 class DictTable(ParamTable):
     # The same rows, answering lookups from a dict of every name, as PARAMS was before.
     def _find(self, name):
         return plain.get(name)
 
-def spec_with(table):
-    s = mod.SPEC
-    return CompiledSpec(name=s.name, axes=s.axes, sizes=s.default_sizes, world=world,
-        rules=s.rules, params=table, ignore=s.ignore, name_indexed_counts=s.name_indexed_counts,
-        factory_args=mod.FACTORY_ARGS, fsdp=s.fsdp_axis, styles=s.rule_styles,
-        buffers=s.buffers, hook_keys=s.hook_keys)
 
+table = mod.PARAMS if kind == "folded" else DictTable(mod.PARAMS.rows)
 out = {"params": len(names)}
-for key, get in (("lookup_us", mod.PARAMS.get), ("dict_lookup_us", plain.get)):
-    best = []
-    for _ in range(3):  # best of 3 passes over every name
-        t = time.perf_counter()
-        for f in names:
-            get(f)
-        best.append((time.perf_counter() - t) / len(names) * 1e6)
-    out[key] = min(best)
+best = []
+for _ in range(3):  # best of 3 passes over every name
+    t = time.perf_counter()
+    for f in names:
+        table.get(f)
+    best.append((time.perf_counter() - t) / len(names) * 1e6)
+out["lookup_us"] = min(best)
+s = mod.SPEC
+spec = CompiledSpec(
+    name=s.name, axes=s.axes, sizes=s.default_sizes, world=world, rules=s.rules,
+    params=table, ignore=s.ignore, name_indexed_counts=s.name_indexed_counts,
+    factory_args=mod.FACTORY_ARGS, fsdp=s.fsdp_axis, styles=s.rule_styles,
+    buffers=s.buffers, hook_keys=s.hook_keys,
+)
 flat = {f: torch.empty(p.shape, dtype=getattr(torch, p.dtype), device="meta")
         for f, p in plain.items()}
-for kind, table in (("folded", mod.PARAMS), ("dict", DictTable(mod.PARAMS.rows))):
-    spec = spec_with(table)
-    sizes = spec.sizes(world=world)
-    mesh = Mesh(tuple(sizes), tuple(sizes.values()))
-    units.clear_plan_cache()
-    t = time.perf_counter()
-    plan, _, local = units.canonical_plan(spec, mesh, 0, flat, saving=True)
-    out[kind + "_plan_s"] = time.perf_counter() - t
-    out[kind + "_units"] = len(plan.units)
+sizes = spec.sizes(world=world)
+mesh = Mesh(tuple(sizes), tuple(sizes.values()))
+t = time.perf_counter()
+plan, _, local = units.canonical_plan(spec, mesh, 0, flat, saving=True)
+out["plan_s"] = time.perf_counter() - t
+out["units"] = len(plan.units)
+out["fingerprint"] = plan.fingerprint
 print(json.dumps(out))
 """
-    run = subprocess.run(
-        [sys.executable, "-c", code, str(folder), str(world)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    if run.returncode != 0:
-        raise SystemExit(f"the plan call failed:\n{run.stderr[-4000:]}")
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    if got["folded_units"] != got["dict_units"]:
-        raise SystemExit(f"the two tables planned differently: {got}")
+
+
+def plan_call(world: int, folder: Path, rounds: int) -> dict:
+    """``canonical_plan`` over every parameter of the module in ``folder`` (rank 0 of a
+    ``world`` mesh, saving), with the folded table and with a table answering from a dict
+    of every name, each in a fresh process (layout caches cold), alternating; and the name
+    lookups alone. Medians over ``rounds``."""
+    samples: dict[str, list[dict]] = {"folded": [], "dict": []}
+    for r in range(rounds):
+        for kind in ("folded", "dict") if r % 2 == 0 else ("dict", "folded"):
+            run = subprocess.run(
+                [sys.executable, "-c", _PLAN, str(folder), str(world), kind],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+            if run.returncode != 0:
+                raise SystemExit(f"the plan call failed:\n{run.stderr[-4000:]}")
+            samples[kind].append(json.loads(run.stdout.strip().splitlines()[-1]))
+    first = samples["folded"][0]
+    got = {"params": first["params"], "units": first["units"], "rounds": rounds}
+    if len({(x["units"], x["fingerprint"]) for runs in samples.values() for x in runs}) != 1:
+        raise SystemExit("the folded and the dict table planned differently")
+    for kind, runs in samples.items():
+        got[f"{kind}_plan_s"] = _median(runs, "plan_s")
+        got[f"{kind}_lookup_us"] = _median(runs, "lookup_us")
     return got
 
 
@@ -284,11 +307,12 @@ def report(sizes: list[dict], samples: dict[str, list[dict]], plan: dict | None,
         lines += [
             "",
             f"Runtime call at {plan['params']:,} parameters, world {args.plan_world}: "
-            f"`canonical_plan` (rank 0, saving) {plan['folded_plan_s']:.1f} s with the folded "
-            f"table, {plan['dict_plan_s']:.1f} s with a dict of every name "
-            f"({plan['folded_plan_s'] / plan['dict_plan_s']:.2f}x), {plan['folded_units']:,} "
-            f"units; `PARAMS.get` {plan['lookup_us']:.2f} us per name, `dict.get` "
-            f"{plan['dict_lookup_us']:.2f} us (best of 3 passes over every name).",
+            f"`canonical_plan` (rank 0, saving; median of {plan['rounds']} per table, each in a "
+            f"fresh process) {plan['folded_plan_s']:.1f} s with the folded table, "
+            f"{plan['dict_plan_s']:.1f} s with a dict of every name "
+            f"({plan['folded_plan_s'] / plan['dict_plan_s']:.2f}x), {plan['units']:,} units; "
+            f"a lookup of every name {plan['folded_lookup_us']:.2f} us per name, "
+            f"{plan['dict_lookup_us']:.2f} us from the dict (best of 3 passes).",
         ]
     return "\n".join(lines)
 
@@ -299,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plan-size", type=int, default=100_000, help="0: no plan call")
     parser.add_argument("--plan-world", type=int, default=16)
+    parser.add_argument("--plan-rounds", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="work here and keep the files")
     parser.add_argument("--json", type=Path, help="write every sample here")
     args = parser.parse_args(argv)
@@ -318,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = next((s["folder"] for s in sizes if s["n"] == args.plan_size), None)
             if folder is None:
                 folder = compile_size(args.plan_size, root)["folder"]
-            plan = plan_call(args.plan_size, args.plan_world, folder)
+            plan = plan_call(args.plan_world, folder, args.plan_rounds)
         print(report(sizes, samples, plan, args))
         if args.json is not None:
             data = {

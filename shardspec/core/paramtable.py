@@ -352,6 +352,7 @@ class ParamTable(Mapping[str, V]):
         self._number_ends = [any(row.segments[i] == "{}" for row in self._rows) for i in (0, -1)]
         self._prefixes: dict[str, list[_Row]] | None = None
         self._len: int | None = None
+        self._last: tuple[str | None, V | None] = (None, None)  # the last lookup, and its answer
 
     @classmethod
     def from_names(cls, items: Mapping[str, V] | Iterable[tuple[str, V]]) -> ParamTable[V]:
@@ -365,6 +366,14 @@ class ParamTable(Mapping[str, V]):
         return {row.key: row.value for row in self._rows}  # type: ignore[misc]
 
     def _find(self, name: str) -> V | None:
+        last = self._last  # the runtime asks for one name several times in a row
+        if last[0] == name:
+            return last[1]
+        value = self._parse_and_find(name)
+        self._last = (name, value)
+        return value
+
+    def _parse_and_find(self, name: str) -> V | None:
         for end, segment in enumerate((name.partition(".")[0], name.rpartition(".")[2])):
             if segment not in self._ends[end] and not (
                 self._number_ends[end] and _is_number(segment)

@@ -148,10 +148,8 @@ class Names:
         indexed = [d for d in layout.dims if d.name_indexed]
         if not indexed:
             return []
-        if self.table is not None and fqn in self.table:
-            rule = self.table[fqn].rule
-        else:
-            rule, _ = self.spec.match(fqn)
+        p = self.table.get(fqn) if self.table is not None else None
+        rule = p.rule if p is not None else self.spec.match(fqn)[0]
         m = self.spec.glob(rule).regex.match(fqn)
         assert m is not None
         return [m.span(d.name) for d in indexed]

@@ -88,6 +88,20 @@ def test_only_plain_numbers_fold() -> None:
     _same_as_dict(ParamTable(rows), names)
 
 
+def test_names_with_many_numbers_fold_their_first_sixteen() -> None:
+    """A name of thousands of numeric segments (a hostile manifest) folds in a few levels:
+    numbers past the sixteenth stay literal text, for the table and its lookups alike."""
+    deep = ["a." + ".".join(str(i) for i in range(k, k + 5000)) for k in (0, 1)]
+    names = {deep[0]: 1, deep[1]: 1}
+    rows = fold(names.items())
+    assert len(rows) == 2 and all(key.count("{") == 0 for key in rows)  # lone numbers
+    table = ParamTable(rows)
+    _same_as_dict(table, names)
+    assert split_name(deep[0])[1] == tuple(range(16))
+    with pytest.raises(TableError, match="more than 16 number segments"):
+        ParamTable({".".join(["{0..1}"] * 17): 1})
+
+
 def test_literal_braces_are_doubled() -> None:
     names = {"m.{x}.0.w": 1, "m.{x}.1.w": 1, "{}": 2, "a}{.2": 3}
     rows = fold(names.items())

@@ -19,8 +19,9 @@ of the manifest). :func:`fold` turns names into rows (the compiler's side), and
 :meth:`ParamTable.from_names` does the same for a table built by hand.
 
 A segment counts as a number when it is one in canonical decimal form (``0``, ``17``; not
-``007``, not more than 18 digits): only such segments are folded, so that the folded and
-the expanded names are the same text. Pure Python, shared by the compiler and the runtime.
+``007``, not more than 18 digits), among the first 16 such segments of its name: only those
+are folded, so that the folded and the expanded names are the same text (and no name's
+folding costs more than a few levels). Pure Python, shared by the compiler and the runtime.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import TypeVar
 V = TypeVar("V", bound=Hashable)
 
 MAX_DIGITS = 18  # longer numeric segments are kept as literal text
+MAX_SLOTS = 16  # numeric segments of a name past this many are kept as literal text
 # Rows that share a skeleton (the same names with other numbers) are scanned per lookup up
 # to this many; past it, they are split by the numbers of one segment (see _Node).
 SCAN_ROWS = 8
@@ -78,7 +80,7 @@ def split_name(name: str) -> tuple[str, tuple[int, ...]]:
     numbers: list[int] = []
     braces = "{" in name or "}" in name
     for i, segment in enumerate(parts):
-        if segment.isdigit() and _is_number(segment):
+        if segment.isdigit() and _is_number(segment) and len(numbers) < MAX_SLOTS:
             parts[i] = "{}"
             numbers.append(int(segment))
         elif braces:
@@ -226,12 +228,14 @@ def parse_row(key: str) -> tuple[tuple[str, ...], tuple[Runs, ...]]:
         if found:
             if len(found) > 1 or texts:
                 raise TableError(f"row {key!r}: a {{...}} set must be a whole segment")
+            if len(sets) == MAX_SLOTS:
+                raise TableError(f"row {key!r} has more than {MAX_SLOTS} number segments")
             skeleton.append("{}")
             sets.append(found[0])
             continue
         text = "".join(texts)
         plain = _unescape(text)
-        if _is_number(plain):
+        if _is_number(plain) and len(sets) < MAX_SLOTS:
             skeleton.append("{}")
             sets.append(((int(plain), int(plain)),))
         else:

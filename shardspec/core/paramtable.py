@@ -5,7 +5,7 @@ experts.12.up_proj.weight`` differs from its siblings only in its numeric segmen
 generated module therefore lists one row per kind, with each numeric segment written as the
 set of numbers it takes::
 
-    "model.layers.{3..60}.mlp.experts.{0..255}.up_proj.weight": Param(9, (2048, 7168), "bf16"),
+    "model.layers.{3..60}.mlp.experts.{0..255}.up_proj.weight": Param(9, (2048, 7168), "bfloat16")
 
 A ``{...}`` segment holds runs, ``a..b`` (both included) or a single number, separated by
 commas (``{0..2,5,7..9}``); a row stands for every combination of its segments' numbers.

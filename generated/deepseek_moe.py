@@ -15,18 +15,31 @@ Use it from a trainer::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement
+from shardspec.runtime import (
+    CompiledSpec,
+    HFMap,
+    MapRule,
+    Param,
+    ParamTable,
+    RuleSpec,
+    RuntimeModule,
+    require,
+)
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, require
-from shardspec.runtime import checkpoint as _checkpoint
-from shardspec.runtime import dtensor as _dtensor
-from shardspec.runtime import parallel as _parallel
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
-require(api=4, compiler="0.1.0")
+require(api=5, compiler="0.1.0")
+
+# The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
+# module's import costs its tables only.
+_checkpoint = RuntimeModule("checkpoint")
+_dtensor = RuntimeModule("dtensor")
+_parallel = RuntimeModule("parallel")
 
 SPEC_PATH = "specs/deepseek_moe.shard"
 SPEC_SHA256 = "2194a25c1b26edd63dd8b0251fd4ece7645391b0e089f1871f468f1d3ce316d5"
@@ -106,39 +119,32 @@ IGNORE: tuple[str, ...] = ("**._extra_state",)
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "embed.weight": Param(5, (256, 64), "float32"),
-    "hc_head.base": Param(8, (2,), "float32"),
-    "hc_head.fn": Param(8, (2, 128), "float32"),
-    "hc_head.scale": Param(8, (1,), "float32"),
-    "head.weight": Param(7, (256, 64), "float32"),
-    "layers.0.attn.k_norm.weight": Param(6, (16,), "float32"),
-    "layers.0.attn.q_norm.weight": Param(6, (16,), "float32"),
-    "layers.0.attn.wk.weight": Param(3, (32, 64), "float32"),
-    "layers.0.attn.wo.weight": Param(4, (64, 64), "float32"),
-    "layers.0.attn.wq.weight": Param(3, (64, 64), "float32"),
-    "layers.0.attn.wv.weight": Param(3, (32, 64), "float32"),
-    "layers.0.attn_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
-    "layers.0.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
-    "layers.0.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
-    "layers.0.moe.router.weight": Param(2, (8, 64), "float32"),
-    "layers.1.attn.k_norm.weight": Param(6, (16,), "float32"),
-    "layers.1.attn.q_norm.weight": Param(6, (16,), "float32"),
-    "layers.1.attn.wk.weight": Param(3, (32, 64), "float32"),
-    "layers.1.attn.wo.weight": Param(4, (64, 64), "float32"),
-    "layers.1.attn.wq.weight": Param(3, (64, 64), "float32"),
-    "layers.1.attn.wv.weight": Param(3, (32, 64), "float32"),
-    "layers.1.attn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
-    "layers.1.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
-    "layers.1.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
-    "layers.1.moe.router.weight": Param(2, (8, 64), "float32"),
-    "norm.weight": Param(6, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. The table maps each full name to its Param.
+# 30 parameters in 18 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "embed.weight": Param(5, (256, 64), "float32"),
+        "hc_head.base": Param(8, (2,), "float32"),
+        "hc_head.fn": Param(8, (2, 128), "float32"),
+        "hc_head.scale": Param(8, (1,), "float32"),
+        "head.weight": Param(7, (256, 64), "float32"),
+        "layers.{0..1}.attn.k_norm.weight": Param(6, (16,), "float32"),
+        "layers.{0..1}.attn.q_norm.weight": Param(6, (16,), "float32"),
+        "layers.{0..1}.attn.wk.weight": Param(3, (32, 64), "float32"),
+        "layers.{0..1}.attn.wo.weight": Param(4, (64, 64), "float32"),
+        "layers.{0..1}.attn.wq.weight": Param(3, (64, 64), "float32"),
+        "layers.{0..1}.attn.wv.weight": Param(3, (32, 64), "float32"),
+        "layers.{0..1}.attn_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..1}.ffn_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..1}.moe.experts.w1": Param(0, (8, 32, 64), "float32"),
+        "layers.{0..1}.moe.experts.w2": Param(1, (8, 64, 32), "float32"),
+        "layers.{0..1}.moe.experts.w3": Param(0, (8, 32, 64), "float32"),
+        "layers.{0..1}.moe.router.weight": Param(2, (8, 64), "float32"),
+        "norm.weight": Param(6, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
 # every rank unless a rule places them), and the keys the model's state-dict hooks write in
@@ -328,38 +334,54 @@ def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
     return _parallel.fsdp_ignored(SPEC, model, mesh)
 
 
-class SavePlanner(_checkpoint.ShardspecSavePlanner):
-    """DCP save planner: the canonical, topology-independent layout of this spec, with
-    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
-    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
-
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        role: str = "state",
-        enable_plan_caching: bool = True,
-        strict: bool = True,
-    ) -> None:
-        super().__init__(
-            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
-        )
+def __getattr__(name: str) -> Any:
+    """``SavePlanner`` and ``LoadPlanner``, defined on first use (see :func:`_planners`)."""
+    if name in ("SavePlanner", "LoadPlanner"):
+        return dict(zip(("SavePlanner", "LoadPlanner"), _planners(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
-    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
-    validates every key, shape and dtype before reading; ``partial=True`` allows missing
-    and extra keys."""
+def _planners() -> tuple[type[Any], type[Any]]:
+    """This layout's DCP planners, ``SavePlanner`` and ``LoadPlanner``: module attributes
+    once defined, on first use, since they subclass torch's DCP planners."""
+    global SavePlanner, LoadPlanner
+    if "SavePlanner" in globals():
+        return SavePlanner, LoadPlanner
 
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        partial: bool = False,
-        staging: bool = False,
-    ) -> None:
-        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+    class SavePlanner(_checkpoint.ShardspecSavePlanner):
+        """DCP save planner: the canonical, topology-independent layout of this spec, with
+        replicated chunks written once (writers chosen statically, balanced by bytes) and
+        plans cached under a fingerprint of the structure and the mesh (per ``role``).
+        ``strict``: refuse model state that no rule, ignore or manifest buffer covers
+        (False: warn)."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            role: str = "state",
+            enable_plan_caching: bool = True,
+            strict: bool = True,
+        ) -> None:
+            super().__init__(
+                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+            )
+
+    class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+        """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
+        and validates every key, shape and dtype before reading; ``partial=True`` allows
+        missing and extra keys."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            partial: bool = False,
+            staging: bool = False,
+        ) -> None:
+            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+    return SavePlanner, LoadPlanner
 
 
 def save(
@@ -386,7 +408,7 @@ def save(
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

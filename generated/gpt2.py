@@ -15,18 +15,31 @@ Use it from a trainer::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement
+from shardspec.runtime import (
+    CompiledSpec,
+    HFMap,
+    MapRule,
+    Param,
+    ParamTable,
+    RuleSpec,
+    RuntimeModule,
+    require,
+)
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, require
-from shardspec.runtime import checkpoint as _checkpoint
-from shardspec.runtime import dtensor as _dtensor
-from shardspec.runtime import parallel as _parallel
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
-require(api=4, compiler="0.1.0")
+require(api=5, compiler="0.1.0")
+
+# The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
+# module's import costs its tables only.
+_checkpoint = RuntimeModule("checkpoint")
+_dtensor = RuntimeModule("dtensor")
+_parallel = RuntimeModule("parallel")
 
 SPEC_PATH = "specs/gpt2.shard"
 SPEC_SHA256 = "5d19e5090483cf51787cb6872597c26c9de848015b0c8d2fa13f44196718cc94"
@@ -108,37 +121,30 @@ IGNORE: tuple[str, ...] = ("lm_head.weight",)
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "transformer.h.0.attn.c_attn.bias": Param(3, (192,), "float32"),
-    "transformer.h.0.attn.c_attn.weight": Param(2, (64, 192), "float32"),
-    "transformer.h.0.attn.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.attn.c_proj.weight": Param(4, (64, 64), "float32"),
-    "transformer.h.0.ln_1.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.ln_1.weight": Param(8, (64,), "float32"),
-    "transformer.h.0.ln_2.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.ln_2.weight": Param(8, (64,), "float32"),
-    "transformer.h.0.mlp.c_fc.bias": Param(6, (256,), "float32"),
-    "transformer.h.0.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
-    "transformer.h.0.mlp.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.0.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
-    "transformer.h.1.attn.c_attn.bias": Param(3, (192,), "float32"),
-    "transformer.h.1.attn.c_attn.weight": Param(2, (64, 192), "float32"),
-    "transformer.h.1.attn.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.attn.c_proj.weight": Param(4, (64, 64), "float32"),
-    "transformer.h.1.ln_1.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.ln_1.weight": Param(8, (64,), "float32"),
-    "transformer.h.1.ln_2.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.ln_2.weight": Param(8, (64,), "float32"),
-    "transformer.h.1.mlp.c_fc.bias": Param(6, (256,), "float32"),
-    "transformer.h.1.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
-    "transformer.h.1.mlp.c_proj.bias": Param(7, (64,), "float32"),
-    "transformer.h.1.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
-    "transformer.ln_f.bias": Param(7, (64,), "float32"),
-    "transformer.ln_f.weight": Param(8, (64,), "float32"),
-    "transformer.wpe.weight": Param(1, (128, 64), "float32"),
-    "transformer.wte.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. The table maps each full name to its Param.
+# 28 parameters in 16 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "transformer.h.{0..1}.attn.c_attn.bias": Param(3, (192,), "float32"),
+        "transformer.h.{0..1}.attn.c_attn.weight": Param(2, (64, 192), "float32"),
+        "transformer.h.{0..1}.attn.c_proj.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.attn.c_proj.weight": Param(4, (64, 64), "float32"),
+        "transformer.h.{0..1}.ln_1.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.ln_1.weight": Param(8, (64,), "float32"),
+        "transformer.h.{0..1}.ln_2.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.ln_2.weight": Param(8, (64,), "float32"),
+        "transformer.h.{0..1}.mlp.c_fc.bias": Param(6, (256,), "float32"),
+        "transformer.h.{0..1}.mlp.c_fc.weight": Param(5, (64, 256), "float32"),
+        "transformer.h.{0..1}.mlp.c_proj.bias": Param(7, (64,), "float32"),
+        "transformer.h.{0..1}.mlp.c_proj.weight": Param(4, (256, 64), "float32"),
+        "transformer.ln_f.bias": Param(7, (64,), "float32"),
+        "transformer.ln_f.weight": Param(8, (64,), "float32"),
+        "transformer.wpe.weight": Param(1, (128, 64), "float32"),
+        "transformer.wte.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
 # every rank unless a rule places them), and the keys the model's state-dict hooks write in
@@ -271,38 +277,54 @@ def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
     return _parallel.fsdp_ignored(SPEC, model, mesh)
 
 
-class SavePlanner(_checkpoint.ShardspecSavePlanner):
-    """DCP save planner: the canonical, topology-independent layout of this spec, with
-    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
-    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
-
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        role: str = "state",
-        enable_plan_caching: bool = True,
-        strict: bool = True,
-    ) -> None:
-        super().__init__(
-            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
-        )
+def __getattr__(name: str) -> Any:
+    """``SavePlanner`` and ``LoadPlanner``, defined on first use (see :func:`_planners`)."""
+    if name in ("SavePlanner", "LoadPlanner"):
+        return dict(zip(("SavePlanner", "LoadPlanner"), _planners(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
-    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
-    validates every key, shape and dtype before reading; ``partial=True`` allows missing
-    and extra keys."""
+def _planners() -> tuple[type[Any], type[Any]]:
+    """This layout's DCP planners, ``SavePlanner`` and ``LoadPlanner``: module attributes
+    once defined, on first use, since they subclass torch's DCP planners."""
+    global SavePlanner, LoadPlanner
+    if "SavePlanner" in globals():
+        return SavePlanner, LoadPlanner
 
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        partial: bool = False,
-        staging: bool = False,
-    ) -> None:
-        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+    class SavePlanner(_checkpoint.ShardspecSavePlanner):
+        """DCP save planner: the canonical, topology-independent layout of this spec, with
+        replicated chunks written once (writers chosen statically, balanced by bytes) and
+        plans cached under a fingerprint of the structure and the mesh (per ``role``).
+        ``strict``: refuse model state that no rule, ignore or manifest buffer covers
+        (False: warn)."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            role: str = "state",
+            enable_plan_caching: bool = True,
+            strict: bool = True,
+        ) -> None:
+            super().__init__(
+                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+            )
+
+    class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+        """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
+        and validates every key, shape and dtype before reading; ``partial=True`` allows
+        missing and extra keys."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            partial: bool = False,
+            staging: bool = False,
+        ) -> None:
+            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+    return SavePlanner, LoadPlanner
 
 
 def save(
@@ -329,7 +351,7 @@ def save(
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

@@ -15,18 +15,31 @@ Use it from a trainer::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement
+from shardspec.runtime import (
+    CompiledSpec,
+    HFMap,
+    MapRule,
+    Param,
+    ParamTable,
+    RuleSpec,
+    RuntimeModule,
+    require,
+)
 
-from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, require
-from shardspec.runtime import checkpoint as _checkpoint
-from shardspec.runtime import dtensor as _dtensor
-from shardspec.runtime import parallel as _parallel
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
-require(api=4, compiler="0.1.0")
+require(api=5, compiler="0.1.0")
+
+# The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
+# module's import costs its tables only.
+_checkpoint = RuntimeModule("checkpoint")
+_dtensor = RuntimeModule("dtensor")
+_parallel = RuntimeModule("parallel")
 
 SPEC_PATH = "specs/gpt_oss.shard"
 SPEC_SHA256 = "dc0704f10f5b3ce02372b8eb28503db6f18cd8c14b7ffc9a33fe3c232bc5f14b"
@@ -126,46 +139,34 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "lm_head.weight": Param(11, (256, 64), "float32"),
-    "model.embed_tokens.weight": Param(0, (256, 64), "float32"),
-    "model.layers.0.input_layernorm.weight": Param(10, (64,), "float32"),
-    "model.layers.0.mlp.experts.down_proj": Param(8, (4, 32, 64), "float32"),
-    "model.layers.0.mlp.experts.down_proj_bias": Param(9, (4, 64), "float32"),
-    "model.layers.0.mlp.experts.gate_up_proj": Param(6, (4, 64, 64), "float32"),
-    "model.layers.0.mlp.experts.gate_up_proj_bias": Param(7, (4, 64), "float32"),
-    "model.layers.0.mlp.router.bias": Param(5, (4,), "float32"),
-    "model.layers.0.mlp.router.weight": Param(4, (4, 64), "float32"),
-    "model.layers.0.post_attention_layernorm.weight": Param(10, (64,), "float32"),
-    "model.layers.0.self_attn.k_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.0.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.0.self_attn.o_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.0.self_attn.o_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.0.self_attn.q_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.0.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.0.self_attn.sinks": Param(3, (4,), "float32"),
-    "model.layers.0.self_attn.v_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.0.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.1.input_layernorm.weight": Param(10, (64,), "float32"),
-    "model.layers.1.mlp.experts.down_proj": Param(8, (4, 32, 64), "float32"),
-    "model.layers.1.mlp.experts.down_proj_bias": Param(9, (4, 64), "float32"),
-    "model.layers.1.mlp.experts.gate_up_proj": Param(6, (4, 64, 64), "float32"),
-    "model.layers.1.mlp.experts.gate_up_proj_bias": Param(7, (4, 64), "float32"),
-    "model.layers.1.mlp.router.bias": Param(5, (4,), "float32"),
-    "model.layers.1.mlp.router.weight": Param(4, (4, 64), "float32"),
-    "model.layers.1.post_attention_layernorm.weight": Param(10, (64,), "float32"),
-    "model.layers.1.self_attn.k_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.1.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
-    "model.layers.1.self_attn.o_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.1.self_attn.o_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.1.self_attn.q_proj.bias": Param(2, (64,), "float32"),
-    "model.layers.1.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
-    "model.layers.1.self_attn.sinks": Param(3, (4,), "float32"),
-    "model.layers.1.self_attn.v_proj.bias": Param(2, (32,), "float32"),
-    "model.layers.1.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
-    "model.norm.weight": Param(10, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. The table maps each full name to its Param.
+# 37 parameters in 20 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "lm_head.weight": Param(11, (256, 64), "float32"),
+        "model.embed_tokens.weight": Param(0, (256, 64), "float32"),
+        "model.layers.{0..1}.input_layernorm.weight": Param(10, (64,), "float32"),
+        "model.layers.{0..1}.mlp.experts.down_proj": Param(8, (4, 32, 64), "float32"),
+        "model.layers.{0..1}.mlp.experts.down_proj_bias": Param(9, (4, 64), "float32"),
+        "model.layers.{0..1}.mlp.experts.gate_up_proj": Param(6, (4, 64, 64), "float32"),
+        "model.layers.{0..1}.mlp.experts.gate_up_proj_bias": Param(7, (4, 64), "float32"),
+        "model.layers.{0..1}.mlp.router.bias": Param(5, (4,), "float32"),
+        "model.layers.{0..1}.mlp.router.weight": Param(4, (4, 64), "float32"),
+        "model.layers.{0..1}.post_attention_layernorm.weight": Param(10, (64,), "float32"),
+        "model.layers.{0..1}.self_attn.k_proj.bias": Param(2, (32,), "float32"),
+        "model.layers.{0..1}.self_attn.k_proj.weight": Param(1, (32, 64), "float32"),
+        "model.layers.{0..1}.self_attn.o_proj.bias": Param(2, (64,), "float32"),
+        "model.layers.{0..1}.self_attn.o_proj.weight": Param(1, (64, 64), "float32"),
+        "model.layers.{0..1}.self_attn.q_proj.bias": Param(2, (64,), "float32"),
+        "model.layers.{0..1}.self_attn.q_proj.weight": Param(1, (64, 64), "float32"),
+        "model.layers.{0..1}.self_attn.sinks": Param(3, (4,), "float32"),
+        "model.layers.{0..1}.self_attn.v_proj.bias": Param(2, (32,), "float32"),
+        "model.layers.{0..1}.self_attn.v_proj.weight": Param(1, (32, 64), "float32"),
+        "model.norm.weight": Param(10, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
 # every rank unless a rule places them), and the keys the model's state-dict hooks write in
@@ -342,38 +343,54 @@ def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
     return _parallel.fsdp_ignored(SPEC, model, mesh)
 
 
-class SavePlanner(_checkpoint.ShardspecSavePlanner):
-    """DCP save planner: the canonical, topology-independent layout of this spec, with
-    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
-    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
-
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        role: str = "state",
-        enable_plan_caching: bool = True,
-        strict: bool = True,
-    ) -> None:
-        super().__init__(
-            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
-        )
+def __getattr__(name: str) -> Any:
+    """``SavePlanner`` and ``LoadPlanner``, defined on first use (see :func:`_planners`)."""
+    if name in ("SavePlanner", "LoadPlanner"):
+        return dict(zip(("SavePlanner", "LoadPlanner"), _planners(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
-    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
-    validates every key, shape and dtype before reading; ``partial=True`` allows missing
-    and extra keys."""
+def _planners() -> tuple[type[Any], type[Any]]:
+    """This layout's DCP planners, ``SavePlanner`` and ``LoadPlanner``: module attributes
+    once defined, on first use, since they subclass torch's DCP planners."""
+    global SavePlanner, LoadPlanner
+    if "SavePlanner" in globals():
+        return SavePlanner, LoadPlanner
 
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        partial: bool = False,
-        staging: bool = False,
-    ) -> None:
-        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+    class SavePlanner(_checkpoint.ShardspecSavePlanner):
+        """DCP save planner: the canonical, topology-independent layout of this spec, with
+        replicated chunks written once (writers chosen statically, balanced by bytes) and
+        plans cached under a fingerprint of the structure and the mesh (per ``role``).
+        ``strict``: refuse model state that no rule, ignore or manifest buffer covers
+        (False: warn)."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            role: str = "state",
+            enable_plan_caching: bool = True,
+            strict: bool = True,
+        ) -> None:
+            super().__init__(
+                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+            )
+
+    class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+        """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
+        and validates every key, shape and dtype before reading; ``partial=True`` allows
+        missing and extra keys."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            partial: bool = False,
+            staging: bool = False,
+        ) -> None:
+            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+    return SavePlanner, LoadPlanner
 
 
 def save(
@@ -400,7 +417,7 @@ def save(
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

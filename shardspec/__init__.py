@@ -12,4 +12,6 @@ __version__ = "0.1.0"
 # 3: "name-indexed" for what was "virtual": RuleSpec(name_indexed=...), NAME_INDEXED_COUNTS,
 #    CompiledSpec(name_indexed_counts=...).
 # 4: MapRule(grouped=..., dtypes=...): grouped split lines, the HF manifest's dtypes per line.
-RUNTIME_API = 4
+# 5: PARAMS is a ParamTable of folded rows (names that differ only in numbers share one),
+#    imported from shardspec.runtime.
+RUNTIME_API = 5

@@ -45,7 +45,10 @@ def test_compiles(small: tuple[synth.Config, Path], tmp_path: Path) -> None:
     cfg, spec = small
     assert main(["compile", str(spec), "-o", str(tmp_path)]) == 0
     text = (tmp_path / "moe.py").read_text(encoding="utf-8")
-    assert f'"model.layers.{cfg.layers - 1}.mlp.experts.0.down_proj.weight"' in text
+    # One PARAMS row for every routed expert of every MoE layer (the table is folded).
+    layers = f"{{{cfg.first_dense}..{cfg.layers - 1}}}"
+    experts = f"{{0..{cfg.experts_per_rank - 1}}}"
+    assert f'"model.layers.{layers}.mlp.experts.{experts}.down_proj.weight"' in text
 
 
 @pytest.mark.parametrize("n", [1_000, 10_000, 100_000])

@@ -87,8 +87,11 @@ def test_golden(name: str, in_repo: Path, update_golden: bool) -> None:
 
 def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     dense = render_case("dense")
-    assert "PARAMS: dict[str, Param] | None = {" in dense
+    assert "PARAMS: ParamTable[Param] | None = ParamTable(\n    {\n" in dense
     assert '"head.bias": Param(' in dense and "any_rank=True," in dense
+    # Names that differ only in their layer number share a row.
+    assert '"layers.{0..1}.attn.wqkv.weight": Param(1, (128, 64), "float32"),' in dense
+    assert "# 16 parameters in 10 rows." in dense
     # A buffer: no parameter, but known (save does not refuse it).
     assert '"rope.cache"' not in dense.split("PARAMS:")[1].split("BUFFERS")[0]
     assert 'BUFFERS: tuple[str, ...] = ("rope.cache",)' in dense
@@ -104,20 +107,23 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert 'FACTORY_ARGS: dict[str, int | float | str | bool] = {"ep": 2}' in moe
 
     bare = render_case("no_manifest")
-    assert "PARAMS: dict[str, Param] | None = None" in bare
+    assert "PARAMS: ParamTable[Param] | None = None" in bare
     assert "NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}" in bare
 
     long = render_case("long_names")
     assert "FACTORY: str | None = (\n" in long  # a long string is parenthesized
     assert "DEFAULT_SIZES: dict[str, int | None] = {\n" in long  # a long dict is exploded
-    assert ': Param(\n        0, (384, 128), "float32"\n    ),' in long  # a call hugs its args
+    assert '.weight": Param(\n            3, (128, 256), "float32"\n        ),' in long  # hugged
+    # A row's name too long for its line goes in parentheses, split after a dot if need be.
+    assert '_projection.weight"\n        ): Param(0, (384, 128), "float32"),' in long
+    assert '_projection_gated."\n            "weight"\n        ): Param(' in long
     assert "\n    #     " in long  # a long rule comment continues on a second line
     assert max(len(line) for line in long.splitlines()) <= LINE
 
     hooks = render_case("state_dict_hooks")  # keys state-dict hooks write, from the manifest
     assert '"layers.1.attention.wv.weight": (\n        "layers.1.attention",\n' in hooks
-    assert '"layers.0.attention.qkv_linear.wqkv.weight": Param(' in hooks
-    assert '"layers.0.attention.wq.weight": Param(' not in hooks
+    assert '"layers.{0..1}.attention.qkv_linear.wqkv.weight": Param(' in hooks
+    assert '.attention.wq.weight": Param(' not in hooks
 
     over = render_case("overrides")
     assert "# Compiled with -D tp=4 -D world=16:" in over
@@ -127,12 +133,127 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert "# sizes: dp_shard=rest, tp=4" in over
 
 
+def _load(path: Path, name: str):
+    import importlib.util
+
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def _modules_and_specs() -> list[tuple[Path, str, dict[str, int], int | None]]:
+    """Every generated module with a manifest: (module file, its spec, -D sizes, world)."""
+    out = [
+        (CASES_DIR / n / "expected.py", f"tests/cases/{n}/spec.shard", *case_defines(n))
+        for n in CASES
+        if (CASES_DIR / n / "manifest.json").is_file()
+    ]
+    for spec in sorted((REPO / "specs").glob("*.shard")):
+        out.append((REPO / "generated" / f"{spec.stem}.py", f"specs/{spec.name}", {}, None))
+    return out
+
+
+def test_params_table_holds_every_parameter_as_the_compiler_placed_it(in_repo: Path) -> None:
+    """The folded PARAMS rows read back, name for name and in the manifest's order, as the
+    per-parameter table the compiler resolved: rule, module shape, dtype."""
+    from shardspec.api import lint_specs
+    from shardspec.runtime import Param, ParamTable
+
+    checked = 0
+    for path, spec_path, sizes, world in _modules_and_specs():
+        mod = _load(path, f"params_{path.parent.name}_{path.stem}")
+        ((_, res),) = lint_specs([spec_path], sizes, world)[0]
+        assert res is not None and res.manifest is not None, spec_path
+        expected = {
+            fqn: Param(m.winner, tuple(m.entry.shape), m.entry.dtype)  # type: ignore[arg-type]
+            for fqn, m in res.params
+        }
+        assert isinstance(mod.PARAMS, ParamTable) and mod.SPEC.params is mod.PARAMS
+        assert list(mod.PARAMS.items()) == list(expected.items()), spec_path
+        assert len(mod.PARAMS) == len(expected) and len(mod.PARAMS.rows) < len(expected)
+        assert all(mod.PARAMS[f] == p for f, p in expected.items())
+        checked += 1
+    assert checked >= 12
+
+
+def test_module_size_does_not_grow_with_the_parameter_count(tmp_path: Path) -> None:
+    """Issue 20.11: a generated module held one line per parameter (7.1 MB at 100k). Now a
+    synthetic MoE of 30x the parameters gives a module of the same size: one row per kind."""
+    from bench import synth
+
+    sizes = {}
+    for n in (1_000, 30_000):
+        cfg = synth.config_for(n)
+        shard = synth.write(cfg, tmp_path / str(n))
+        outcome, rendered = render_specs([str(shard)], str(tmp_path / "out"))
+        assert not outcome.errors, [str(d) for d in outcome.diagnostics]
+        ((_, text),) = rendered
+        table = text.split("\nPARAMS: ")[1].split("\n)\n")[0]
+        sizes[n] = (cfg.n_params, len(text.encode()), len(table), table.count(": Param("))
+    (small, small_bytes, small_table, small_rows) = sizes[1_000]
+    (big, big_bytes, big_table, big_rows) = sizes[30_000]
+    assert big > 25 * small
+    assert small_rows == big_rows < 30
+    assert abs(big_table - small_table) < 100  # only the numbers in the rows differ
+    # The rest grows by the buffers' names (one per MoE layer), not by the parameters'.
+    assert small_bytes < 25_000 and big_bytes < 30_000
+
+
+_ROW_KEYS = [
+    "a",
+    "layers.{0..60}.mlp.experts.{0..255}.w1",
+    "x" * 80,
+    "x" * 81,
+    "x" * 86,
+    "x" * 87,
+    "y" * 140,
+    "model.vision_tower.vision_model.encoder.layers.{0..26}.self_attn.k_proj.weight.more",
+    ".".join(["segment_" + str(i) for i in range(20)]),
+    ".".join(["s" * 40, "t" * 95, "u" * 10]),
+    'quo"te.back\\slash.{0..3}.tab\t.' + "z" * 70,
+]
+
+
+def test_params_rows_are_laid_out_as_ruff_formats_them(tmp_path: Path) -> None:
+    """Rows of every length (short, hugging the call, a key in parentheses, a key split
+    after dots, a segment longer than a line) are left unchanged by ``ruff format``, pass
+    ``ruff check`` (line length included) and mean the keys they were given."""
+    from shardspec.codegen.render import _param_line
+
+    shapes = [(4, 4), tuple(range(1, 30)), ()]
+    rows = [_param_line(key, i, shapes[i % 3], "float32") for i, key in enumerate(_ROW_KEYS)]
+    lines = [f"        {row}" for row in rows]
+    text = (
+        "from __future__ import annotations\n\n\ndef Param(*a):\n    return a\n\n\n"
+        "def ParamTable(rows):\n    return rows\n\n\n"
+        "PARAMS = ParamTable(\n    {\n" + "\n".join(lines) + "\n    }\n)\n"
+    )
+    path = tmp_path / "rows.py"
+    path.write_text(text, encoding="utf-8")
+    fmt = subprocess.run(
+        [*RUFF, "format", "--diff", *RUFF_OPTS, str(path)], capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout[:4000]
+    lint = subprocess.run(
+        [*RUFF, "check", *RUFF_OPTS, "--select", "E,F,W", str(path)], capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout[:4000]
+    ns: dict[str, object] = {}
+    exec(compile(text, str(path), "exec"), ns)
+    table = ns["PARAMS"]
+    assert isinstance(table, dict)
+    assert list(table) == _ROW_KEYS
+    assert [v[0] for v in table.values()] == list(range(len(_ROW_KEYS)))
+
+
 def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     text = render_case("hf")
-    assert "from typing import Any\n" in text
+    assert "from typing import TYPE_CHECKING, Any\n" in text
     assert (
-        "from shardspec.runtime import CompiledSpec, HFMap, MapRule, Param, RuleSpec, Transform, "
-        "require\n"
+        "from shardspec.runtime import (\n    CompiledSpec,\n    HFMap,\n    MapRule,\n    Param,\n"
+        "    ParamTable,\n    RuleSpec,\n    RuntimeModule,\n    Transform,\n    require,\n)\n"
     ) in text
     assert "HF = HFMap(\n    rules=(\n" in text
     assert 'MapRule("model.embed_tokens.weight", "embed.weight", None, (), 29),' in text
@@ -412,6 +533,75 @@ def test_generated_modules_import_without_compiler_dependencies() -> None:
     assert run.stdout.count("\n") == len(files) + 1
     # The overrides case's defaults are the -D values: tp=4 on 16 ranks.
     assert "'dp_shard': 4, 'tp': 4" in run.stdout
+
+
+_LAZY_CHECK = r"""
+import importlib.util
+import sys
+
+import torch
+import shardspec.runtime
+
+before = set(sys.modules)
+for i, path in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"gen{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    assert mod.SPEC.params is mod.PARAMS
+heavy = sorted(
+    m
+    for m in set(sys.modules) - before
+    if m.startswith(("torch", "shardspec.runtime.")) and m != "shardspec.runtime.spec"
+)
+print("imported:", heavy)
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+
+for i in range(len(sys.argv) - 1):
+    mod = sys.modules[f"gen{i}"]
+    save, load = mod.SavePlanner, mod.LoadPlanner
+    assert issubclass(save, DefaultSavePlanner) and issubclass(load, DefaultLoadPlanner)
+    assert (save.__qualname__, save.__module__) == ("SavePlanner", f"gen{i}")
+    assert mod.SavePlanner is save and mod._planners() == (save, load)
+    assert load().spec is mod.SPEC and save(strict=False).spec is mod.SPEC
+    try:
+        mod.NoSuchName
+    except AttributeError as e:
+        assert "NoSuchName" in str(e)
+    else:
+        raise AssertionError("a missing attribute was found")
+print("OK")
+"""
+
+
+def test_importing_a_generated_module_leaves_torch_distributed_to_its_first_call() -> None:
+    """Issue 20.11: a module's import costs its tables. The runtime's torch.distributed parts
+    (DTensor, FSDP2, DCP: most of a second, and 50 MB) load on the first call; the DCP
+    planner classes are defined on first use, as subclasses of torch's, under their names."""
+    files = [str(p) for p in _generated_files()]
+    run = subprocess.run(
+        [sys.executable, "-c", _LAZY_CHECK, *files], cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "imported: []\n" in run.stdout and run.stdout.strip().endswith("OK")
+
+
+def test_a_runtime_module_is_imported_on_first_use() -> None:
+    from shardspec.runtime import RuntimeModule
+
+    code = (
+        "import sys\n"
+        "from shardspec.runtime import RuntimeModule\n"
+        "m = RuntimeModule('canonical')\n"
+        "assert 'shardspec.runtime.canonical' not in sys.modules, 'imported early'\n"
+        "from shardspec.runtime import canonical\n"
+        "assert m.chunk_table is canonical.chunk_table\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert repr(RuntimeModule("parallel")) == "RuntimeModule('shardspec.runtime.parallel')"
+    with pytest.raises(AttributeError):
+        RuntimeModule("canonical").no_such_function  # noqa: B018
 
 
 def test_repo_generated_files_are_fresh(in_repo: Path) -> None:

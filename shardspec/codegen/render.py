@@ -18,10 +18,11 @@ import jinja2
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.hfmap import MapRule, Transform
 from shardspec.core.layout import RuleSpec, dtensor_placements
+from shardspec.core.paramtable import fold
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import build_hfmap, with_dtypes
-from shardspec.resolve.params import Resolved, rule_spec
+from shardspec.resolve.params import Match, Resolved, rule_spec
 
 LINE = 100
 INDENT = 4
@@ -183,13 +184,40 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
     return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 
-def _param_line(fqn: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
-    """One ``PARAMS`` entry, laid out at indent 4 (the template adds the first indent)."""
-    one = f"{py_str(fqn)}: Param({rule}, {py(tuple(shape))}, {py_str(dtype)}),"
-    if 4 + len(one) <= LINE:
-        return one  # fits on one line: what the general layout would produce too
-    lines = layout(Call("Param", (rule, tuple(shape), dtype)), 4, f"{py(fqn)}: ", ",")
-    return "\n".join(lines).lstrip()
+def _param_line(key: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
+    """One ``PARAMS`` row, laid out at indent 8 (the template adds the first indent) as
+    ruff formats it. A key too long for ``"key": Param(`` goes in parentheses, in pieces
+    split after dots where even that does not fit."""
+    value = Call("Param", (rule, tuple(shape), dtype))
+    pad = " " * 8
+    if len(f"{pad}{py_str(key)}: Param(") <= LINE:
+        return "\n".join(layout(value, 8, f"{py_str(key)}: ", ",")).lstrip()
+    width = LINE - 12 - 2  # a piece's text at indent 12, between its quotes
+    pieces: list[str] = []
+    for segment in key.split("."):
+        if pieces and len(pieces[-1]) + 1 + len(segment) <= width:
+            pieces[-1] += "." + segment
+        else:
+            if pieces:
+                pieces[-1] += "."
+            pieces.append(segment)
+    lines = ["(", *(f"    {py_str(p)}" for p in pieces)]
+    lines += [line[8:] for line in layout(value, 8, "): ", ",")]
+    return f"\n{pad}".join(lines)
+
+
+def _params_context(all_params: list[tuple[str, Match]]) -> dict[str, object]:
+    """The ``PARAMS`` table: the manifest's parameters folded into rows of names that differ
+    only in numbers (:func:`shardspec.core.paramtable.fold`), one line each, with a comment
+    that counts them."""
+    rows = fold((fqn, (m.winner, tuple(m.entry.shape), m.entry.dtype)) for fqn, m in all_params)
+    n = len(all_params)
+    plural = "s" if len(rows) != 1 else ""
+    words = f"{n} parameter{'s' if n != 1 else ''} in {len(rows)} row{plural}."
+    return {
+        "rows": [_param_line(key, *value) for key, value in rows.items()],  # type: ignore[arg-type]
+        "count": comment(words.split()),
+    }
 
 
 def _layer_runs(values: tuple[str, ...]) -> str:
@@ -439,10 +467,7 @@ def render_module(
         rules.append({"comment": comment(words, 4), "fields": _rule_fields(rs)})
     params = None
     if res.manifest is not None:
-        params = [
-            _param_line(fqn, m.winner, m.entry.shape, m.entry.dtype)  # type: ignore[arg-type]
-            for fqn, m in all_params
-        ]
+        params = _params_context(all_params)
     defines = effective_overrides(res, overrides, world)
     given = dict(defines)
     mesh_sizes = {a.name.text: given.get(a.name.text, a.size) for a in spec.mesh.axes}
@@ -509,10 +534,15 @@ def render_module(
 
 def _runtime_imports(ctx: dict) -> str:
     """The names a generated module takes from ``shardspec.runtime`` (its only import besides
-    torch), in isort's order: classes, then functions."""
-    names = ["CompiledSpec", "Param", "RuleSpec"]
+    torch), in isort's order: classes, then functions; in parentheses, one per line, where
+    they do not fit on the import's line (as ruff writes it)."""
+    names = ["CompiledSpec", "Param", "ParamTable", "RuleSpec", "RuntimeModule"]
     if ctx["hf"] is not None:
         names += ctx["hf"]["imports"].split(", ")
     if ctx["pipeline"] is not None:
         names.append("PipelineSpec")
-    return ", ".join([*sorted(names), "require"])
+    names = [*sorted(names), "require"]
+    one = ", ".join(names)
+    if len(f"from shardspec.runtime import {one}") <= LINE:
+        return one
+    return "(\n" + "".join(f"{' ' * INDENT}{n},\n" for n in names) + ")"

@@ -7,8 +7,9 @@ with the compiler; they are re-exported here so that a generated module imports 
 
 from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
 from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
+from shardspec.core.paramtable import ParamTable
 from shardspec.core.stages import PipelineSpec
-from shardspec.runtime.spec import CompiledSpec, Param, SpecError, require
+from shardspec.runtime.spec import CompiledSpec, Param, RuntimeModule, SpecError, require
 
 __all__ = [
     "CompiledSpec",
@@ -20,9 +21,11 @@ __all__ = [
     "Mesh",
     "Param",
     "ParamLayout",
+    "ParamTable",
     "Part",
     "PipelineSpec",
     "RuleSpec",
+    "RuntimeModule",
     "SpecError",
     "Transform",
     "require",

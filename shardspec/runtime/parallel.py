@@ -747,7 +747,7 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
         raise SpecError("the spec has no manifest: pass model= to tp_plan")
     sizes = dict(zip(lmesh.names, lmesh.sizes, strict=True))
     by_rule: dict[int, tuple[int, ...]] = {}
-    for p in spec.params.values():
+    for _, p, _ in spec.params.value_rows():  # one row per kind of parameter, not per name
         by_rule.setdefault(p.rule, p.shape)
     groups: dict[str, dict[str, core.Placement]] = {}
     kinds: dict[str, dict[str, object]] = {}

@@ -2,17 +2,20 @@
 
 A generated module holds plain tables (axes, rules, parameters); it builds one
 ``CompiledSpec`` from them and delegates to it. Layout arithmetic is
-:mod:`shardspec.core.layout`, the very code the compiler checked the spec with.
+:mod:`shardspec.core.layout`, the very code the compiler checked the spec with. The
+parameter table is a :class:`shardspec.core.paramtable.ParamTable`: rows of names that
+differ only in numbers, looked up without expanding them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import importlib
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.layout import (
@@ -29,6 +32,7 @@ from shardspec.core.layout import (
     representable,
     resolve_sizes,
 )
+from shardspec.core.paramtable import ParamTable
 from shardspec.core.patterns import compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
 from shardspec.core.stages import plan as stage_plan
@@ -72,6 +76,27 @@ def require(api: int, compiler: str) -> None:
         )
 
 
+class RuntimeModule:
+    """``shardspec.runtime.<name>``, imported when one of its names is first used.
+
+    A generated module calls the runtime's torch.distributed parts (``parallel``,
+    ``checkpoint``: DTensor, FSDP2, DCP) only from its functions, through these, so that
+    importing it costs its tables, not torch's distributed packages (a data-loader worker or
+    a launcher that imports the trainer reads the tables only); the first call pays for them.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = f"shardspec.runtime.{name}"
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.name), attr)
+
+    def __repr__(self) -> str:
+        return f"RuntimeModule({self.name!r})"
+
+
 class CompiledSpec:
     """Everything a trainer needs from one spec, at any mesh size."""
 
@@ -98,7 +123,13 @@ class CompiledSpec:
         self.default_sizes = dict(sizes)
         self.default_world = world
         self.rules = rules
-        self.params = dict(params) if params is not None else None
+        # Every parameter of the manifest's model (None: no manifest). A plain mapping of
+        # names (a table built by hand) is folded into rows like a generated module's.
+        self.params: ParamTable[Param] | None = (
+            params
+            if params is None or isinstance(params, ParamTable)
+            else ParamTable.from_names(params)
+        )
         self.ignore = ignore
         # The manifest's state-dict entries that are no parameter: persistent buffers
         # (storage units as parameters are, outside pipeline stages: whole on every rank
@@ -188,15 +219,11 @@ class CompiledSpec:
             )
         return lm
 
-    @functools.cached_property
-    def modules(self) -> frozenset[str]:
-        """The names of the modules that hold the manifest's parameters, and of the modules
-        around them (``layers``, ``layers.0``, ``layers.0.attention``); empty without a
-        manifest."""
-        out: set[str] = set()
-        for fqn in self.params or ():
-            out.update(fqn[:i] for i, ch in enumerate(fqn) if ch == ".")
-        return frozenset(out)
+    def is_module(self, name: str) -> bool:
+        """Whether ``name`` is a module that holds parameters of the manifest, or a module
+        around them (``layers``, ``layers.0``, ``layers.0.attention``); never without a
+        manifest. Answered from the table's rows, without listing every module."""
+        return self.params is not None and self.params.has_module(name)
 
     # ----------------------------------------------------------------- pipeline stages
 
@@ -211,7 +238,9 @@ class CompiledSpec:
             if self.params is None:
                 raise SpecError(f"spec {self.name!r} has a pipeline but no manifest", "SS090")
             try:
-                got = stage_plan(self.pipeline, sorted(self.params), n)
+                # The whole model's names, listed (in sorted order) only here: a pipeline
+                # places every parameter on a stage.
+                got = stage_plan(self.pipeline, list(self.params), n)
             except StageError as e:
                 raise SpecError(
                     f"cannot place spec {self.name!r}'s parameters on {n} pipeline stage(s): {e}",
@@ -349,7 +378,7 @@ class CompiledSpec:
             rule, _ = self.match(fqn)
         return dict(self.rule_styles.get(rule, {}))
 
-    def table(self, mesh: object) -> dict[str, Param] | None:
+    def table(self, mesh: object) -> ParamTable[Param] | None:
         """The manifest's per-parameter table, or None where it does not describe the model
         on ``mesh``: no manifest, or local axes sized differently from the manifest's model
         (modules built with other local shapes; rules then match the real tensors)."""

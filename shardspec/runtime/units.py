@@ -11,6 +11,7 @@ mesh, so a repeated save or load only binds the current tensors.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import weakref
@@ -94,8 +95,9 @@ class Names:
 
     def __init__(self, spec: CompiledSpec, mesh: Mesh, rank: int | None = None) -> None:
         self.spec = spec
+        # The manifest's table (None where it does not describe the model on this mesh);
+        # names are looked up in it directly, never listed.
         self.table = spec.table(mesh)
-        self.names = set(self.table) if self.table is not None else None
         # Pipeline stages: a rank's state dict holds its stage's parameters, under the stage
         # model's names (global, or numbered from 0 per stage with `split ... local`).
         self.stages = spec.stage_plan(mesh) if rank is not None else None
@@ -133,9 +135,9 @@ class Names:
             return True
         if self.stages is not None:
             g = self.stages.global_name(name, self.stage)  # type: ignore[arg-type]
-            return g is not None and (self.names is None or g in self.names)
-        if self.names is not None:
-            return name in self.names
+            return g is not None and (self.table is None or g in self.table)
+        if self.table is not None:
+            return name in self.table
         try:
             self.spec.match(name)
         except SpecError:
@@ -156,10 +158,8 @@ class Names:
         indexed = [d for d in layout.dims if d.name_indexed]
         if not indexed:
             return []
-        if self.table is not None and fqn in self.table:
-            rule = self.table[fqn].rule
-        else:
-            rule, _ = self.spec.match(fqn)
+        p = self.table.get(fqn) if self.table is not None else None
+        rule = p.rule if p is not None else self.spec.match(fqn)[0]
         m = self.spec.glob(rule).regex.match(fqn)
         assert m is not None
         return [m.span(d.name) for d in indexed]
@@ -347,15 +347,16 @@ def _structural(
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())
         pieces = rank_pieces(layout, mesh)
+        spans = names.name_indexed_spans(fqn, layout)  # once per parameter, not per piece
         if shape != module_shape(layout, mesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
             vstart = pieces[rank][0].name_indexed_start if pieces[rank] else ()
-            new_key = key[:a] + names.canonical(fqn, layout, vstart) + key[b:]
+            new_key = key[:a] + names.canonical(fqn, layout, vstart, spans) + key[b:]
             rest.append((key, new_key))
             plan.renamed[key] = new_key
             for row in pieces:  # other ranks' names of the same entry (per-expert modules)
                 if row:
-                    other = names.canonical(fqn, layout, row[0].name_indexed_start)
+                    other = names.canonical(fqn, layout, row[0].name_indexed_start, spans)
                     plan.keys.add(key[:a] + other + key[b:])
             structure[key] = _describe(value)  # the caller's key: the same on every rank
             continue
@@ -372,7 +373,7 @@ def _structural(
         structure[key] = ("param", shape, str(tensor.dtype), declared)
         mine: list[tuple[str, Unit]] = []
         for k, piece in enumerate(pieces[rank]):
-            name = names.canonical(fqn, layout, piece.name_indexed_start)
+            name = names.canonical(fqn, layout, piece.name_indexed_start, spans)
             if piece.component is not None:
                 name = f"{name}.{piece.component}"
             skey = key[:a] + name + key[b:]
@@ -396,7 +397,7 @@ def _structural(
             # Name-indexed modules: every rank stores other keys; visit them all.
             for r, row in enumerate(pieces):
                 for k, piece in enumerate(row):
-                    name = names.canonical(fqn, layout, piece.name_indexed_start)
+                    name = names.canonical(fqn, layout, piece.name_indexed_start, spans)
                     if piece.component is not None:
                         name = f"{name}.{piece.component}"
                     skey = key[:a] + name + key[b:]
@@ -443,9 +444,12 @@ def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple
     state, entries of the caller's own) are not the model's: DCP stores them as ever."""
     if not keys:
         return ()
-    modules = set(spec.modules)
-    for fqn in found:
-        modules.update(fqn[:i] for i, ch in enumerate(fqn) if ch == ".")
+    held = sorted(found)
+
+    def is_module(name: str) -> bool:  # a module around the manifest's or the found parameters
+        i = bisect.bisect_left(held, name + ".")
+        return (i < len(held) and held[i].startswith(name + ".")) or spec.is_module(name)
+
     out = []
     for key in keys:
         starts = _dot_starts(key)
@@ -458,7 +462,7 @@ def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple
             origin = f" in place of {', '.join(sources)}" if sources else ""
             out.append(f"{key} (written by {by}{origin})")
         elif not any(p in spec.buffers for p in parts) and any(
-            key[a:b] in modules for a in starts for b in stops[:-1] if b > a
+            is_module(key[a:b]) for a in starts for b in stops[:-1] if b > a
         ):
             out.append(f"{key} (no parameter, no buffer of the manifest, no ignore)")
     return tuple(out)

@@ -17,18 +17,22 @@ Use it from a trainer::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement
+from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, RuntimeModule, require
 
-from shardspec.runtime import CompiledSpec, Param, RuleSpec, require
-from shardspec.runtime import checkpoint as _checkpoint
-from shardspec.runtime import dtensor as _dtensor
-from shardspec.runtime import parallel as _parallel
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
-require(api=4, compiler="0.1.0")
+require(api=5, compiler="0.1.0")
+
+# The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
+# module's import costs its tables only.
+_checkpoint = RuntimeModule("checkpoint")
+_dtensor = RuntimeModule("dtensor")
+_parallel = RuntimeModule("parallel")
 
 SPEC_PATH = "tests/cases/overrides/spec.shard"
 SPEC_SHA256 = "4d959b0bcb2bc7b634e376ab74c43dcbe061b72c4d1b7c4192aa169daa16ab44"
@@ -79,17 +83,19 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "embed.weight": Param(0, (256, 64), "float32"),
-    "layers.0.mlp.w13.weight": Param(1, (192, 64), "float32"),
-    "layers.0.mlp.w2.weight": Param(2, (64, 96), "float32"),
-    "layers.0.mlp_norm.weight": Param(3, (64,), "float32"),
-    "layers.1.mlp.w13.weight": Param(1, (192, 64), "float32"),
-    "layers.1.mlp.w2.weight": Param(2, (64, 96), "float32"),
-    "layers.1.mlp_norm.weight": Param(3, (64,), "float32"),
-    "norm.weight": Param(3, (64,), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. The table maps each full name to its Param.
+# 8 parameters in 5 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "embed.weight": Param(0, (256, 64), "float32"),
+        "layers.{0..1}.mlp.w13.weight": Param(1, (192, 64), "float32"),
+        "layers.{0..1}.mlp.w2.weight": Param(2, (64, 96), "float32"),
+        "layers.{0..1}.mlp_norm.weight": Param(3, (64,), "float32"),
+        "norm.weight": Param(3, (64,), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
 # every rank unless a rule places them), and the keys the model's state-dict hooks write in
@@ -169,38 +175,54 @@ def fsdp_ignored(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
     return _parallel.fsdp_ignored(SPEC, model, mesh)
 
 
-class SavePlanner(_checkpoint.ShardspecSavePlanner):
-    """DCP save planner: the canonical, topology-independent layout of this spec, with
-    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
-    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
-
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        role: str = "state",
-        enable_plan_caching: bool = True,
-        strict: bool = True,
-    ) -> None:
-        super().__init__(
-            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
-        )
+def __getattr__(name: str) -> Any:
+    """``SavePlanner`` and ``LoadPlanner``, defined on first use (see :func:`_planners`)."""
+    if name in ("SavePlanner", "LoadPlanner"):
+        return dict(zip(("SavePlanner", "LoadPlanner"), _planners(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
-    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
-    validates every key, shape and dtype before reading; ``partial=True`` allows missing
-    and extra keys."""
+def _planners() -> tuple[type[Any], type[Any]]:
+    """This layout's DCP planners, ``SavePlanner`` and ``LoadPlanner``: module attributes
+    once defined, on first use, since they subclass torch's DCP planners."""
+    global SavePlanner, LoadPlanner
+    if "SavePlanner" in globals():
+        return SavePlanner, LoadPlanner
 
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        partial: bool = False,
-        staging: bool = False,
-    ) -> None:
-        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+    class SavePlanner(_checkpoint.ShardspecSavePlanner):
+        """DCP save planner: the canonical, topology-independent layout of this spec, with
+        replicated chunks written once (writers chosen statically, balanced by bytes) and
+        plans cached under a fingerprint of the structure and the mesh (per ``role``).
+        ``strict``: refuse model state that no rule, ignore or manifest buffer covers
+        (False: warn)."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            role: str = "state",
+            enable_plan_caching: bool = True,
+            strict: bool = True,
+        ) -> None:
+            super().__init__(
+                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+            )
+
+    class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+        """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
+        and validates every key, shape and dtype before reading; ``partial=True`` allows
+        missing and extra keys."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            partial: bool = False,
+            staging: bool = False,
+        ) -> None:
+            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+    return SavePlanner, LoadPlanner
 
 
 def save(
@@ -227,7 +249,7 @@ def save(
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

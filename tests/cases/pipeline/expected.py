@@ -15,19 +15,31 @@ Use it from a trainer::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement
+from shardspec.runtime import (
+    CompiledSpec,
+    Param,
+    ParamTable,
+    PipelineSpec,
+    RuleSpec,
+    RuntimeModule,
+    require,
+)
 
-from shardspec.runtime import CompiledSpec, Param, PipelineSpec, RuleSpec, require
-from shardspec.runtime import checkpoint as _checkpoint
-from shardspec.runtime import dtensor as _dtensor
-from shardspec.runtime import parallel as _parallel
-from shardspec.runtime import pipeline as _pipeline
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
 
-require(api=4, compiler="0.1.0")
+require(api=5, compiler="0.1.0")
+
+# The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
+# module's import costs its tables only.
+_checkpoint = RuntimeModule("checkpoint")
+_dtensor = RuntimeModule("dtensor")
+_parallel = RuntimeModule("parallel")
+_pipeline = RuntimeModule("pipeline")
 
 SPEC_PATH = "tests/cases/pipeline/spec.shard"
 SPEC_SHA256 = "dc6b7494ff65b403cc5fd563830d3557cee98be459857e249ee5b31a62b94593"
@@ -97,35 +109,22 @@ IGNORE: tuple[str, ...] = ()
 # Modules per rank behind each name-indexed dimension, per rule.
 NAME_INDEXED_COUNTS: dict[int, dict[str, int]] = {}
 
-# Every parameter: Param(rule, module tensor shape, dtype).
-PARAMS: dict[str, Param] | None = {
-    "layers.0.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.0.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.0.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.0.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.0.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.0.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.1.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.1.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.1.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.1.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.1.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.2.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.2.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.2.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.2.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.2.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.2.ffn_norm.weight": Param(6, (64,), "float32"),
-    "layers.3.attention.wo.weight": Param(3, (64, 64), "float32"),
-    "layers.3.attention.wqkv.weight": Param(2, (128, 64), "float32"),
-    "layers.3.attention_norm.weight": Param(6, (64,), "float32"),
-    "layers.3.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
-    "layers.3.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
-    "layers.3.ffn_norm.weight": Param(6, (64,), "float32"),
-    "norm.weight": Param(6, (64,), "float32"),
-    "tok_embeddings.weight": Param(0, (256, 64), "float32"),
-}
+# Every parameter: Param(rule, module tensor shape, dtype), one row per kind. A segment
+# {a..b} stands for each number from a to b, {a..b,c} for several runs; a row names every
+# combination of its numbers. The table maps each full name to its Param.
+# 26 parameters in 8 rows.
+PARAMS: ParamTable[Param] | None = ParamTable(
+    {
+        "layers.{0..3}.attention.wo.weight": Param(3, (64, 64), "float32"),
+        "layers.{0..3}.attention.wqkv.weight": Param(2, (128, 64), "float32"),
+        "layers.{0..3}.attention_norm.weight": Param(6, (64,), "float32"),
+        "layers.{0..3}.feed_forward.w13.weight": Param(4, (192, 64), "float32"),
+        "layers.{0..3}.feed_forward.w2.weight": Param(5, (64, 96), "float32"),
+        "layers.{0..3}.ffn_norm.weight": Param(6, (64,), "float32"),
+        "norm.weight": Param(6, (64,), "float32"),
+        "tok_embeddings.weight": Param(0, (256, 64), "float32"),
+    }
+)
 
 # The manifest's persistent buffers (a stage's are saved whole, as they are), and the keys
 # the model's state-dict hooks write in place of parameters: key -> (the hook's module, the
@@ -271,38 +270,54 @@ def broadcast_tied(model: nn.Module, mesh: DeviceMesh) -> None:
     _pipeline.broadcast_tied(SPEC, model, mesh)
 
 
-class SavePlanner(_checkpoint.ShardspecSavePlanner):
-    """DCP save planner: the canonical, topology-independent layout of this spec, with
-    replicated chunks written once (writers chosen statically, balanced by bytes) and plans
-    cached under a fingerprint of the structure and the mesh (per ``role``). ``strict``:
-    refuse model state that no rule, ignore or manifest buffer covers (False: warn)."""
-
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        role: str = "state",
-        enable_plan_caching: bool = True,
-        strict: bool = True,
-    ) -> None:
-        super().__init__(
-            SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
-        )
+def __getattr__(name: str) -> Any:
+    """``SavePlanner`` and ``LoadPlanner``, defined on first use (see :func:`_planners`)."""
+    if name in ("SavePlanner", "LoadPlanner"):
+        return dict(zip(("SavePlanner", "LoadPlanner"), _planners(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
-    """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows and
-    validates every key, shape and dtype before reading; ``partial=True`` allows missing
-    and extra keys."""
+def _planners() -> tuple[type[Any], type[Any]]:
+    """This layout's DCP planners, ``SavePlanner`` and ``LoadPlanner``: module attributes
+    once defined, on first use, since they subclass torch's DCP planners."""
+    global SavePlanner, LoadPlanner
+    if "SavePlanner" in globals():
+        return SavePlanner, LoadPlanner
 
-    def __init__(
-        self,
-        mesh: DeviceMesh | None = None,
-        *,
-        partial: bool = False,
-        staging: bool = False,
-    ) -> None:
-        super().__init__(SPEC, mesh, partial=partial, staging=staging)
+    class SavePlanner(_checkpoint.ShardspecSavePlanner):
+        """DCP save planner: the canonical, topology-independent layout of this spec, with
+        replicated chunks written once (writers chosen statically, balanced by bytes) and
+        plans cached under a fingerprint of the structure and the mesh (per ``role``).
+        ``strict``: refuse model state that no rule, ignore or manifest buffer covers
+        (False: warn)."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            role: str = "state",
+            enable_plan_caching: bool = True,
+            strict: bool = True,
+        ) -> None:
+            super().__init__(
+                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+            )
+
+    class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
+        """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
+        and validates every key, shape and dtype before reading; ``partial=True`` allows
+        missing and extra keys."""
+
+        def __init__(
+            self,
+            mesh: DeviceMesh | None = None,
+            *,
+            partial: bool = False,
+            staging: bool = False,
+        ) -> None:
+            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+
+    return SavePlanner, LoadPlanner
 
 
 def save(
@@ -329,7 +344,7 @@ def save(
         state,
         path,
         mesh=mesh,
-        planner=SavePlanner(mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict),
         asynchronous=asynchronous,
         process_group=process_group,
     )

@@ -24,6 +24,8 @@ from shardspec.core.layout import (
     representable,
     sampled_table,
     storage_units,
+    torch_problem,
+    torch_problem_text,
 )
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
@@ -388,6 +390,17 @@ def _check_one(
                 f"(rank {rank} at {dict(zip(mesh.names, bad, strict=True))} would hold "
                 "other indices)",
                 _dim_span(rule, dim_name) if dim_name else rule.pattern.span,
+                hint,
+            )
+        )
+    elif (problem := torch_problem(layout, mesh)) is not None:
+        message, hint = torch_problem_text(layout, mesh, problem)
+        dim_name = layout.tensor_dims()[problem.dim].name
+        out.append(
+            diag(
+                "SS031",
+                f"{_who(fqns)}: {message} (first at rank {mesh.rank_of(problem.coord)})",
+                _dim_span(rule, dim_name),
                 hint,
             )
         )

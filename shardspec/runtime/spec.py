@@ -27,6 +27,8 @@ from shardspec.core.layout import (
     rank_table,
     representable,
     resolve_sizes,
+    torch_problem,
+    torch_problem_text,
 )
 from shardspec.core.patterns import compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
@@ -410,6 +412,10 @@ class CompiledSpec:
                 f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)",
                 "SS031",
             )
+        problem = torch_problem(layout, lm)
+        if problem is not None:
+            message, hint = torch_problem_text(layout, lm, problem)
+            raise SpecError(f"parameter {fqn!r}: {message}", "SS031", hint)
         return layout
 
     def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):

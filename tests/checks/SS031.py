@@ -1,6 +1,15 @@
 """SS031 not-representable: no DTensor placements describe the layout on every rank."""
 
 HEAD = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }\nfsdp dp_shard\n'
+MOE_HEAD = 'manifest "m.json"\nmesh {{ {order}  tp: {tp} }}\nfsdp dp_shard\n'
+EXPERTS = """\
+param experts.w13 [expert, ffn, hidden] {
+    fuse ffn as gate, up
+    shard expert over (ep, dp_shard)
+    shard ffn over tp
+    style none
+}
+"""
 
 CASES = [
     {
@@ -152,5 +161,56 @@ param w [vocab, hidden] {
 """,
         "manifest": {"w": [16, 8]},
         "expect": [],
+    },
+    {
+        "name": "experts over ep then FSDP against mesh order, ffn per component over tp",
+        "spec": MOE_HEAD.format(order="dp_shard: 2  ep: 2", tp=2) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
+        "expect": [
+            (
+                "SS031",
+                6,
+                "experts.w13: torch cannot gather this layout (full_tensor, redistribute): "
+                "'ffn' is split per component over 'tp'",
+                "shard expert",
+                "order the mesh's axes ep before dp_shard",
+            )
+        ],
+    },
+    {
+        "name": "experts over ep then FSDP in mesh order, ffn per component over tp",
+        "spec": MOE_HEAD.format(order="ep: 2  dp_shard: 2", tp=2) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
+        "expect": [],
+    },
+    {
+        "name": "experts over ep then FSDP against mesh order, ffn per component over tp of 1",
+        "spec": MOE_HEAD.format(order="dp_shard: 2  ep: 2", tp=1) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
+        "expect": [],
+    },
+    {
+        "name": "FSDP over TP on a dimension that divides unevenly",
+        "spec": HEAD
+        + """\
+param w [vocab, hidden] {
+    shard vocab over (tp, dp_shard)
+}
+""",
+        "manifest": {"w": [12, 8]},
+        "expect": [
+            (
+                "SS031",
+                5,
+                "w: torch's distribute_tensor cannot scatter dimension 'vocab': its cut over "
+                "'dp_shard' is a _StridedShard (split factor 2) whose shards differ in size",
+                "shard vocab",
+                "make 'vocab' (size 12) divisible by tp x dp_shard = 8; or cut another "
+                "dimension over 'dp_shard' (`shard hidden over dp_shard`); or order the mesh's "
+                "axes tp before dp_shard",
+            ),
+            ("SS023", 5, "dimension 'vocab' of size 12 does not divide over tp=2 x dp_shard=4"),
+            ("SS024", 5, "w: ranks 6, 7 hold an empty local shard"),
+        ],
     },
 ]

@@ -51,6 +51,7 @@ def test_emitted_layouts_round_trip_through_torch_on_gloo() -> None:
     for feature in ("strided", "size-1 axis", "fused", "local"):
         assert kinds.get(feature, 0) >= 30, (feature, kinds)
     assert kinds.get("uneven", 0) >= 5, kinds
+    assert kinds.get("uneven _StridedShard", 0) >= 3, kinds
     assert kinds.get("redistribute to another layout", 0) >= 50, kinds
     assert kinds.get("DTensor.redistribute to another layout", 0) >= 50, kinds
 
@@ -58,13 +59,19 @@ def test_emitted_layouts_round_trip_through_torch_on_gloo() -> None:
 @pytest.mark.dist
 def test_what_the_model_refuses_fails_in_torch_and_its_fixes_do_not() -> None:
     for name, sizes, layout in scenarios.LIMITS:
-        problem = torch_problem(layout, Mesh(AXIS_NAMES, sizes))
+        op = L.SCATTER if name.startswith("scatter") else L.GATHER
+        problem = torch_problem(layout, Mesh(AXIS_NAMES, sizes), op)
         assert (problem is None) == name.endswith("fixed"), (name, problem)
+    # Lint refuses only what torch cannot gather: the uneven _StridedShard gathers.
+    assert torch_problem(scenarios.LIMITS[2][2], Mesh(AXIS_NAMES, (2, 2, 2))) is None
     results = run_ranks(scenarios.limits, 8, timeout=120)
     for got in results:
-        assert got["gather"] == "RuntimeError", got  # "Expected cond to be True"
+        # "Expected cond to be True", wherever the tensor comes from.
+        assert got["gather"] == got["gather split locally"] == "RuntimeError", got
         assert got["scatter"] == "AssertionError", got  # _StridedShard._shard_tensor
-        assert got["gather fixed"] == got["scatter fixed"] == "ok", got
+        assert got["scatter split locally"] == "ok", got
+        for name in ("gather fixed", "scatter fixed"):
+            assert got[name] == got[f"{name} split locally"] == "ok", got
         assert got["runtime redistribute"], got
     # Torch's own one-call redistribute gets the pair wrong somewhere (the reason for
     # runtime.dtensor.redistribute's detour through Replicate).
@@ -167,15 +174,13 @@ def test_torch_problem_names_the_step_and_the_way_out() -> None:
     assert "ep before dp" in hint and "local tp" in hint
 
     uneven = ParamLayout((Dim("x", 6, ("tp", "dp")),))
-    problem = torch_problem(uneven, Mesh(("dp", "tp"), (2, 2)))
+    dp_tp = Mesh(("dp", "tp"), (2, 2))
+    assert torch_problem(uneven, dp_tp) is None  # it gathers: lint emits it
+    problem = torch_problem(uneven, dp_tp, L.SCATTER)
     assert problem == L.TorchProblem("distribute_tensor", (0, 0), "dp", 0)
-    message, hint = torch_problem_text(uneven, Mesh(("dp", "tp"), (2, 2)), problem)
-    assert "distribute_tensor cannot scatter dimension 'x'" in message
-    assert "divisible by tp x dp = 4" in hint and "tp before dp" in hint
-    assert "`shard y over dp`" not in hint  # no other dimension to cut
-    two = ParamLayout((Dim("x", 6, ("tp", "dp")), Dim("y", 4)))
-    _, hint = torch_problem_text(two, Mesh(("dp", "tp"), (2, 2)), problem)
-    assert "`shard y over dp`" in hint
+    message, hint = torch_problem_text(uneven, dp_tp, problem)
+    assert "distribute_tensor cannot scatter 'x' from one rank" in message
+    assert "src_data_rank=None" in hint and "divisible by tp x dp = 4" in hint
 
 
 def test_torch_problem_cost_does_not_grow_with_the_world(monkeypatch) -> None:

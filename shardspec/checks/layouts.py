@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from shardspec.checks.heads import RuleHeads, rule_heads
 from shardspec.core.layout import (
+    SCATTER,
     Dim,
     HeadCut,
     LayoutError,
@@ -324,12 +325,17 @@ def _check_one(
     # the layout's shape, not on the world size.
     sampled = sampled_table(layout, mesh)
     table = [t for t, _ in sampled]
-    # Uneven: a dimension whose local sizes differ between ranks.
+    # Uneven: a dimension whose local sizes differ between ranks (and whose _StridedShard, if
+    # any, torch's distribute_tensor cannot scatter: say so, and what works).
+    scatter = torch_problem(layout, mesh, SCATTER) if representable(layout, mesh) is None else None
     for d, dim in enumerate(layout.dims):
         if not dim.axes or dim.fusion is not None:
             continue
         sizes = {t.shape[d] for t in table}
         if len(sizes) > 1:
+            hint = _uneven_hint(dim, cuts, fsdp)
+            if scatter is not None and layout.tensor_dims()[scatter.dim] is dim:
+                hint += ". {}: {}".format(*torch_problem_text(layout, mesh, scatter))
             out.append(
                 diag(
                     "SS023",
@@ -337,7 +343,7 @@ def _check_one(
                     f"does not divide over {_axes_text(dim, mesh, rule)}; "
                     f"local sizes {sorted(sizes)}",
                     _dim_span(rule, dim.name),
-                    _uneven_hint(dim, cuts, fsdp),
+                    hint,
                 )
             )
     # Empty: name the ranks, and the first dimension that leaves them empty.

@@ -723,6 +723,10 @@ def representable(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...] | None:
 #   ``Shard`` placements before it only, so a ``_StridedShard`` before another cut of the
 #   same dimension gives that step the wrong size: "Expected cond to be True" in
 #   ``_maybe_unpad_tensor``, or silently wrong data.
+#
+# Lint refuses what torch cannot gather. What it cannot scatter from one rank, lint only
+# notes in a hint: such layouts gather, train, save and load (nothing in shardspec scatters),
+# and ``distribute_tensor(..., src_data_rank=None)`` builds them from whole tensors.
 
 
 @dataclass(frozen=True)
@@ -814,14 +818,18 @@ def _step_sizes(
     return true_sizes, greedy_sizes
 
 
+SCATTER, GATHER = "distribute_tensor", "full_tensor"
+
+
 @lru_cache(maxsize=4096)
 def placement_problem(
-    shape: tuple[int, ...], mesh: Mesh, placements: tuple[Placement, ...]
-) -> tuple[str, tuple[int, ...], int] | None:
-    """Where torch's ``distribute_tensor`` or ``full_tensor`` fail on ``placements`` for a
-    tensor of ``shape`` (see the comment above): ``(operation, first coordinate, mesh dim)``,
-    or ``None`` when both hold. Sampled like :func:`same_layout`: the cost does not grow with
-    the world."""
+    shape: tuple[int, ...], mesh: Mesh, placements: tuple[Placement, ...], op: str = GATHER
+) -> tuple[tuple[int, ...], int] | None:
+    """Where torch's ``op`` (:data:`SCATTER`: ``distribute_tensor`` from one rank;
+    :data:`GATHER`: ``full_tensor``, ``redistribute`` to ``Replicate``) fails on
+    ``placements`` for a tensor of ``shape`` (see the comment above): ``(first coordinate,
+    mesh dim)``, or ``None`` where it works. Sampled like :func:`same_layout`: the cost does
+    not grow with the world."""
     if not any(isinstance(p, StridedShard) for p in placements):
         return None  # Shard and Replicate only: padded scatter, left-to-right gather
     shards = [(n, p) for n, p in zip(mesh.names, placements, strict=True) if isinstance(p, Shard)]
@@ -839,18 +847,6 @@ def placement_problem(
                     return i
         return None
 
-    coord = _first_in_boxes(boxes, mesh, lambda c: uneven_scatter(c) is not None)
-    if coord is not None:
-        return "distribute_tensor", coord, uneven_scatter(coord)  # type: ignore[return-value]
-    order = torch_shard_order(placements, mesh.sizes)
-    strided = next(i for i, p in enumerate(placements) if isinstance(p, StridedShard))
-    if order is not None:
-        # Gathered in the decoded order: nested torch.chunk, outer to inner.
-        names = tuple(mesh.names[i] for dims in order.values() for i in dims)
-        nested = tuple(Shard(t) for t, dims in order.items() for _ in dims)
-        found = same_layout(shape, mesh, placements, names, nested)
-        return None if found is None else ("full_tensor", found[0], strided)
-
     def missized(coord: tuple[int, ...]) -> int | None:
         true_sizes, greedy_sizes = _step_sizes(shape, mesh, placements, coord)
         for i in range(len(placements)):
@@ -858,23 +854,33 @@ def placement_problem(
                 return i
         return None
 
-    coord = _first_in_boxes(boxes, mesh, lambda c: missized(c) is not None)
-    if coord is None:
-        return None
-    return "full_tensor", coord, missized(coord)  # type: ignore[return-value]
+    if op == SCATTER:
+        step = uneven_scatter
+    else:
+        order = torch_shard_order(placements, mesh.sizes)
+        if order is not None:
+            # Gathered in the decoded order: nested torch.chunk, outer to inner.
+            names = tuple(mesh.names[i] for dims in order.values() for i in dims)
+            nested = tuple(Shard(t) for t, dims in order.items() for _ in dims)
+            found = same_layout(shape, mesh, placements, names, nested)
+            strided = next(i for i, p in enumerate(placements) if isinstance(p, StridedShard))
+            return None if found is None else (found[0], strided)
+        step = missized
+    coord = _first_in_boxes(boxes, mesh, lambda c: step(c) is not None)
+    return None if coord is None else (coord, step(coord))  # type: ignore[return-value]
 
 
 @lru_cache(maxsize=4096)
-def torch_problem(layout: ParamLayout, mesh: Mesh) -> TorchProblem | None:
-    """Where torch's own ``distribute_tensor`` or ``full_tensor`` (``redistribute``) fail on
-    the layout's :func:`dtensor_placements`; ``None`` when both hold. Meaningful once
+def torch_problem(layout: ParamLayout, mesh: Mesh, op: str = GATHER) -> TorchProblem | None:
+    """Where torch's own ``op`` (:data:`GATHER`, what lint refuses, or :data:`SCATTER`) fails
+    on the layout's :func:`dtensor_placements`; ``None`` where it works. Meaningful once
     :func:`representable` holds."""
     sub = dtensor_mesh(layout, mesh)
     placements = dtensor_placements(layout, mesh)
-    found = placement_problem(module_shape(layout, mesh), sub, placements)
+    found = placement_problem(module_shape(layout, mesh), sub, placements, op)
     if found is None:
         return None
-    op, sub_coord, i = found
+    sub_coord, i = found
     coord = list(_first_coord(layout, mesh))
     for name, c in zip(sub.names, sub_coord, strict=True):
         coord[mesh.names.index(name)] = c
@@ -896,22 +902,16 @@ def torch_problem_text(layout: ParamLayout, mesh: Mesh, problem: TorchProblem) -
         f"order the mesh's axes {in_dim_order} (the order they cut {dim.name!r} in), so that "
         "no _StridedShard cuts it"
     )
-    if problem.op == "distribute_tensor" and isinstance(p, StridedShard):
+    if problem.op == SCATTER and isinstance(p, StridedShard):
         axes = [a for a in dim.axes if a not in layout.local]
         total = math.prod(mesh.size(a) for a in axes)
-        others = [d.name for d in dims if d is not dim]
-        elsewhere = (
-            f"; or cut another dimension over {problem.axis!r} (`shard {others[0]} over "
-            f"{problem.axis}`)"
-            if others
-            else ""
-        )
         return (
-            f"torch's distribute_tensor cannot scatter dimension {dim.name!r}: its cut over "
+            f"torch's distribute_tensor cannot scatter {dim.name!r} from one rank: its cut over "
             f"{problem.axis!r} is a _StridedShard (split factor {p.split_factor}) whose shards "
             "differ in size, which torch does not pad",
-            f"make {dim.name!r} (size {dim.size}) divisible by {' x '.join(axes)} = {total}"
-            f"{elsewhere}; or {mesh_first}",
+            "give every rank the whole tensor and pass src_data_rank=None (shardspec's "
+            f"distribute, load and load_hf scatter nothing), or make {dim.name!r} divisible by "
+            f"{' x '.join(axes)} = {total}",
         )
     fused = next(
         (

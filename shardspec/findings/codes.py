@@ -242,14 +242,13 @@ CHECKS: tuple[Check, ...] = (
         "not-representable",
         E,
         "No DTensor placements describe the layout on every rank, or torch's own "
-        "distribute_tensor or full_tensor cannot handle the placements that do.",
+        "full_tensor (redistribute) cannot gather the placements that do.",
         "distribute() could not build a DTensor whose full_tensor() is the parameter "
         "(for example FSDP on a dimension that TP already splits per component, or "
         "q/k/v of different sizes split per component over tp). torch 2.13 also cannot "
-        "scatter a _StridedShard whose shards differ in size (FSDP over TP on a dimension "
-        "that does not divide), nor gather a tensor split per component over one axis while "
-        "another dimension is cut against mesh order (experts over ep then dp_shard with the "
-        "mesh listing dp_shard first): its full_tensor fails or returns wrong data.",
+        "gather a tensor split per component over one axis while another dimension is cut "
+        "against mesh order (experts over ep then dp_shard with the mesh listing dp_shard "
+        "first): its full_tensor fails.",
         "fuse ffn as gate, up\nshard ffn over (tp, dp_shard)",
         "fuse ffn as gate, up\nshard ffn over tp\nshard hidden over dp_shard",
         True,

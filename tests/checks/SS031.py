@@ -189,28 +189,4 @@ param w [vocab, hidden] {
         "manifest": {"experts.w13": [4, 16, 6]},
         "expect": [],
     },
-    {
-        "name": "FSDP over TP on a dimension that divides unevenly",
-        "spec": HEAD
-        + """\
-param w [vocab, hidden] {
-    shard vocab over (tp, dp_shard)
-}
-""",
-        "manifest": {"w": [12, 8]},
-        "expect": [
-            (
-                "SS031",
-                5,
-                "w: torch's distribute_tensor cannot scatter dimension 'vocab': its cut over "
-                "'dp_shard' is a _StridedShard (split factor 2) whose shards differ in size",
-                "shard vocab",
-                "make 'vocab' (size 12) divisible by tp x dp_shard = 8; or cut another "
-                "dimension over 'dp_shard' (`shard hidden over dp_shard`); or order the mesh's "
-                "axes tp before dp_shard",
-            ),
-            ("SS023", 5, "dimension 'vocab' of size 12 does not divide over tp=2 x dp_shard=4"),
-            ("SS024", 5, "w: ranks 6, 7 hold an empty local shard"),
-        ],
-    },
 ]

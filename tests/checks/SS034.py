@@ -154,9 +154,7 @@ param w [q, hidden] {
                 "dimension 'q' of size 4096 does not divide over tp=2 x dp_shard=3",
                 "shard q",
                 "the model-parallel shards hold whole heads",
-            ),
-            # FSDP over TP, uneven: a _StridedShard torch's distribute_tensor cannot scatter.
-            ("SS031", 6, "torch's distribute_tensor cannot scatter dimension 'q'"),
+            )
         ],
     },
     {

@@ -1,12 +1,14 @@
 """Every layout the compiler can emit, through torch's own DTensor operations on gloo.
 
 The compiler's placements (``dtensor_placements``) are only worth emitting where torch's own
-``distribute_tensor``, ``full_tensor`` and ``redistribute`` handle them: lint refuses the
-rest (SS031, ``torch_problem``). A hypothesis search, run on gloo ranks, puts every layout the
-compiler emits through those operations and compares what torch puts on each rank with the
-compiler's rank table (tests/layout_torch_scenarios.py); another spawn shows that what the
-model refuses really fails in torch, and its hints' fixes do not. Single-process tests pin
-the placements on size-1 axes and the model's reading of torch's shard order.
+``full_tensor`` and ``redistribute`` can gather them: lint refuses the rest (SS031,
+``torch_problem``), and notes where ``distribute_tensor`` cannot scatter them from one rank
+(SS023's hint; they are then split locally, ``src_data_rank=None``). A hypothesis search,
+run on gloo ranks, puts every layout the compiler emits through those operations and
+compares what torch puts on each rank with the compiler's rank table
+(tests/layout_torch_scenarios.py); another spawn shows that what the model says torch
+cannot do really fails in torch, and its hints' fixes do not. Single-process tests pin the
+placements on size-1 axes and the model's reading of torch.
 """
 
 from __future__ import annotations

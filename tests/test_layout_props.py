@@ -214,23 +214,30 @@ def test_single_split_matches_torch(size: int, n: int, sf: int, data) -> None:
 # --------------------------------------------------------------------------- (b) layouts
 
 
+MESH_SIZES = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
+
+
 @st.composite
-def layouts(draw):
-    """A random rule, module shape and mesh, built with ``build_layout``.
+def layouts(
+    draw, mesh_sizes_strategy: st.SearchStrategy[tuple[int, ...]] = MESH_SIZES, crowd: int = 0
+):
+    """A random rule, module shape and mesh (sizes drawn from ``mesh_sizes_strategy``),
+    built with ``build_layout``. ``crowd`` > 0 weighs each axis's choice of dimension that
+    many times more towards the first one, and leaves half the dims without local axes, so
+    that several DTensor axes cut one dimension.
 
     Returns ``(layout, mesh, info)``, or ``(None, error, info)`` when ``build_layout``
     refused (then ``info`` says whether it had to).
     """
-    mesh_sizes = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    mesh_sizes = draw(mesh_sizes_strategy)
     names = AXIS_NAMES[: len(mesh_sizes)]
     sizes = dict(zip(names, mesh_sizes, strict=True))
     ndim = draw(st.integers(1, 3))
     has_name_indexed = draw(st.booleans())
     dims = [f"d{i}" for i in range(ndim)]
     # Each mesh axis shards at most one dim (or none); a name-indexed dim only takes local axes.
-    owner = {
-        a: draw(st.sampled_from([None, *dims, *(["v"] if has_name_indexed else [])])) for a in names
-    }
+    choices = [*[dims[0]] * crowd, None, *dims, *(["v"] if has_name_indexed else [])]
+    owner = {a: draw(st.sampled_from(choices)) for a in names}
     all_dims = (["v"] if has_name_indexed else []) + dims
     order = {}
     for d in all_dims:
@@ -240,7 +247,7 @@ def layouts(draw):
     for d in all_dims:
         if d == "v":
             local.update(order[d])
-        elif order[d]:
+        elif order[d] and not crowd:  # crowded: no local axes but a name-indexed dim's
             local.update(order[d][: draw(st.integers(0, len(order[d])))])
     if has_name_indexed and not order["v"]:
         has_name_indexed = False  # a name-indexed dim needs a local axis; drop it

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from shardspec.checks.heads import RuleHeads, rule_heads
 from shardspec.core.layout import (
+    SCATTER,
     Dim,
     HeadCut,
     LayoutError,
@@ -24,6 +25,8 @@ from shardspec.core.layout import (
     representable,
     sampled_table,
     storage_units,
+    torch_problem,
+    torch_problem_text,
 )
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
@@ -325,12 +328,17 @@ def _check_one(
     # the layout's shape, not on the world size.
     sampled = sampled_table(layout, mesh)
     table = [t for t, _ in sampled]
-    # Uneven: a dimension whose local sizes differ between ranks.
+    # Uneven: a dimension whose local sizes differ between ranks (and whose _StridedShard, if
+    # any, torch's distribute_tensor cannot scatter: say so, and what works).
+    scatter = torch_problem(layout, mesh, SCATTER) if representable(layout, mesh) is None else None
     for d, dim in enumerate(layout.dims):
         if not dim.axes or dim.fusion is not None:
             continue
         sizes = {t.shape[d] for t in table}
         if len(sizes) > 1:
+            hint = _uneven_hint(dim, cuts, fsdp)
+            if scatter is not None and layout.tensor_dims()[scatter.dim] is dim:
+                hint += ". {}: {}".format(*torch_problem_text(layout, mesh, scatter))
             out.append(
                 diag(
                     "SS023",
@@ -338,7 +346,7 @@ def _check_one(
                     f"does not divide over {_axes_text(dim, mesh, rule)}; "
                     f"local sizes {sorted(sizes)}",
                     _dim_span(rule, dim.name),
-                    _uneven_hint(dim, cuts, fsdp),
+                    hint,
                 )
             )
     # Empty: name the ranks, and the first dimension that leaves them empty.
@@ -391,6 +399,17 @@ def _check_one(
                 f"(rank {rank} at {dict(zip(mesh.names, bad, strict=True))} would hold "
                 "other indices)",
                 _dim_span(rule, dim_name) if dim_name else rule.pattern.span,
+                hint,
+            )
+        )
+    elif (problem := torch_problem(layout, mesh)) is not None:
+        message, hint = torch_problem_text(layout, mesh, problem)
+        dim_name = layout.tensor_dims()[problem.dim].name
+        out.append(
+            diag(
+                "SS031",
+                f"{_who(fqns)}: {message} (first at rank {mesh.rank_of(problem.coord)})",
+                _dim_span(rule, dim_name),
                 hint,
             )
         )

@@ -546,23 +546,27 @@ def dtensor_placements(layout: ParamLayout, mesh: Mesh) -> tuple[Placement, ...]
     An axis that shards a dimension after axes that come later in mesh order gets
     ``_StridedShard`` with the product of those axes' sizes as split factor, as FSDP2 does
     for FSDP-over-TP. A fused (ungrouped) dimension whose first axis is not local counts as
-    one more outer split of ``len(components)``. Whether the result really equals the
-    physical layout is for :func:`representable` to say.
+    one more outer split of ``len(components)``. An axis of size 1 cuts nothing: it is
+    ``Replicate`` and takes no part in any split factor (torch reads split factors as a
+    shard order over the axes that shard, and a size-1 axis there breaks that reading).
+    Whether the result really equals the physical layout is for :func:`representable` to
+    say, whether torch's own operations handle it for :func:`torch_problem`.
     """
     sub = dtensor_mesh(layout, mesh)
     pos = {n: i for i, n in enumerate(sub.names)}
     out: list[Placement] = [REPLICATE] * len(sub.names)
     tensor_dims = layout.tensor_dims()
     for d_index, dim in enumerate(tensor_dims):
-        dt_axes = [a for a in dim.axes if a not in layout.local]
+        dt_axes = [a for a in dim.axes if a not in layout.local and sub.size(a) > 1]
         # A fused dimension's first (non-local) axis splits each component: for DTensor,
-        # one more outer split, into as many pieces as there are components.
+        # one more outer split, into as many pieces as there are components. A first axis
+        # of size 1 splits nothing, and the next one cuts the dimension as one block.
         component_factor = (
             len(dim.fusion.components)
             if dim.fusion is not None
             and dim.fusion.groups == 1
             and dim.axes
-            and dim.axes[0] not in layout.local
+            and dim.axes[0] in dt_axes
             else 1
         )
         for k, axis in enumerate(dt_axes):
@@ -701,6 +705,246 @@ def representable(layout: ParamLayout, mesh: Mesh) -> tuple[int, ...] | None:
         return want != got
 
     return first_difference(layout, mesh, differs)
+
+
+# --------------------------------------------------------------------------- torch's operations
+#
+# Placements that describe a layout are not enough: torch's own operations must handle them,
+# and two of them do not handle every _StridedShard (torch 2.13; tests/test_layout_torch.py
+# runs every layout the compiler emits through them on gloo):
+#
+# * ``distribute_tensor`` scatters a ``_StridedShard`` step only when all its shards have one
+#   size (``_StridedShard._shard_tensor`` computes padding but does not apply it): an uneven
+#   ``_StridedShard`` raises an AssertionError.
+# * ``redistribute`` (``full_tensor``) first reads the split factors as a shard order
+#   (``DTensorSpec._maybe_convert_StridedShard_to_shard_order``) and gathers in that order. When
+#   they do not decode (a split per component: its factor is no product of axis sizes), it
+#   falls back to a greedy plan that gathers right to left and sizes each step by the
+#   ``Shard`` placements before it only, so a ``_StridedShard`` before another cut of the
+#   same dimension gives that step the wrong size: "Expected cond to be True" in
+#   ``_maybe_unpad_tensor``, or silently wrong data.
+#
+# Lint refuses what torch cannot gather. What it cannot scatter from one rank, lint only
+# notes in a hint: such layouts gather, train, save and load (nothing in shardspec scatters),
+# and ``distribute_tensor(..., src_data_rank=None)`` builds them from whole tensors.
+
+
+@dataclass(frozen=True)
+class TorchProblem:
+    """Where torch's own operations fail on a layout's DTensor placements."""
+
+    op: str  # "distribute_tensor" (an uneven _StridedShard) or "full_tensor" (the gather)
+    coord: tuple[int, ...]  # the first rank concerned, on the layout's mesh
+    axis: str  # the mesh axis whose step fails
+    dim: int  # the tensor dimension it cuts (an index into ``tensor_dims()``)
+
+
+def torch_shard_order(
+    placements: Sequence[Placement], sizes: Sequence[int]
+) -> dict[int, list[int]] | None:
+    """Per tensor dim, the mesh dims that cut it in the order torch's redistribute reads
+    from ``placements`` (its ``_maybe_convert_StridedShard_to_shard_order``: right to left,
+    each at the first place whose earlier axes' sizes multiply to its split factor); ``None``
+    when the split factors do not decode, and torch falls back to its greedy plan."""
+    order: dict[int, list[int]] = {}
+    strided = any(isinstance(p, StridedShard) for p in placements)
+    for i in reversed(range(len(placements))) if strided else range(len(placements)):
+        p = placements[i]
+        if isinstance(p, Replicate):
+            continue
+        dims = order.setdefault(p.dim, [])
+        if not strided:
+            dims.append(i)
+            continue
+        want = p.split_factor if isinstance(p, StridedShard) else 1
+        acc = 1
+        for k in range(len(dims) + 1):
+            if acc == want:
+                dims.insert(k, i)
+                break
+            if k < len(dims):
+                acc *= sizes[dims[k]]
+        else:
+            return None
+    return order
+
+
+def _strided_shard_sizes(m: int, split_factor: int, n: int) -> set[int]:
+    """The sizes of the ``n`` shards of a ``_StridedShard(split_factor)`` step on ``m``
+    positions: shard ``i`` holds chunk ``i`` of each of the ``split_factor`` pieces. The
+    pieces have at most two sizes besides 0, and a piece's chunk sizes change at two
+    chunks only, so a few chunks say every size the shards have."""
+    c = -(-m // split_factor) if m else 0
+    pieces = {c: m // c, m % c: 1} if c else {}
+    pieces.pop(0, None)
+    candidates = {0, n - 1}
+    for size in pieces:
+        q = size // -(-size // n)
+        candidates.update((q - 1, q, q + 1))
+
+    def length(size: int, i: int) -> int:
+        lo, hi = chunk_bounds(size, n, i)
+        return hi - lo
+
+    return {
+        sum(count * length(size, i) for size, count in pieces.items())
+        for i in candidates
+        if 0 <= i < n
+    }
+
+
+def _step_sizes(
+    shape: Sequence[int], mesh: Mesh, placements: Sequence[Placement], coord: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """Per mesh dim, the size of the tensor dim its placement cuts (0 where it replicates)
+    just before that step, as DTensor holds it at ``coord``; and as torch's greedy
+    redistribute sizes it (counting the ``Shard`` steps before it only)."""
+    held: list[Ranges] = [((0, s),) if s else () for s in shape]
+    greedy = list(shape)
+    true_sizes, greedy_sizes = [], []
+    for p, n, i in zip(placements, mesh.sizes, coord, strict=True):
+        if isinstance(p, Replicate):
+            true_sizes.append(0)
+            greedy_sizes.append(0)
+            continue
+        true_sizes.append(ranges_len(held[p.dim]))
+        greedy_sizes.append(greedy[p.dim])
+        if isinstance(p, StridedShard):
+            held[p.dim] = _strided(held[p.dim], p.split_factor, n, i)
+        else:
+            held[p.dim] = _block(held[p.dim], n, i)
+            lo, hi = chunk_bounds(greedy[p.dim], n, i)
+            greedy[p.dim] = hi - lo
+    return true_sizes, greedy_sizes
+
+
+SCATTER, GATHER = "distribute_tensor", "full_tensor"
+
+
+@lru_cache(maxsize=4096)
+def placement_problem(
+    shape: tuple[int, ...], mesh: Mesh, placements: tuple[Placement, ...], op: str = GATHER
+) -> tuple[tuple[int, ...], int] | None:
+    """Where torch's ``op`` (:data:`SCATTER`: ``distribute_tensor`` from one rank;
+    :data:`GATHER`: ``full_tensor``, ``redistribute`` to ``Replicate``) fails on
+    ``placements`` for a tensor of ``shape`` (see the comment above): ``(first coordinate,
+    mesh dim)``, or ``None`` where it works. Sampled like :func:`same_layout`: the cost does
+    not grow with the world."""
+    if not any(isinstance(p, StridedShard) for p in placements):
+        return None  # Shard and Replicate only: padded scatter, left-to-right gather
+    shards = [(n, p) for n, p in zip(mesh.names, placements, strict=True) if isinstance(p, Shard)]
+    programs = (
+        (mesh.names, placements),
+        (tuple(n for n, _ in shards), tuple(p for _, p in shards)),
+    )
+    boxes = placement_boxes(shape, mesh, programs)
+
+    def uneven_scatter(coord: tuple[int, ...]) -> int | None:
+        sizes, _ = _step_sizes(shape, mesh, placements, coord)
+        for i, p in enumerate(placements):
+            if isinstance(p, StridedShard) and mesh.sizes[i] > 1:
+                if len(_strided_shard_sizes(sizes[i], p.split_factor, mesh.sizes[i])) > 1:
+                    return i
+        return None
+
+    def missized(coord: tuple[int, ...]) -> int | None:
+        true_sizes, greedy_sizes = _step_sizes(shape, mesh, placements, coord)
+        for i in range(len(placements)):
+            if mesh.sizes[i] > 1 and true_sizes[i] != greedy_sizes[i]:
+                return i
+        return None
+
+    if op == SCATTER:
+        step = uneven_scatter
+    else:
+        order = torch_shard_order(placements, mesh.sizes)
+        if order is not None:
+            # Gathered in the decoded order: nested torch.chunk, outer to inner.
+            names = tuple(mesh.names[i] for dims in order.values() for i in dims)
+            nested = tuple(Shard(t) for t, dims in order.items() for _ in dims)
+            found = same_layout(shape, mesh, placements, names, nested)
+            strided = next(i for i, p in enumerate(placements) if isinstance(p, StridedShard))
+            return None if found is None else (found[0], strided)
+        step = missized
+    coord = _first_in_boxes(boxes, mesh, lambda c: step(c) is not None)
+    return None if coord is None else (coord, step(coord))  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=4096)
+def torch_problem(layout: ParamLayout, mesh: Mesh, op: str = GATHER) -> TorchProblem | None:
+    """Where torch's own ``op`` (:data:`GATHER`, what lint refuses, or :data:`SCATTER`) fails
+    on the layout's :func:`dtensor_placements`; ``None`` where it works. Meaningful once
+    :func:`representable` holds."""
+    sub = dtensor_mesh(layout, mesh)
+    placements = dtensor_placements(layout, mesh)
+    found = placement_problem(module_shape(layout, mesh), sub, placements, op)
+    if found is None:
+        return None
+    sub_coord, i = found
+    coord = list(_first_coord(layout, mesh))
+    for name, c in zip(sub.names, sub_coord, strict=True):
+        coord[mesh.names.index(name)] = c
+    p = placements[i]
+    assert not isinstance(p, Replicate)
+    return TorchProblem(op, tuple(coord), sub.names[i], p.dim)
+
+
+def torch_problem_text(layout: ParamLayout, mesh: Mesh, problem: TorchProblem) -> tuple[str, str]:
+    """What :func:`torch_problem` found, said for people: ``(message, hint)``, naming the
+    dimensions and axes (the caller adds the parameter)."""
+    dims = layout.tensor_dims()
+    dim = dims[problem.dim]
+    placements = dtensor_placements(layout, mesh)
+    sub = dtensor_mesh(layout, mesh)
+    p = placements[sub.names.index(problem.axis)]
+    in_dim_order = " before ".join(a for a in dim.axes if a not in layout.local)
+    mesh_first = (
+        f"order the mesh's axes {in_dim_order} (the order they cut {dim.name!r} in), so that "
+        "no _StridedShard cuts it"
+    )
+    if problem.op == SCATTER and isinstance(p, StridedShard):
+        axes = [a for a in dim.axes if a not in layout.local]
+        total = math.prod(mesh.size(a) for a in axes)
+        return (
+            f"torch's distribute_tensor cannot scatter {dim.name!r} from one rank: its cut over "
+            f"{problem.axis!r} is a _StridedShard (split factor {p.split_factor}) whose shards "
+            "differ in size, which torch does not pad",
+            "give every rank the whole tensor and pass src_data_rank=None (shardspec's "
+            f"distribute, load and load_hf scatter nothing), or make {dim.name!r} divisible by "
+            f"{' x '.join(axes)} = {total}",
+        )
+    fused = next(
+        (
+            d
+            for d in dims
+            if d.fusion is not None
+            and d.fusion.groups == 1
+            and d.axes
+            and d.axes[0] in sub.names
+            and mesh.size(d.axes[0]) > 1
+        ),
+        None,
+    )
+    strided = [
+        a
+        for a, q in zip(sub.names, placements, strict=True)
+        if isinstance(q, StridedShard) and q.dim == problem.dim and a != problem.axis
+    ]
+    if fused is not None and strided and fused is not dim:
+        return (
+            f"torch cannot gather this layout (full_tensor, redistribute): {fused.name!r} is "
+            f"split per component over {fused.axes[0]!r}, a _StridedShard that torch cannot "
+            f"read as a shard order, and its fallback then sizes the cut of {dim.name!r} over "
+            f"{problem.axis!r} without the _StridedShard over {strided[0]!r} before it",
+            f"{mesh_first}; or keep {fused.name!r} from being split per component over a "
+            f"DTensor axis (`local {fused.axes[0]}`, or fused in groups)",
+        )
+    return (
+        f"torch cannot gather this layout (full_tensor, redistribute): it reads the "
+        f"_StridedShard placements {', '.join(map(str, placements))} in another order than "
+        f"they cut {dim.name!r}",
+        mesh_first,
+    )
 
 
 def first_difference(

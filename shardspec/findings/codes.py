@@ -264,10 +264,14 @@ CHECKS: tuple[Check, ...] = (
         "SS031",
         "not-representable",
         E,
-        "No DTensor placements describe the layout on every rank.",
+        "No DTensor placements describe the layout on every rank, or torch's own "
+        "full_tensor (redistribute) cannot gather the placements that do.",
         "distribute() could not build a DTensor whose full_tensor() is the parameter "
         "(for example FSDP on a dimension that TP already splits per component, or "
-        "q/k/v of different sizes split per component over tp).",
+        "q/k/v of different sizes split per component over tp). torch 2.13 also cannot "
+        "gather a tensor split per component over one axis while another dimension is cut "
+        "against mesh order (experts over ep then dp_shard with the mesh listing dp_shard "
+        "first): its full_tensor fails.",
         "fuse ffn as gate, up\nshard ffn over (tp, dp_shard)",
         "fuse ffn as gate, up\nshard ffn over tp\nshard hidden over dp_shard",
         True,

@@ -71,8 +71,14 @@ def load_factory(spec: str):
 
 def build_model(factory: str, kwargs: dict):
     """The model ``factory(**kwargs)`` builds on the meta device."""
-    import torch
-    from torch import nn
+    try:
+        import torch
+        from torch import nn
+    except ImportError as e:  # lint, compile and explain need no torch; this does
+        raise ManifestBuildError(
+            f"`shardspec manifest` builds the model, which needs torch: {e}",
+            "install torch in this environment (pip install torch)",
+        ) from None
 
     fn = load_factory(factory)
     try:

@@ -47,6 +47,33 @@ def from_torch(p: Placement, ndim: int) -> core.Placement | None:
     return None
 
 
+def _decodes(value: DTensor, placements: Sequence[Placement]) -> bool:
+    """Whether torch reads ``placements``' split factors as a shard order (and so plans a
+    redistribute with its shard-order planner, not its greedy fallback)."""
+    ours = [from_torch(p, value.ndim) for p in placements]
+    if any(p is None for p in ours):  # Partial: not a layout's; torch plans it alone
+        return True
+    shape = tuple(value.device_mesh.shape)
+    return core.torch_shard_order([p for p in ours if p is not None], shape) is not None
+
+
+def redistribute(value: DTensor, placements: Sequence[Placement]) -> DTensor:
+    """``value.redistribute(its mesh, placements)`` with torch's own operations, correct for
+    every layout the compiler emits.
+
+    Where either side has a ``_StridedShard`` whose split factor torch cannot read as a shard
+    order (a fused dimension split per component), torch plans the move with a greedy
+    fallback that can apply a ``_StridedShard`` step before undoing the cuts it sits on and
+    return wrong data without an error (torch 2.13). Then the tensor goes through
+    ``Replicate``: torch's gather (lint refuses layouts it cannot gather) and a local split.
+    That holds the whole tensor on every rank for a moment."""
+    mesh = value.device_mesh
+    if _decodes(value, value.placements) and _decodes(value, placements):
+        return value.redistribute(mesh, placements)
+    whole = value.redistribute(mesh, [Replicate()] * mesh.ndim)
+    return whole.redistribute(mesh, placements)
+
+
 def layout_of(value: DTensor) -> tuple[tuple[str, ...], tuple[core.Placement, ...] | None]:
     """A DTensor's (mesh axis names, layout placements or ``None``)."""
     names = tuple(value.device_mesh.mesh_dim_names or ())

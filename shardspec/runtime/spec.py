@@ -31,6 +31,8 @@ from shardspec.core.layout import (
     rank_table,
     representable,
     resolve_sizes,
+    torch_problem,
+    torch_problem_text,
 )
 from shardspec.core.paramtable import ParamTable
 from shardspec.core.patterns import compile_glob
@@ -451,6 +453,10 @@ class CompiledSpec:
                 f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)",
                 "SS031",
             )
+        problem = torch_problem(layout, lm)
+        if problem is not None:
+            message, hint = torch_problem_text(layout, lm, problem)
+            raise SpecError(f"parameter {fqn!r}: {message}", "SS031", hint)
         return layout
 
     def stores_buffer(self, fqn: str) -> bool:

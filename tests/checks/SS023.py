@@ -68,4 +68,27 @@ param w [out, in] {}  # shardspec: ignore[SS023]
         "manifest": {"w": [10, 8]},
         "expect": [],
     },
+    {
+        "name": "FSDP over TP, uneven: torch cannot scatter the _StridedShard from one rank",
+        "spec": HEAD
+        + """\
+param w [vocab, hidden] {
+    shard vocab over (tp, dp_shard)
+}
+""",
+        "manifest": {"w": [12, 8]},
+        "expect": [
+            (
+                "SS023",
+                5,
+                "dimension 'vocab' of size 12 does not divide over tp=2 x dp_shard=4",
+                "shard vocab",
+                "torch's distribute_tensor cannot scatter 'vocab' from one rank: its cut over "
+                "'dp_shard' is a _StridedShard (split factor 2) whose shards differ in size, "
+                "which torch does not pad: give every rank the whole tensor and pass "
+                "src_data_rank=None",
+            ),
+            ("SS024", 5, "w: ranks 6, 7 hold an empty local shard"),
+        ],
+    },
 ]

@@ -1,6 +1,15 @@
 """SS031 not-representable: no DTensor placements describe the layout on every rank."""
 
 HEAD = 'manifest "m.json"\nmesh over 8 ranks { dp_shard: *  tp: 2 }\nfsdp dp_shard\n'
+MOE_HEAD = 'manifest "m.json"\nmesh {{ {order}  tp: {tp} }}\nfsdp dp_shard\n'
+EXPERTS = """\
+param experts.w13 [expert, ffn, hidden] {
+    fuse ffn as gate, up
+    shard expert over (ep, dp_shard)
+    shard ffn over tp
+    style none
+}
+"""
 
 CASES = [
     {
@@ -151,6 +160,33 @@ param w [vocab, hidden] {
 }
 """,
         "manifest": {"w": [16, 8]},
+        "expect": [],
+    },
+    {
+        "name": "experts over ep then FSDP against mesh order, ffn per component over tp",
+        "spec": MOE_HEAD.format(order="dp_shard: 2  ep: 2", tp=2) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
+        "expect": [
+            (
+                "SS031",
+                6,
+                "experts.w13: torch cannot gather this layout (full_tensor, redistribute): "
+                "'ffn' is split per component over 'tp'",
+                "shard expert",
+                "order the mesh's axes ep before dp_shard",
+            )
+        ],
+    },
+    {
+        "name": "experts over ep then FSDP in mesh order, ffn per component over tp",
+        "spec": MOE_HEAD.format(order="ep: 2  dp_shard: 2", tp=2) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
+        "expect": [],
+    },
+    {
+        "name": "experts over ep then FSDP against mesh order, ffn per component over tp of 1",
+        "spec": MOE_HEAD.format(order="dp_shard: 2  ep: 2", tp=1) + EXPERTS,
+        "manifest": {"experts.w13": [4, 16, 6]},
         "expect": [],
     },
 ]

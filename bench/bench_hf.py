@@ -414,7 +414,9 @@ def load_dcp(model: Any, path: str, model_cfg: dict[str, int], *, strided: bool 
             if fqn.endswith("attention.wqkv.weight"):
                 i = fqn.split(".")[1]
                 hk = f"model.layers.{i}.self_attn."
-                if strided:
+                if strided or sd is None:
+                    # q, k and v were read as this rank's own rows already (no nested split:
+                    # with dp_shard 1 a size-1 axis is Replicate, so tp cuts whole groups).
                     wq, wk, wv = (state[hk + f"{c}_proj.weight"].to_local() for c in "qkv")
                     if wk.shape[0] % cfg.head_dim:
                         raise ValueError("(b') needs whole GQA groups per rank")

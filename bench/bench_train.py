@@ -67,6 +67,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import functools
 import gc
 import json
 import os
@@ -415,6 +416,15 @@ def batch(step: int, vocab: int, size: int, seq: int) -> Any:
     return torch.randint(0, vocab, (size, seq + 1), generator=gen)
 
 
+def _gathered_lookup(emb: Any, ids: Any) -> Any:
+    """The distribute variant's embedding: the lookup in the whole (replicated) table."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Replicate
+
+    w = emb.weight
+    return F.embedding(ids, w.redistribute(w.device_mesh, [Replicate()] * w.device_mesh.ndim))
+
+
 def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     """One rank: every variant built, warmed up, counted and timed (:func:`_measure`)."""
     from shardspec.testing import clear_dtensor_caches
@@ -477,6 +487,12 @@ def _measure(opts: dict[str, Any]) -> dict[str, Any]:
         else:
             layout.distribute(model, mesh)
             layout.verify(model, mesh)
+            # An embedding sharded on the vocabulary alone (dp_shard 1: a size-1 axis is
+            # Replicate) makes torch's dispatch give a _MaskPartial output, whose mask torch
+            # 2.13 releases at its first reduction (the residual stream's second use fails)
+            # and whose backward it cannot redistribute (pytorch/pytorch#130725's family):
+            # look up in the gathered table instead, as torch did for the strided layout.
+            model.tok_embeddings.forward = functools.partial(_gathered_lookup, model.tok_embeddings)
         models[v] = (model, torch.optim.AdamW(model.parameters(), lr=LR))
     phases["setup"] = time.perf_counter() - t_phase
 

@@ -99,6 +99,11 @@ def compile_variants(root: Path) -> None:
             "fuse qkv as q 64, k 32, v 32\n    replicate tp",
             "fuse qkv as q 64, k 64, v 64\n    shard qkv over tp",
         ),
+        # o_proj then reads the heads qkv_proj cut (rowwise): SS036 otherwise.
+        (
+            "replicate tp   # qkv_proj is whole over tp, so attention is: o_proj's input is whole",
+            "shard heads over tp",
+        ),
     ]
     variant(gen, "phi3_mha", mha, root / "phi3_mha", num_key_value_heads="4")
     line = f"    {QKV} -> {QKV}\n"

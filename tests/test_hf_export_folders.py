@@ -119,6 +119,8 @@ def _states(path: Path) -> tuple[str, str, str]:
 # kill point -> (what it leaves: path, .partial, .replaced; what the next export reports)
 KILLS = {
     "prepared": (("complete", "saving", "missing"), "an unfinished export_hf"),
+    "exchanging": (("complete", "saving", "missing"), "an unfinished export_hf"),
+    "exchanged": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "writing": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "written": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "marked": (("complete", "complete", "missing"), "moved it to"),

@@ -117,6 +117,7 @@ def verify(rank: int, world: int, root: str) -> tuple[list[str], dict[str, int]]
         _check_groups(c, calls)
     model = _model(layout, mesh, 3)
     _check_process_group(c, layout, mesh, model, root, refs["C"])
+    _check_one_ranks_config(c, layout, mesh, model, rank, root)
     for case, (_, _, holds) in CASES.items():
         try:
             _verify_case(c, layout, mesh, model, rank, root, case, holds, refs)
@@ -200,6 +201,31 @@ def _check_process_group(
         refused = str(e)
     c.check("process_group", "every rank of the job" in refused, f"a part group: {refused!r}")
     c.check("process_group", not os.path.exists(path + "-part.partial"), "a part group wrote")
+
+
+def _check_one_ranks_config(
+    c: Checks, layout: Any, mesh: Any, model: Any, rank: int, root: str
+) -> None:
+    """A config path readable on rank 0 only (a file missing on one node): every rank
+    raises, naming the ranks, and nothing is written; before, the others raised alone and
+    rank 0 waited for them in the next collective (the checkpoint group's 30 minutes)."""
+    config = os.path.join(root, "configs", str(rank), "config.json")
+    if rank == 0:
+        os.makedirs(os.path.dirname(config), exist_ok=True)
+        with open(config, "w", encoding="utf-8") as f:
+            f.write('{"tie_word_embeddings": false}')
+    dist.barrier()
+    path = os.path.join(root, "one-config", "out")
+    said = ""
+    try:
+        layout.export_hf(model, path, mesh, config=config)
+    except hfmod.HFError as e:
+        said = str(e)
+    named = all(f"rank {r}: HFError: config:" in said for r in range(1, dist.get_world_size()))
+    c.check("config", named and "rank 0:" not in said, f"said {said!r}")
+    dist.barrier()
+    left = os.listdir(os.path.dirname(path)) if os.path.isdir(os.path.dirname(path)) else []
+    c.check("config", left == [], f"left {left}")
 
 
 def _verify_case(

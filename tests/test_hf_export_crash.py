@@ -74,7 +74,7 @@ def test_a_rank_killed_at_each_step_of_export_hf(tmp_path: Path) -> None:
         for case in xs.CASES
         if results[case]["after"] != LEFT[case]
     ]
-    counts = {case: 6 for case in xs.CASES} | {"groups": 9, "process_group": 4}
+    counts = {case: 6 for case in xs.CASES} | {"groups": 9, "process_group": 4, "config": 2}
     problems += verify_problems(results, xs.WORLD, counts)
     assert not problems, "\n".join(problems)
 

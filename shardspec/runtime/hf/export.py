@@ -37,7 +37,7 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     torch_dtype,
 )
-from shardspec.runtime.hf.exchange import exchange, stage_messages
+from shardspec.runtime.hf.exchange import Messages, exchange, stage_messages
 from shardspec.runtime.hf.folders import ExportSession, Gather, attempt, attempt_value, target
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
@@ -527,7 +527,6 @@ def _export_hf(
     m = model_view(spec, lm, rank, model, saving=True)
     sources, problems = resolve_sources(hfmap, m.units, strict=True)
     raise_problems(problems + _written_twice(sources), path)
-    _check_config(config)
     cast.check(key for src in sources.values() for key in src.keys)
     session = ExportSession(path, rank, _export_group(process_group))
     return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite)
@@ -596,11 +595,9 @@ def _export_steps(
     together instead of leaving the others waiting."""
     rank = session.rank
     transfers = _transfers(plan, local, rank)
-    incoming = {peer: sum(nb for _, _, nb in parts) for peer, parts in transfers.incoming.items()}
-    staged = attempt_value(lambda: stage_messages(transfers.outgoing, incoming, rank))
-    recovered = session.prepare(overwrite, staged[0])
+    error, messages = attempt_value(lambda: _ready(config, transfers, rank))
+    recovered = session.prepare(overwrite, error)
     report = HFExportReport(recovered=recovered)
-    messages = staged[1]
     report.bytes_sent, report.bytes_received = messages.bytes_sent, messages.bytes_received
     received = exchange(messages, session.world, session.group)
     fulls = _assemble(plan, transfers, received, rank)
@@ -631,6 +628,15 @@ def _export_steps(
         error = attempt(lambda: session.finish(index, lambda folder: _write_config(config, folder)))
     session.finished_by_rank0(error)
     return report
+
+
+def _ready(config: Any, transfers: _Transfers, rank: int) -> Messages:
+    """This rank's part before step 1, whose error every rank raises with step 1's: the
+    config readable here (a path may be missing on one node), the messages staged in host
+    memory."""
+    _check_config(config)
+    incoming = {peer: sum(nb for _, _, nb in parts) for peer, parts in transfers.incoming.items()}
+    return stage_messages(transfers.outgoing, incoming, rank)
 
 
 def _transfers(

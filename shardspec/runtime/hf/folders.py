@@ -183,8 +183,8 @@ class ExportSession:
 
     def prepare(self, overwrite: bool, error: str | None = None) -> list[str]:
         """Step 1 (rank 0), agreed by every rank: what recovery did, reported here.
-        ``error``: this rank's own, before it (staging its messages): every rank raises
-        it, and rank 0, if it is its own, does not prepare."""
+        ``error``: this rank's own, before it (its config unreadable, its messages not
+        staged): every rank raises it, and rank 0, if it is its own, does not prepare."""
         self.step = "preparing"
         mine: tuple[str | None, Any] = (
             (error, None)

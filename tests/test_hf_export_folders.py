@@ -119,6 +119,8 @@ def _states(path: Path) -> tuple[str, str, str]:
 # kill point -> (what it leaves: path, .partial, .replaced; what the next export reports)
 KILLS = {
     "prepared": (("complete", "saving", "missing"), "an unfinished export_hf"),
+    "exchanging": (("complete", "saving", "missing"), "an unfinished export_hf"),
+    "exchanged": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "writing": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "written": (("complete", "saving", "missing"), "an unfinished export_hf"),
     "marked": (("complete", "complete", "missing"), "moved it to"),
@@ -264,3 +266,16 @@ def test_without_overwrite_an_existing_path_is_never_replaced(
     with pytest.raises(hfmod.HFError, match=r"restored it to .*pass overwrite=True"):
         _export(layout, out, 3)
     assert _same(out, refs[2]) and sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_an_unreadable_config_is_refused_before_anything(
+    layout: Any, refs: dict, tmp_path: Path
+) -> None:
+    """Every rank checks its config before step 1 and all raise together (on several
+    ranks, tests/test_hf_export_crash.py: a config on one node only); nothing changes."""
+    out = tmp_path / "out"
+    _export(layout, out, 1)
+    missing = tmp_path / "nowhere" / "config.json"
+    with pytest.raises(hfmod.HFError, match=r"rank 0: HFError: config: .* not a readable"):
+        _export(layout, out, 2, overwrite=True, config=str(missing))
+    assert _same(out, refs[1]) and sorted(os.listdir(tmp_path)) == ["out"]

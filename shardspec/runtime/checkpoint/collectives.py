@@ -1,7 +1,7 @@
 """How the ranks of a save or load agree: the coordinator's outcome broadcast to every
 rank (:func:`_exchange`), which ranks stopped when a collective failed (:class:`_Roll`,
-through the job's rendezvous store), and the gloo process group that saves use by default
-(:func:`checkpoint_group`).
+through the job's rendezvous store), and the gloo process group that saves and
+``export_hf`` use by default (:func:`checkpoint_group`).
 
 **Bounded waits.** When a rank dies, the survivors whose collective was with it fail at
 once (gloo sees the closed connection), but a survivor waiting on another survivor that
@@ -45,11 +45,12 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 def checkpoint_group(timeout: timedelta | None = None) -> Any:
-    """The process group saves use by default: a gloo group over every rank, created on
-    first use (a collective: every rank calls it at the same point, as every rank calls
-    ``save``) with ``timeout`` (default :data:`COLLECTIVE_TIMEOUT`), and kept as long as the
-    default process group, or until a save on it fails (then the next save makes a new
-    one). Its collectives never mix with the training loop's on the default group."""
+    """The process group saves and ``export_hf`` use by default: a gloo group over every
+    rank, created on first use (a collective: every rank calls it at the same point, as
+    every rank calls ``save``) with ``timeout`` (default :data:`COLLECTIVE_TIMEOUT`), and
+    kept as long as the default process group, or until a save or export on it fails
+    (then the next one makes a new one). Its collectives never mix with the training
+    loop's on the default group."""
     if not dist.is_initialized():
         return None  # one process: nothing to coordinate
     world = dist.group.WORLD

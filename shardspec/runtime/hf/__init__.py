@@ -13,8 +13,9 @@ model only when every read succeeded.
 
 ``export_hf`` writes the model as sharded safetensors files with an index. Each stored
 chunk is sent once, by the replica the checkpoint writer balancing chose, to the rank
-that writes the tensor; tensors are spread over the ranks by bytes, so no rank gathers
-the whole model.
+that writes the tensor (through host memory, over the export's gloo group:
+:mod:`~shardspec.runtime.hf.exchange`); tensors are spread over the ranks by bytes, so no
+rank gathers the whole model.
 
 Pipeline stages (a spec with a ``pipeline`` block): each rank's model is its stage's
 model, under its stage's names (global, or numbered from 0 per stage with ``split ...
@@ -22,9 +23,9 @@ local``); Hugging Face keys and storage units always use the whole model's (glob
 names. The whole model's units come from the manifest, so every rank validates the whole
 checkpoint alike (a key missing for another stage fails every rank) while reading only
 its own stage's bytes, still without a collective. ``export_hf`` on a pipeline first
-shares each rank's parameter dtypes (one ``all_gather_object``), then every rank
-computes every stage's chunk senders from a canonical plan of that stage's structure
-(meta tensors), so all ranks agree on who sends what.
+shares each rank's parameter dtypes (one ``all_gather_object`` on the export's group),
+then every rank computes every stage's chunk senders from a canonical plan of that
+stage's structure (meta tensors), so all ranks agree on who sends what.
 """
 
 from shardspec.runtime.hf.common import (

@@ -3,11 +3,12 @@ renamed into place."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from shardspec.core.hfmap import (
 )
 from shardspec.core.layout import Mesh
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
+from shardspec.runtime.checkpoint.collectives import checkpoint_group
 from shardspec.runtime.hf.common import (
     GlobalUnit,
     HFError,
@@ -35,7 +37,8 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     torch_dtype,
 )
-from shardspec.runtime.hf.folders import ExportSession, attempt, target
+from shardspec.runtime.hf.exchange import Messages, exchange, stage_messages
+from shardspec.runtime.hf.folders import ExportSession, Gather, attempt, attempt_value, target
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
     CheckpointError,
@@ -73,15 +76,17 @@ def _export_plan(
     m: ModelView,
     sources: dict[str, Source],
     path: str,
+    gather: Gather,
 ) -> _ExportPlan:
     """The writer of every unit (balanced by bytes, tie aliases with their sources) and the
-    sender of every stored chunk."""
+    sender of every stored chunk (``gather``: the export's all-gather, for pipeline
+    stages' dtypes)."""
     units = m.units
     plan_of: Callable[[str], CanonicalPlan] = lambda _fqn: m.plan  # noqa: E731
     if m.names.stages is not None:
         # Each rank's plan knows only its stage's senders: every rank computes every
         # stage's, from the stage's structure, with the dtypes every rank really holds.
-        dtypes = _stage_dtypes(spec, m.names, m.local, m.dtypes, path)
+        dtypes = _stage_dtypes(spec, m.names, m.local, m.dtypes, path, gather)
         units = global_units(m.params, dtypes)
         plan_of = _stage_plans(spec, lm, m.names, dtypes)
     chunks = _global_chunks(m.names, lm, m.params, plan_of)
@@ -122,10 +127,12 @@ def _stage_dtypes(
     local: Mapping[str, tuple[Unit, torch.Tensor]],
     dtypes: Mapping[str, torch.dtype],
     path: str,
+    gather: Gather,
 ) -> dict[str, torch.dtype]:
     """Pipeline stages: every parameter's real dtype (a stage model cast to bf16 is not what
-    the manifest says), shared by every rank of each stage. Every rank raises if any rank's
-    stage model lacks a parameter of its stage or two ranks of a stage disagree."""
+    the manifest says), shared by every rank of each stage (``gather``: the export's
+    all-gather). Every rank raises if any rank's stage model lacks a parameter of its stage
+    or two ranks of a stage disagree."""
     sp = names.stages
     assert sp is not None and names.stage is not None
     held = {names.global_of(u.source): str(t.dtype) for u, t in local.values()}
@@ -138,11 +145,7 @@ def _stage_dtypes(
             f"its model lacks {len(missing)} parameter(s) of stage {names.stage}: "
             f"{', '.join(sp.local_name(m, names.stage) for m in missing[:3])}{more}"
         )
-    mine = (names.stage, sorted(held.items()), error)
-    every: list[Any] = [mine]
-    if dist.is_initialized():
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
+    every = gather((names.stage, sorted(held.items()), error))
     out = dict(dtypes)
     first: dict[int, tuple[int, list]] = {}
     failed = []
@@ -323,13 +326,9 @@ def _tie_decisions(
     return out
 
 
-def _gather_keys(keys: set[str]) -> list[str]:
+def _gather_keys(keys: set[str], gather: Gather) -> list[str]:
     """The union of every rank's ``keys``, sorted."""
-    every = [keys]
-    if dist.is_initialized():
-        every = [set()] * dist.get_world_size()
-        dist.all_gather_object(every, keys)
-    return sorted(set().union(*every))
+    return sorted(set().union(*gather(keys)))
 
 
 def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
@@ -388,17 +387,36 @@ def export_hf(
     config: Any = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    keep_dtype: str | Sequence[str] = (),
+    process_group: Any = None,
 ) -> HFExportReport:
     """Write ``model`` as a Hugging Face checkpoint at ``path``: one safetensors file per
     writing rank, ``model.safetensors.index.json``, and ``config.json`` when ``config`` is
-    given (a dict, a transformers config, or a path to copy it from). Tensors keep the
-    parameters' dtypes unless ``dtype`` is given (``torch.bfloat16`` for an fp32 model).
+    given (a dict, a transformers config, or a path to copy it from).
+
+    ``dtype`` (``torch.bfloat16`` for an fp32 model) casts every floating tensor,
+    parameters and persistent buffers alike, as ``model.to(dtype)`` does before
+    transformers' ``save_pretrained``; integer and bool tensors keep their dtype.
+    ``keep_dtype``: glob patterns (``fnmatch``, case-sensitive) of Hugging Face keys that
+    keep the model's own dtype, as transformers keeps a model's ``_keep_in_fp32_modules``
+    in fp32 when it loads it in bf16 (DeepSeek-V3: ``["*.mlp.gate.weight",
+    "*.e_score_correction_bias"]``); a pattern that matches no key of the export is an
+    error. Without ``dtype`` every tensor keeps its dtype.
 
     Every rank calls it (with pipeline stages, each with its stage's model). Tensors go to
     writers balanced by bytes; every stored chunk is sent once, point to point, by the
-    replica that the checkpoint writer balancing picks. The files are written into
-    ``<path>.partial`` and renamed to ``path`` when every rank has written its file, so a
-    failed export leaves no half-written checkpoint at ``path``.
+    replica that the checkpoint writer balancing picks (staged through host memory:
+    :mod:`~shardspec.runtime.hf.exchange`). The files are written into ``<path>.partial``
+    and renamed to ``path`` when every rank has written its file, so a failed export leaves
+    no half-written checkpoint at ``path``.
+
+    ``process_group``: the group of every collective and every message of the export
+    (every rank of the job, with a gloo backend); default
+    :func:`~shardspec.runtime.checkpoint.checkpoint_group`, shardspec's own gloo group, as
+    for ``save``. When a rank dies, a survivor whose collective failed destroys that group
+    (never one of yours), so no survivor waits out a timeout for another that gave up;
+    each raises an :class:`HFError` that names the rank that stopped where the job's store
+    knows it, and says what ``path`` holds.
 
     A tie alias of the ``hf`` block (``tie lm_head.weight = model.embed_tokens.weight``) is
     written only when ``config`` says the weights are untied (``tie_word_embeddings:
@@ -409,7 +427,8 @@ def export_hf(
     path = target(path, HFError)
     error: HFError | None = None
     try:
-        return _export_hf(spec, hfmap, model, path, mesh, config, overwrite, dtype)
+        cast = _cast(dtype, keep_dtype)
+        return _export_hf(spec, hfmap, model, path, mesh, config, overwrite, cast, process_group)
     except (HFError, CheckpointError, SpecError):
         raise
     except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo, NCCL)
@@ -427,6 +446,72 @@ def export_hf(
         error = None
 
 
+@dataclass(frozen=True)
+class _Cast:
+    """``export_hf``'s ``dtype`` and ``keep_dtype``: the dtype each key is written in."""
+
+    dtype: torch.dtype | None
+    keep: tuple[str, ...]
+
+    def of(self, key: str, held: torch.dtype) -> torch.dtype:
+        """The dtype ``key``'s tensor is written in, the model holding it as ``held``."""
+        if self.dtype is None or not held.is_floating_point:
+            return held
+        if any(fnmatch.fnmatchcase(key, p) for p in self.keep):
+            return held
+        return self.dtype
+
+    def check(self, keys: Iterable[str]) -> None:
+        """A pattern of ``keep_dtype`` that matches none of the export's ``keys`` is an
+        error (a typo would write in ``dtype`` what was meant to be kept)."""
+        keys = list(keys)
+        unused = [p for p in self.keep if not any(fnmatch.fnmatchcase(k, p) for k in keys)]
+        if unused:
+            raise HFError(
+                f"keep_dtype: {', '.join(repr(p) for p in unused)} matches no Hugging Face "
+                "key of the export (patterns are fnmatch globs over the keys the hf block "
+                "writes, such as '*.mlp.gate.weight'); nothing was written"
+            )
+
+
+def _cast(dtype: Any, keep: str | Sequence[str]) -> _Cast:
+    """``dtype`` and ``keep_dtype`` checked (one pattern may be given as a string)."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise HFError(f"dtype must be a torch.dtype (torch.bfloat16, say), not {dtype!r}")
+    patterns = (keep,) if isinstance(keep, str) else tuple(keep)
+    bad = [p for p in patterns if not isinstance(p, str)]
+    if bad:
+        raise HFError(f"keep_dtype must be glob patterns of Hugging Face keys, not {bad[0]!r}")
+    return _Cast(dtype, patterns)
+
+
+def _export_group(process_group: Any) -> Any:
+    """The export's process group: the caller's (every rank of the job, a gloo backend),
+    or shardspec's own checkpoint group (a collective on first use)."""
+    if not dist.is_initialized():
+        return None
+    if process_group is None:
+        return checkpoint_group()
+    try:
+        size = dist.get_world_size(process_group)  # -1 on a rank outside it
+        backend = str(dist.get_backend(process_group)) if size > 0 else ""
+    except (ValueError, RuntimeError, AttributeError, TypeError) as e:
+        raise HFError(f"process_group: not a process group of this job ({e})") from None
+    if size != dist.get_world_size():
+        raise HFError(
+            "process_group: export_hf needs a group of every rank of the job "
+            f"({dist.get_world_size()} ranks); this one has "
+            f"{'not this rank' if size < 0 else f'{size} ranks'}; nothing was written"
+        )
+    if "gloo" not in backend:  # "gloo", or "cpu:gloo,cuda:nccl"
+        raise HFError(
+            f"process_group: export_hf sends its chunks through host memory and needs a "
+            f"group with a gloo backend, not {backend!r}; leave process_group out to use "
+            "shardspec's own gloo group; nothing was written"
+        )
+    return process_group
+
+
 def _export_hf(
     spec: CompiledSpec,
     hfmap: HFMap,
@@ -435,15 +520,16 @@ def _export_hf(
     mesh: Any,
     config: Any,
     overwrite: bool,
-    dtype: torch.dtype | None,
+    cast: _Cast,
+    process_group: Any,
 ) -> HFExportReport:
     lm, rank = hf_mesh_and_rank(spec, mesh, "export_hf")
     m = model_view(spec, lm, rank, model, saving=True)
     sources, problems = resolve_sources(hfmap, m.units, strict=True)
     raise_problems(problems + _written_twice(sources), path)
-    _check_config(config)
-    plan = _export_plan(spec, hfmap, lm, m, sources, path)
-    return _export(hfmap, plan, m.local, rank, path, config, dtype, overwrite)
+    cast.check(key for src in sources.values() for key in src.keys)
+    session = ExportSession(path, rank, _export_group(process_group))
+    return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite)
 
 
 @dataclass
@@ -464,28 +550,32 @@ class _RankTensors:
 
 
 def _export(
+    session: ExportSession,
+    spec: CompiledSpec,
     hfmap: HFMap,
-    plan: _ExportPlan,
-    local: Mapping[str, tuple[Unit, torch.Tensor]],
-    rank: int,
-    path: str,
+    lm: Mesh,
+    m: ModelView,
+    sources: dict[str, Source],
     config: Any,
-    dtype: torch.dtype | None,
+    cast: _Cast,
     overwrite: bool,
 ) -> HFExportReport:
     """export_hf's collective part, in the folder protocol's steps
-    (:class:`~shardspec.runtime.hf.folders.ExportSession`): a failed collective (a rank
-    that died) is an ``HFError`` that says what ``path`` holds."""
-    session = ExportSession(path, rank)
+    (:class:`~shardspec.runtime.hf.folders.ExportSession`): a failed collective or message
+    (a rank that died, or one that gave up) is an ``HFError`` that says what ``path``
+    holds, raised once this rank has let go of the export's group (if it is shardspec's:
+    then no rank waits on this one)."""
     error: HFError | None = None
     try:
-        return _export_steps(session, hfmap, plan, local, rank, config, dtype, overwrite)
+        plan = _export_plan(spec, hfmap, lm, m, sources, session.path, session.gather)
+        return _export_steps(session, hfmap, plan, m.local, config, cast, overwrite)
     except HFError:
         raise
-    except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo, NCCL)
+    except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo)
         error = session.lost(e)  # raised below, out of the except clause (see export_hf)
     finally:
         session.close()
+    session.discard()
     try:
         raise error
     finally:
@@ -497,25 +587,25 @@ def _export_steps(
     hfmap: HFMap,
     plan: _ExportPlan,
     local: Mapping[str, tuple[Unit, torch.Tensor]],
-    rank: int,
     config: Any,
-    dtype: torch.dtype | None,
+    cast: _Cast,
     overwrite: bool,
 ) -> HFExportReport:
     """Every failure on one rank ends in an exchange of errors, so all ranks raise
     together instead of leaving the others waiting."""
-    recovered = session.prepare(overwrite)
-    report = HFExportReport(recovered=recovered)
+    rank = session.rank
     transfers = _transfers(plan, local, rank)
-    device = next((t.device for _, t in local.values()), torch.device("cpu"))
-    received = _exchange(transfers, rank, device, report)
+    error, messages = attempt_value(lambda: _ready(config, transfers, rank))
+    recovered = session.prepare(overwrite, error)
+    report = HFExportReport(recovered=recovered)
+    report.bytes_sent, report.bytes_received = messages.bytes_sent, messages.bytes_received
+    received = exchange(messages, session.world, session.group)
     fulls = _assemble(plan, transfers, received, rank)
-    out = _hf_tensors(plan, fulls, rank, dtype)
+    out = _hf_tensors(plan, fulls, rank, cast)
     ties = _tie_decisions(hfmap, out.tensors, _config_ties(config))
     tie_error = ties.pop(None, None)
-    for key in _gather_keys(
-        {k for k in ties if k is not None}
-    ):  # aliases not written, from every writer
+    # aliases not written, from every writer
+    for key in _gather_keys({k for k in ties if k is not None}, session.gather):
         out.tensors.pop(key, None)
         out.writer_of.pop(key, None)
         report.aliases_not_written.append(key)
@@ -534,10 +624,19 @@ def _export_steps(
     session.written(mine)
     error = None
     if rank == 0:
-        index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), dtype)
+        index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), cast)
         error = attempt(lambda: session.finish(index, lambda folder: _write_config(config, folder)))
     session.finished_by_rank0(error)
     return report
+
+
+def _ready(config: Any, transfers: _Transfers, rank: int) -> Messages:
+    """This rank's part before step 1, whose error every rank raises with step 1's: the
+    config readable here (a path may be missing on one node), the messages staged in host
+    memory."""
+    _check_config(config)
+    incoming = {peer: sum(nb for _, _, nb in parts) for peer, parts in transfers.incoming.items()}
+    return stage_messages(transfers.outgoing, incoming, rank)
 
 
 def _transfers(
@@ -560,37 +659,6 @@ def _transfers(
     return out
 
 
-def _exchange(
-    transfers: _Transfers, rank: int, device: torch.device, report: HFExportReport
-) -> dict[int, torch.Tensor]:
-    """Send and receive every message in one batch; the bytes received, by sender (this
-    rank's own chunks included, not sent)."""
-    received: dict[int, torch.Tensor] = {}
-    ops = []
-    for peer, parts in sorted(transfers.outgoing.items()):
-        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if peer == rank:
-            received[rank] = buf
-            continue
-        report.bytes_sent += buf.numel()
-        ops.append(dist.P2POp(dist.isend, buf, peer))
-    for peer, expected in sorted(transfers.incoming.items()):
-        if peer == rank:
-            continue
-        n = sum(nb for _, _, nb in expected)
-        buf = torch.empty(n, dtype=torch.uint8, device=device)
-        report.bytes_received += n
-        received[peer] = buf
-        ops.append(dist.P2POp(dist.irecv, buf, peer))
-    # One batch: NCCL would deadlock on separate sends and receives between two ranks
-    # that both send first. (The collective in session.prepare before it makes this not the group's
-    # first communication, as NCCL requires of a batch that not every rank joins.)
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-    return received
-
-
 def _assemble(
     plan: _ExportPlan, transfers: _Transfers, received: Mapping[int, torch.Tensor], rank: int
 ) -> dict[str, torch.Tensor]:
@@ -602,7 +670,7 @@ def _assemble(
         if plan.writer[u.name] == rank
     }
     for peer, parts in transfers.incoming.items():
-        buf, pos = received[peer].cpu(), 0
+        buf, pos = received[peer], 0
         for name, c, nb in parts:
             piece = buf[pos : pos + nb].view(dtype_of[name]).view(c.sizes)
             box = tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))
@@ -612,10 +680,11 @@ def _assemble(
 
 
 def _hf_tensors(
-    plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, dtype: torch.dtype | None
+    plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, cast: _Cast
 ) -> _RankTensors:
     """The Hugging Face tensors this rank writes (its units through the mapping's
-    transforms, split parts placed in their tensor), and every key's writer."""
+    transforms, split parts placed in their tensor, each in its dtype: ``cast``), and
+    every key's writer."""
     out = _RankTensors()
     for u in plan.units:
         src, writer = plan.sources[u.name], plan.writer[u.name]
@@ -624,8 +693,7 @@ def _hf_tensors(
             if writer != rank:
                 continue
             part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
-            if dtype is not None:
-                part = part.to(dtype)
+            part = part.to(cast.of(key, part.dtype))
             if src.split is None:
                 out.tensors[key] = part
                 continue
@@ -651,11 +719,11 @@ def _index(
     writer_of: Mapping[str, int],
     file_of: Mapping[int, str],
     skipped: set[str],
-    dtype: torch.dtype | None,
+    cast: _Cast,
 ) -> dict[str, Any]:
     """The checkpoint's ``model.safetensors.index.json``."""
     total = sum(
-        math.prod(u.shape) // len(plan.sources[u.name].keys) * (dtype or u.dtype).itemsize
+        math.prod(u.shape) // len(plan.sources[u.name].keys) * cast.of(key, u.dtype).itemsize
         for u in plan.units
         for key in plan.sources[u.name].keys
         if key not in skipped

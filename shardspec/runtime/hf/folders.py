@@ -18,6 +18,12 @@ export_hf does about it):
    ``<path>.partial`` to ``path``, remove ``<path>.replaced``;
 4. every rank receives rank 0's outcome.
 
+Every collective of an export (its agreements, and the chunk exchange of
+:mod:`~shardspec.runtime.hf.exchange`) runs on the export's process group, by default
+shardspec's own gloo checkpoint group: when one fails on a rank (a peer died, or gave up),
+that rank destroys the group before it raises (:meth:`ExportSession.discard`), so no
+survivor waits on it (:mod:`shardspec.runtime.checkpoint.collectives`, "Bounded waits").
+
 Every marker records the inode of the folder it was written into, so export_hf moves or
 removes only the folders it made (a user's ``<path>.partial`` or ``<path>.replaced``, even
 a copy of an export with its markers, is refused by name, never removed), and
@@ -31,12 +37,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 
-from shardspec.runtime.checkpoint.collectives import _Roll, _who
+from shardspec.runtime.checkpoint.collectives import _distributed, _Roll, _who
 from shardspec.runtime.checkpoint.failures import _clear_frames, _line
 from shardspec.runtime.checkpoint.folders import (
     Folder,
@@ -81,6 +87,10 @@ EXPORT = Protocol(
     not_kind=f"no {EXPORT_DONE}: export_hf replaces only a folder it exported",
     error=HFError,
 )
+
+
+# Every rank's value of one collective step, in rank order (ExportSession.gather).
+Gather: TypeAlias = Callable[[Any], list[Any]]
 
 
 class ExportRecoveryWarning(UserWarning):
@@ -135,23 +145,54 @@ class ExportSession:
     """One export_hf call's protocol steps on one rank: rank 0 acts, every rank agrees
     (:meth:`agree`), and a failed collective becomes an :class:`HFError` that says what
     ``path`` holds and names the rank that stopped where the job's store knows
-    (:meth:`lost`)."""
+    (:meth:`lost`), after which :meth:`discard` lets the group go.
 
-    def __init__(self, path: str, rank: int) -> None:
+    ``group``: the export's process group (None: one process), held by the session's roll
+    only, so that nothing else keeps it alive once it is destroyed."""
+
+    def __init__(self, path: str, rank: int, group: Any) -> None:
         self.path = path
         self.partial = EXPORT.partial(path)
         self.rank = rank
-        self.step = "preparing"
+        self.step = "planning"
         self.finished = False  # rank 0 moved the new export into place
-        self.roll = _Roll(None)
+        self.roll = _Roll(group)
+        self.world = dist.get_world_size(group) if _distributed(group) else 1
         self.roll.start()
+
+    @property
+    def group(self) -> Any:
+        return self.roll.group
 
     def close(self) -> None:
         self.roll.close()
 
-    def prepare(self, overwrite: bool) -> list[str]:
-        """Step 1 (rank 0), agreed by every rank: what recovery did, reported here."""
-        mine = _attempt(lambda: _prepare(self.path, overwrite)) if self.rank == 0 else (None, [])
+    def discard(self) -> None:
+        """After a failed collective, once the failed frames are emptied
+        (:meth:`lost`): destroy the group if it is shardspec's own, so that no rank waits
+        on this one (:meth:`~shardspec.runtime.checkpoint.collectives._Roll.discard`)."""
+        self.roll.discard()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, over the export's group."""
+        if not _distributed(self.group):
+            return [value]
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, value, group=self.group)
+        return every
+
+    def prepare(self, overwrite: bool, error: str | None = None) -> list[str]:
+        """Step 1 (rank 0), agreed by every rank: what recovery did, reported here.
+        ``error``: this rank's own, before it (its config unreadable, its messages not
+        staged): every rank raises it, and rank 0, if it is its own, does not prepare."""
+        self.step = "preparing"
+        mine: tuple[str | None, Any] = (
+            (error, None)
+            if error is not None
+            else attempt_value(lambda: _prepare(self.path, overwrite))
+            if self.rank == 0
+            else (None, [])
+        )
         recovered = self.agree(*mine)
         _report(list(recovered), ExportRecoveryWarning)
         _point("prepared")
@@ -202,10 +243,7 @@ class ExportSession:
         """Share every rank's ``(error, value)``; rank 0's value, or, if any rank failed,
         an :class:`HFError` on every rank listing them (rank 0 first removes an unfinished
         ``<path>.partial`` of its own), so no rank waits for one that gave up."""
-        every = [(error, value)]
-        if dist.is_initialized():
-            every = [(None, None)] * dist.get_world_size()
-            dist.all_gather_object(every, (error, value))
+        every = self.gather((error, value))
         failed = [(r, e) for r, (e, _) in enumerate(every) if e is not None]
         if not failed:
             return every[0][1]
@@ -222,7 +260,9 @@ class ExportSession:
         _clear_frames(e)
         asked = bool(self.roll.ranks)  # a store to ask: the job is distributed
         who = _who(self.roll.stopped(), asked)
-        if self.step != "finishing":
+        if self.step == "planning":
+            held = f"{self.path} is unchanged; nothing was written"
+        elif self.step != "finishing":
             if self.rank == 0:
                 EXPORT.discard(self.path)
                 held = f"{self.path} is unchanged, and {self.partial} is removed"
@@ -245,7 +285,7 @@ class ExportSession:
         )
 
 
-def _attempt(step: Callable[[], Any]) -> tuple[str | None, Any]:
+def attempt_value(step: Callable[[], Any]) -> tuple[str | None, Any]:
     """Run ``step()``: ``(None, its value)``, or ``(its error as text, None)``."""
     try:
         return None, step()
@@ -255,4 +295,4 @@ def _attempt(step: Callable[[], Any]) -> tuple[str | None, Any]:
 
 def attempt(step: Callable[[], Any]) -> str | None:
     """Run ``step()``; its error as text, or None."""
-    return _attempt(step)[0]
+    return attempt_value(step)[0]

@@ -296,9 +296,10 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
         if entry.tied_to is None:
             continue
         alias, source = entry.fqn, entry.tied_to
-        stage = res.stages.stage if res.stages is not None else {}
-        if alias in stage and source in stage and stage[alias] != stage[source]:
-            continue  # two tensors, one per stage
+        sp = res.stages
+        where = (sp.stage_of(alias), sp.stage_of(source)) if sp is not None else (None, None)
+        if None not in where and where[0] != where[1]:
+            continue  # two tensors, one per stage (a pipeline tie's alias and its source)
         cut: list[tuple[Match, list[str]]] = []
         for name in (source, alias):
             m = res.matches.get(name)

@@ -171,6 +171,7 @@ class Stage:
     local_name: str | None = None
     claim: str | None = None
     copies: tuple[tuple[int, str], ...] = ()  # (stage, tie alias) holding a copy
+    every: bool = False  # a buffer no declaration covers: every stage holds it
     off_stage: tuple[int, ...] = ()  # the first ranks of other stages
     off_stage_count: int = 0  # how many ranks other stages have
 
@@ -320,14 +321,6 @@ def find_parameter(res: Resolved, fqn: str) -> tuple[str, Match] | Diagnostic:
     if m is not None:
         return fqn, m
     where = display_path(res.manifest.path)
-    if any(e.fqn == fqn and e.kind == "buffer" for e in res.manifest.entries):
-        return diag(
-            "SS004",
-            f"{fqn!r} is a persistent buffer of {where}; with a pipeline block, rules place "
-            "parameters only",
-            Span("<command line>", 1, 1),
-            "a stage's buffers are saved whole, as they are: there is no layout to explain",
-        )
     close = closest_few(fqn, list(res.matches), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"the manifest's names are in {where}"
     return diag(
@@ -461,6 +454,7 @@ def stage_facts(res: Resolved, fqn: str, mesh: Mesh, layout: ParamLayout) -> Sta
         local_name=sp.local_name(fqn) if layer is not None and p.local_names else None,
         claim=claim if layer is None else None,
         copies=copies,
+        every=sp.buffer_stages.get(fqn, ()) == tuple(range(sp.n_stages)) and sp.n_stages > 1,
         off_stage=tuple(_off_stage(layout, mesh)),
         off_stage_count=_off_stage_count(layout, mesh),
     )

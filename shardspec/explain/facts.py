@@ -123,6 +123,10 @@ class Style:
     line: int = 0  # STATED: where
     module: str | None = None
     dim: str | None = None
+    # Refused by lint (SS038, the same decision): why torch's style does not fit the
+    # module's class, and what to do instead.
+    refused: str | None = None
+    refused_hint: str | None = None
 
 
 class HeadsVerdict(Enum):
@@ -371,8 +375,25 @@ def layout_facts(res: Resolved, m: Match, mesh: Mesh, layout: ParamLayout) -> La
         dtensor_mesh(layout, mesh).names,
         # Over the pipeline axis (SS090) a parameter has no DTensor: its stage holds it.
         None if layout.stage_axis in layout.axes else dtensor_placements(layout, mesh),
-        style_facts(res, m.winner),
+        _refusal(res, m, style_facts(res, m.winner)),
     )
+
+
+def _refusal(res: Resolved, m: Match, style: Style) -> Style:
+    """``style`` with what lint refuses of it (SS038): torch's colwise or rowwise style on
+    a module whose class runs a forward of its own, decided on the module's weight."""
+    from shardspec.checks.tensor_parallel import refused_style
+    from shardspec.core.styles import custom_module_hint
+
+    owner, _, leaf = m.entry.fqn.rpartition(".")
+    weight = m if leaf == "weight" else res.matches.get(f"{owner}.weight")
+    refused = refused_style(res, weight) if weight is not None else None
+    if refused is None:
+        return style
+    if weight is not m:  # the module's style is its weight's
+        assert weight is not None and weight.winner is not None
+        style = style_facts(res, weight.winner)
+    return replace(style, refused=refused[2], refused_hint=custom_module_hint(lint=True))
 
 
 def style_facts(res: Resolved, rule_index: int) -> Style:

@@ -114,6 +114,9 @@ def _layout_lines(shown: str, f: LayoutFacts, *, buffer: bool = False) -> list[s
             f"placements ({', '.join(map(_placement_text, f.placements))})"
         )
     lines.append(f"  tensor-parallel style: {_style_text(shown, f.style)}")
+    if f.style.refused is not None:
+        lines.append(f"    refused by lint (SS038): its module {f.style.refused}")
+        lines.append(f"    what to do: {f.style.refused_hint}")
     return lines
 
 

@@ -1,10 +1,13 @@
 """Persistent buffers as storage units, in one process: what explain shows of a buffer, the
 layout the runtime gives one (whole on every rank, a rule's local shard, never a shard at
-run time), and the canonical units a state dict's buffers become on every rank.
+run time), and the canonical units a state dict's buffers become on every rank; with
+pipeline stages, the stage each buffer lives on, its units under global names, what
+``split_stage`` keeps, and a stage model holding another stage's buffer refused.
 
 The multi-rank proof on transformers' own DeepSeek-V3 (load_hf, export_hf, logits, DCP) is
-``tests/test_hf_buffers.py``; the lint side is ``tests/checks/SS086.py`` (dropped model
-state), ``SS087.py`` (sharded buffers) and ``SS041.py`` (a rule for a buffer).
+``tests/test_hf_buffers.py`` (and, per pipeline stage, ``tests/test_pipeline_buffers.py``);
+the lint side is ``tests/checks/SS086.py`` (dropped model state), ``SS087.py`` (sharded
+buffers), ``SS041.py`` (a rule for a buffer) and ``SS092.py`` (a buffer on two stages).
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
                 "SS092",
                 f"{len(fqns)} {noun}(s) placed by both {' and '.join(kinds)}: {_more(fqns)}",
                 claimant.span if claimant is not None else p.span,
-                "each parameter lives on exactly one stage; narrow one of the patterns",
+                f"each {noun} lives on exactly one stage; narrow one of the patterns",
             )
         )
     out.extend(_check_layer_names(res, p, spec, names + buffers))

@@ -421,3 +421,24 @@ def test_explain_shows_a_pipeline_buffers_stage(tmp_path: Path) -> None:
     assert rc == 0, out
     assert "pipeline stage: 1 of 2 on pp (layer 1 of split layers.{layer})" in out
     assert "ranks 0, 1 (other stages) hold none of it" in out
+
+
+def test_a_buffer_named_without_its_shape_is_refused_where_a_stage_needs_it() -> None:
+    """Other stages' buffers come from the manifest's table: a spec built by hand that
+    names a buffer without its shape says so (load_hf/export_hf of a stage), as an HFError."""
+    from shardspec.runtime.hf import HFError
+    from shardspec.runtime.hf.common import manifest_entry
+
+    spec = CompiledSpec(
+        name="named",
+        axes=("pp",),
+        sizes={"pp": 2},
+        world=2,
+        rules=(RuleSpec(pattern="**", dims=(), any_rank=True),),
+        params={"a.w": Param(0, (2,), "float32"), "b.w": Param(0, (2,), "float32")},
+        buffers=("a.cache",),
+        pipeline=PipelineSpec(axis="pp", first=("a",), last=("b",)),
+    )
+    assert manifest_entry(spec, "a.w") == ((2,), "float32")
+    with pytest.raises(HFError, match=r"names buffer 'a\.cache' without its shape"):
+        manifest_entry(spec, "a.cache")

@@ -176,7 +176,12 @@ def manifest_entry(spec: CompiledSpec, fqn: str) -> tuple[tuple[int, ...], str]:
     """The module tensor shape and dtype the manifest gives parameter or buffer ``fqn``."""
     assert spec.params is not None
     entry = spec.params.get(fqn) or spec.buffers[fqn]
-    assert entry.shape is not None
+    if entry.shape is None:
+        raise HFError(
+            f"spec {spec.name!r} names buffer {fqn!r} without its shape (a table built by "
+            "hand): other pipeline stages' buffers need the manifest's shapes; compile the "
+            "spec with `shardspec compile`"
+        )
     return entry.shape, entry.dtype
 
 

@@ -17,14 +17,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shardspec.runtime import CompiledSpec, Param, ParamTable, RuleSpec, RuntimeModule, require
+from shardspec.runtime import (
+    Buffer,
+    CompiledSpec,
+    Hook,
+    Param,
+    ParamTable,
+    RuleSpec,
+    RuntimeModule,
+    require,
+)
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Placement
 
-require(api=5, compiler="0.1.0")
+require(api=6, compiler="0.1.0")
 
 # The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
 # module's import costs its tables only.
@@ -128,12 +137,16 @@ PARAMS: ParamTable[Param] | None = ParamTable(
     }
 )
 
-# The manifest's persistent buffers (stored, loaded and exported as parameters are: whole on
-# every rank unless a rule places them), and the keys the model's state-dict hooks write in
-# place of parameters: key -> (the hook's module, the parameters). No rule places a hook's
-# key, so save refuses a state dict that holds one (strict=False: a warning).
-BUFFERS: tuple[str, ...] = ()
-HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
+# The manifest's persistent buffers: Buffer(rule, module tensor shape, dtype), one row per kind as
+# in PARAMS. Checkpoints (and an hf block) store them as they store parameters; rule None (no rule
+# matches): the whole tensor on every rank.
+BUFFERS: ParamTable[Buffer] = ParamTable({})
+
+# The keys the model's state-dict hooks write in place of parameters: Hook(the hook's
+# module, the parameters), a `*` segment in their names standing for the key's segment at
+# that position. No rule places a hook's key, so save refuses a state dict that holds one
+# (strict=False: a warning).
+HOOK_KEYS: ParamTable[Hook] = ParamTable({})
 
 # Tensor-parallel styles the rules state (rule index -> kind, activation layouts);
 # parallelize derives the others from the placements.

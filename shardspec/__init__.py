@@ -14,4 +14,6 @@ __version__ = "0.1.0"
 # 4: MapRule(grouped=..., dtypes=...): grouped split lines, the HF manifest's dtypes per line.
 # 5: PARAMS is a ParamTable of folded rows (names that differ only in numbers share one),
 #    imported from shardspec.runtime.
-RUNTIME_API = 5
+# 6: BUFFERS is a ParamTable of Buffer(rule, shape, dtype) rows and HOOK_KEYS one of Hook rows
+#    (names relative to their key), both folded like PARAMS; pipeline stages place buffers.
+RUNTIME_API = 6

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from examples.models import hf as hfm
-from tests.hf_scenarios import Item, count_collectives, full_of, same_bits
-from tests.hf_split_scenarios import compare
+from tests.hf_scenarios import Item, full_of, same_bits
+from tests.hf_split_scenarios import compare, load_own
 
 BUFFER = "model.layers.1.mlp.gate.e_score_correction_bias"
 
@@ -59,11 +59,14 @@ def owner_state(hf_dir: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def fresh_model(mod: Any, mesh: Any) -> torch.nn.Module:
-    """The model on the meta device, distributed on ``mesh``, materialized and filled with
-    7.0 everywhere (parameters and buffers): what a load must overwrite."""
+def fresh_model(mod: Any, mesh: Any, *, stage: bool = False, **config: Any) -> torch.nn.Module:
+    """The model (its config updated by ``config``) on the meta device, cut to this rank's
+    pipeline stage by ``split_stage`` (``stage``), distributed on ``mesh``, materialized
+    and filled with 7.0 everywhere (parameters and buffers): what a load must overwrite."""
     with torch.device("meta"):
-        model = hfm.deepseek_v3_tiny()
+        model = hfm.deepseek_v3_tiny(**config)
+    if stage:
+        mod.split_stage(model, mesh)
     mod.distribute(model, mesh)
     model.to_empty(device="cpu")
     with torch.no_grad():
@@ -95,20 +98,11 @@ def buffer_case(root: str, case: BufferCase, item: Item) -> None:
     if torch.count_nonzero(want[BUFFER]) == 0:
         item.fail.append(f"{item.label}: the checkpoint's {BUFFER} is zero (its initial value)")
     model = fresh_model(mod, mesh)
-    with count_collectives() as calls:
-        report = mod.load_hf(model, hf_dir, mesh)
-    if calls:
-        item.fail.append(f"{item.label}: load_hf communicated: {calls}")
-    if report.bytes_read != report.bytes_owned:
-        item.fail.append(f"{item.label}: read {report.bytes_read} for {report.bytes_owned}")
+    load_own(item, mod, model, hf_dir, mesh)
     compare_state(item, "load_hf", model, want)
     world = dist.get_world_size()
     out = os.path.join(root, f"export-{world}", item.label.replace(" ", "_"))
-    exported = mod.export_hf(model, out, mesh, config=hf_dir)
-    item.extra["written"] = exported.bytes_written
-    dist.barrier()
-    if dist.get_rank() == 0:  # the export bitwise, and from_pretrained's logits of it
-        compare(case, item, out, hf_dir, logits=True)  # type: ignore[arg-type]
+    export_and_compare(item, mod, model, mesh, out, hf_dir)
     if case.save_as is not None:
         mod.save(model.state_dict(), os.path.join(root, case.save_as), mesh=mesh)
     if case.plain:
@@ -120,6 +114,16 @@ def buffer_case(root: str, case: BufferCase, item: Item) -> None:
             fresh = fresh_model(mod, mesh)
             mod.load(fresh.state_dict(), os.path.join(root, name), mesh=mesh)
             compare_state(item, f"DCP load of {name}", fresh, want)
+
+
+def export_and_compare(item: Item, mod: Any, model: Any, mesh: Any, out: str, hf_dir: str) -> None:
+    """``export_hf`` on every rank; rank 0 compares the export with the checkpoint
+    ``hf_dir`` bitwise, and from_pretrained's logits of the two."""
+    exported = mod.export_hf(model, out, mesh, config=hf_dir)
+    item.extra["written"] = exported.bytes_written
+    dist.barrier()
+    if dist.get_rank() == 0:
+        compare(item, item, out, hf_dir, logits=True)  # type: ignore[arg-type]
 
 
 def run_all(rank: int, world: int, root: str, cases: list[BufferCase]) -> dict[str, Item]:

@@ -1,10 +1,13 @@
 """Persistent buffers as storage units, in one process: what explain shows of a buffer, the
 layout the runtime gives one (whole on every rank, a rule's local shard, never a shard at
-run time), and the canonical units a state dict's buffers become on every rank.
+run time), and the canonical units a state dict's buffers become on every rank; with
+pipeline stages, the stage each buffer lives on, its units under global names, what
+``split_stage`` keeps, and a stage model holding another stage's buffer refused.
 
 The multi-rank proof on transformers' own DeepSeek-V3 (load_hf, export_hf, logits, DCP) is
-``tests/test_hf_buffers.py``; the lint side is ``tests/checks/SS086.py`` (dropped model
-state), ``SS087.py`` (sharded buffers) and ``SS041.py`` (a rule for a buffer).
+``tests/test_hf_buffers.py`` (and, per pipeline stage, ``tests/test_pipeline_buffers.py``);
+the lint side is ``tests/checks/SS086.py`` (dropped model state), ``SS087.py`` (sharded
+buffers), ``SS041.py`` (a rule for a buffer) and ``SS092.py`` (a buffer on two stages).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from shardspec import cli
 from shardspec.core.layout import Mesh, RuleSpec
 from shardspec.core.stages import PipelineSpec
-from shardspec.runtime import CompiledSpec, Param
+from shardspec.runtime import Buffer, CompiledSpec, Param
 from shardspec.runtime.spec import SpecError
 from shardspec.runtime.units import canonical_plan, clear_plan_cache
 
@@ -152,14 +155,165 @@ def test_without_a_manifest_a_buffer_is_matched_by_name() -> None:
     assert set(rest) == {"rope.cache", "step"}
 
 
-def test_a_pipeline_stages_buffers_are_saved_as_they_are() -> None:
+# --------------------------------------------------------------- pipeline stages
+#
+# A pipeline stage holds its modules' buffers: a router's bias lives with its layer, the
+# head's scale on the last stage, a model-level `freqs` (no pattern covers it) on every
+# stage, stored once.
+
+PP_MESH = Mesh(("pp", "dp"), (2, 2))
+
+
+def _pp_spec(*, local_names: bool = False) -> CompiledSpec:
+    pipeline = PipelineSpec(
+        axis="pp",
+        first=("emb",),
+        split="layers.{l}",
+        last=("head", "rope"),
+        local_names=local_names,
+    )
+    return CompiledSpec(
+        name="pp_buffers",
+        axes=("pp", "dp"),
+        sizes={"pp": 2, "dp": None},
+        world=4,
+        rules=(RuleSpec(pattern="**", dims=(), any_rank=True),),  # replicated
+        params={
+            "emb.weight": Param(0, (8, 4), "float32"),
+            "head.weight": Param(0, (8, 4), "float32"),
+            "layers.0.w.weight": Param(0, (4, 4), "float32"),
+            "layers.1.w.weight": Param(0, (4, 4), "float32"),
+        },
+        buffers={
+            "freqs": Buffer(None, (16, 2), "float32"),
+            "head.scale": Buffer(None, (), "float32"),
+            "layers.0.router.bias": Buffer(None, (4,), "float32"),
+            "layers.1.router.bias": Buffer(None, (4,), "float32"),
+            "rope.cache": Buffer(None, (4,), "float32"),  # a module holding buffers only
+        },
+        pipeline=pipeline,
+    )
+
+
+def test_a_pipeline_places_buffers_on_their_modules_stage() -> None:
+    sp = _pp_spec().stage_plan(PP_MESH)
+    assert sp is not None
+    assert sp.buffer_stages == {
+        "freqs": (0, 1),
+        "head.scale": (1,),
+        "layers.0.router.bias": (0,),
+        "layers.1.router.bias": (1,),
+        "rope.cache": (1,),
+    }
+    held = ["freqs", "head.scale", "head.weight", "layers.1.router.bias", "layers.1.w.weight"]
+    assert sp.stored_of(1) == [*held, "rope.cache"]
+    layout = _pp_spec().layout("layers.1.router.bias", PP_MESH)  # the manifest's shape
+    assert (layout.stage_axis, layout.stages, [d.size for d in layout.dims]) == ("pp", (1,), [4])
+
+
+def _units(spec: CompiledSpec, rank: int, flat: dict[str, torch.Tensor]) -> dict:
+    plan, rest, _ = canonical_plan(spec, PP_MESH, rank, flat)
+    assert not rest, rest
+    return {u.key: (u, plan) for u in plan.units}
+
+
+@pytest.mark.parametrize("local_names", [False, True])
+def test_pipeline_buffers_are_units_under_global_names(local_names: bool) -> None:
+    """Each stage's buffers are storage units under their global names (a stage model that
+    numbers its layers from 0 included); the one every stage holds is written by stage 0."""
     clear_plan_cache()
-    pp = PipelineSpec(axis="dp", first=("w",), last=("v",), split=None, counts=(), ties=())
-    spec = _spec(pipeline=pp)
-    assert not spec.stores_buffer("rope.cache")
-    flat = {"rope.cache": torch.zeros(16, 8), "step": torch.zeros(())}
-    plan, rest, _ = canonical_plan(spec, MESH, 0, flat)
-    assert plan.units == [] and set(rest) == {"rope.cache", "step"}
+    spec = _pp_spec(local_names=local_names)
+    first = {
+        "emb.weight": torch.zeros(8, 4),
+        "layers.0.w.weight": torch.zeros(4, 4),
+        "layers.0.router.bias": torch.zeros(4),
+        "freqs": torch.zeros(16, 2),
+    }
+    layer = "layers.0" if local_names else "layers.1"  # the last stage's model's name
+    last = {
+        "head.weight": torch.zeros(8, 4),
+        "head.scale": torch.zeros(()),
+        f"{layer}.w.weight": torch.zeros(4, 4),
+        f"{layer}.router.bias": torch.zeros(4),
+        "freqs": torch.zeros(16, 2),
+    }
+    stage0, stage1 = _units(spec, 0, first), _units(spec, 2, last)  # rank 2: pp=1, dp=0
+    assert {"layers.0.router.bias", "freqs"} <= set(stage0)
+    assert {"layers.1.router.bias", "head.scale", "freqs"} <= set(stage1)
+    unit, plan = stage0["freqs"]
+    assert unit.replicas == (0, 1, 2, 3)  # every stage holds it ...
+    assert plan.writer_of("freqs", (0, 0), unit.replicas) in (0, 1)  # ... stage 0 writes it
+    assert "layers.1.router.bias" in plan.foreign and "head.scale" in plan.foreign
+    unit, plan = stage1["layers.1.router.bias"]
+    assert unit.replicas == (2, 3) and unit.shape == (4,)
+    assert "layers.0.router.bias" in plan.foreign and "freqs" not in plan.foreign
+
+
+class _StubMesh:
+    """What split_stage asks of a DeviceMesh: axis names, sizes, this rank's coordinate."""
+
+    mesh_dim_names = ("pp", "dp")
+    shape = (2, 2)
+
+    def __init__(self, coord: tuple[int, int]) -> None:
+        self.coord = coord
+
+    def get_coordinate(self) -> tuple[int, int]:
+        return self.coord
+
+
+def _whole_model() -> torch.nn.Module:
+    def holder(**tensors: torch.Tensor) -> torch.nn.Module:
+        m = torch.nn.Module()
+        for name, t in tensors.items():
+            if name.startswith("p_"):
+                m.register_parameter(name[2:], torch.nn.Parameter(t))
+            else:
+                m.register_buffer(name, t)
+        return m
+
+    model = torch.nn.Module()
+    model.emb = holder(p_weight=torch.zeros(8, 4))
+    model.layers = torch.nn.ModuleDict(
+        {
+            str(i): torch.nn.ModuleDict(
+                {"w": holder(p_weight=torch.zeros(4, 4)), "router": holder(bias=torch.zeros(4))}
+            )
+            for i in range(2)
+        }
+    )
+    model.head = holder(p_weight=torch.zeros(8, 4), scale=torch.zeros(()))
+    model.rope = holder(cache=torch.zeros(4))
+    model.register_buffer("freqs", torch.zeros(16, 2))
+    return model
+
+
+def test_split_stage_drops_other_stages_buffers_with_their_modules() -> None:
+    from shardspec.runtime.pipeline import split_stage
+
+    spec = _pp_spec()
+    first = split_stage(spec, _whole_model(), _StubMesh((0, 0)))
+    assert sorted(n for n, _ in first.named_buffers()) == ["freqs", "layers.0.router.bias"]
+    assert first.rope is None and first.head is None  # `rope` holds buffers only
+    last = split_stage(spec, _whole_model(), _StubMesh((1, 1)))
+    assert sorted(n for n, _ in last.named_buffers()) == [
+        "freqs",
+        "head.scale",
+        "layers.1.router.bias",
+        "rope.cache",
+    ]
+    assert last.emb is None
+
+
+def test_a_stage_model_holding_another_stages_buffer_is_refused() -> None:
+    clear_plan_cache()
+    from shardspec.runtime.units import CheckpointError
+
+    flat = {"layers.1.w.weight": torch.zeros(4, 4), "layers.0.router.bias": torch.zeros(4)}
+    with pytest.raises(CheckpointError, match="places on stage 0") as e:
+        canonical_plan(_pp_spec(), PP_MESH, 2, flat)
+    assert "holds the persistent buffer layers.0.router.bias" in str(e.value)
+    assert "split_stage" in str(e.value)
 
 
 # --------------------------------------------------------------- DCP, on gloo ranks
@@ -242,7 +396,7 @@ def test_dcp_keeps_buffers_and_reshards_a_local_one(tmp_path: Path) -> None:
     assert one == {**whole, "stat": [100.0, 101.0, 102.0, 103.0]}
 
 
-def test_explain_says_a_pipeline_stages_buffer_has_no_layout(tmp_path: Path) -> None:
+def test_explain_shows_a_pipeline_buffers_stage(tmp_path: Path) -> None:
     import json
 
     entries = [
@@ -250,6 +404,7 @@ def test_explain_says_a_pipeline_stages_buffer_has_no_layout(tmp_path: Path) -> 
         for i in range(2)
     ]
     entries.append({"fqn": "rope.cache", "kind": "buffer", "shape": [4], "dtype": "float32"})
+    entries.append({"fqn": "layers.1.bias", "kind": "buffer", "shape": [8], "dtype": "float32"})
     doc = {"format": "shardspec-manifest/2", "entries": entries}
     (tmp_path / "m.json").write_text(json.dumps(doc), encoding="utf-8")
     (tmp_path / "pp.shard").write_text(
@@ -258,6 +413,32 @@ def test_explain_says_a_pipeline_stages_buffer_has_no_layout(tmp_path: Path) -> 
         encoding="utf-8",
     )
     rc, out = _explain(str(tmp_path / "pp.shard"), "rope.cache")
-    assert rc == 1
-    assert "'rope.cache' is a persistent buffer of" in out
-    assert "with a pipeline block, rules place parameters only" in out
+    assert rc == 0, out
+    assert "rope.cache  [4] float32  (persistent buffer)" in out
+    assert "every rank of its pipeline stage holds the whole tensor" in out
+    assert "pipeline stage: every one of the 2 on pp (no first, last or split pattern" in out
+    rc, out = _explain(str(tmp_path / "pp.shard"), "layers.1.bias")
+    assert rc == 0, out
+    assert "pipeline stage: 1 of 2 on pp (layer 1 of split layers.{layer})" in out
+    assert "ranks 0, 1 (other stages) hold none of it" in out
+
+
+def test_a_buffer_named_without_its_shape_is_refused_where_a_stage_needs_it() -> None:
+    """Other stages' buffers come from the manifest's table: a spec built by hand that
+    names a buffer without its shape says so (load_hf/export_hf of a stage), as an HFError."""
+    from shardspec.runtime.hf import HFError
+    from shardspec.runtime.hf.common import manifest_entry
+
+    spec = CompiledSpec(
+        name="named",
+        axes=("pp",),
+        sizes={"pp": 2},
+        world=2,
+        rules=(RuleSpec(pattern="**", dims=(), any_rank=True),),
+        params={"a.w": Param(0, (2,), "float32"), "b.w": Param(0, (2,), "float32")},
+        buffers=("a.cache",),
+        pipeline=PipelineSpec(axis="pp", first=("a",), last=("b",)),
+    )
+    assert manifest_entry(spec, "a.w") == ((2,), "float32")
+    with pytest.raises(HFError, match=r"names buffer 'a\.cache' without its shape"):
+        manifest_entry(spec, "a.cache")

@@ -94,7 +94,7 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert "# 16 parameters in 10 rows." in dense
     # A buffer: no parameter, but known (save does not refuse it).
     assert '"rope.cache"' not in dense.split("PARAMS:")[1].split("BUFFERS")[0]
-    assert 'BUFFERS: tuple[str, ...] = ("rope.cache",)' in dense
+    assert '"rope.cache": Buffer(None, (16, 8), "float32"),' in dense
     assert "_extra_state" not in dense.split("IGNORE")[1].split("\n", 1)[1]  # ignored
     assert 'fuse=(("qkv", (("q", 32), ("k", 16), ("v", 16)), 2),),' in dense
 
@@ -121,7 +121,9 @@ def test_golden_cases_cover_what_they_claim(in_repo: Path) -> None:
     assert max(len(line) for line in long.splitlines()) <= LINE
 
     hooks = render_case("state_dict_hooks")  # keys state-dict hooks write, from the manifest
-    assert '"layers.1.attention.wv.weight": (\n        "layers.1.attention",\n' in hooks
+    # Every layer's hook keys share a row, their names relative to the key's.
+    assert '"layers.{0..1}.attention.wv.weight": Hook(\n' in hooks
+    assert '"layers.*.attention", ("layers.*.attention.qkv_linear.wqkv.weight",)' in hooks
     assert '"layers.{0..1}.attention.qkv_linear.wqkv.weight": Param(' in hooks
     assert '.attention.wq.weight": Param(' not in hooks
 
@@ -219,14 +221,21 @@ _ROW_KEYS = [
 def test_params_rows_are_laid_out_as_ruff_formats_them(tmp_path: Path) -> None:
     """Rows of every length (short, hugging the call, a key in parentheses, a key split
     after dots, a segment longer than a line) are left unchanged by ``ruff format``, pass
-    ``ruff check`` (line length included) and mean the keys they were given."""
-    from shardspec.codegen.render import _param_line
+    ``ruff check`` (line length included) and mean the keys they were given; ``Buffer``
+    rows (the rule None) as well."""
+    from shardspec.codegen.render import _row_line
 
     shapes = [(4, 4), tuple(range(1, 30)), ()]
-    rows = [_param_line(key, i, shapes[i % 3], "float32") for i, key in enumerate(_ROW_KEYS)]
+    rows = [
+        _row_line(key, Call("Param", (i, shapes[i % 3], "float32")))
+        if i % 3
+        else _row_line(key, Call("Buffer", (None, shapes[i % 3], "float32")))
+        for i, key in enumerate(_ROW_KEYS)
+    ]
     lines = [f"        {row}" for row in rows]
     text = (
         "from __future__ import annotations\n\n\ndef Param(*a):\n    return a\n\n\n"
+        "def Buffer(*a):\n    return a\n\n\n"
         "def ParamTable(rows):\n    return rows\n\n\n"
         "PARAMS = ParamTable(\n    {\n" + "\n".join(lines) + "\n    }\n)\n"
     )
@@ -245,15 +254,16 @@ def test_params_rows_are_laid_out_as_ruff_formats_them(tmp_path: Path) -> None:
     table = ns["PARAMS"]
     assert isinstance(table, dict)
     assert list(table) == _ROW_KEYS
-    assert [v[0] for v in table.values()] == list(range(len(_ROW_KEYS)))
+    assert [v[0] for v in table.values()] == [i if i % 3 else None for i in range(len(_ROW_KEYS))]
 
 
 def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     text = render_case("hf")
     assert "from typing import TYPE_CHECKING, Any\n" in text
     assert (
-        "from shardspec.runtime import (\n    CompiledSpec,\n    HFMap,\n    MapRule,\n    Param,\n"
-        "    ParamTable,\n    RuleSpec,\n    RuntimeModule,\n    Transform,\n    require,\n)\n"
+        "from shardspec.runtime import (\n    Buffer,\n    CompiledSpec,\n    HFMap,\n    Hook,\n"
+        "    MapRule,\n    Param,\n    ParamTable,\n    RuleSpec,\n    RuntimeModule,\n"
+        "    Transform,\n    require,\n)\n"
     ) in text
     assert "HF = HFMap(\n    rules=(\n" in text
     assert 'MapRule("model.embed_tokens.weight", "embed.weight", None, (), 29),' in text

@@ -275,3 +275,53 @@ def test_specs_with_errors_explain_without_a_traceback(
     assert main(["explain", "spec.shard", "layers.0.w13"]) == 0
     out = capsys.readouterr().out
     assert "    layers.0.w13.gate: model.layers.{i}.{j}.gate: capture {j}" in out
+
+
+@pytest.mark.parametrize(
+    ("case", "fqn", "style"),
+    [
+        ("a vocab-parallel embedding given the derived rowwise style", "tok.weight", "derived"),
+        ("a stated rowwise style on it", "tok.weight", "stated"),
+        ("a Linear subclass with its own forward", "head.weight", "stated"),
+    ],
+)
+def test_a_style_lint_refuses_is_shown_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    case: str,
+    fqn: str,
+    style: str,
+) -> None:
+    """torch's colwise/rowwise style on a module whose class runs a forward of its own:
+    explain shows the style (derived or stated) refused, why and what to do, as SS038 does
+    for the same spec (tests/checks/SS038.py's cases)."""
+    from shardspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _check_case("SS038", case, Path("."))
+    x = facts("spec.shard", fqn)
+    assert x.layout is not None
+    s = x.layout.style
+    assert s.source is StyleSource(style) and s.refused is not None and s.refused_hint
+    assert "runs its own forward(), not torch's Linear or Embedding forward" in s.refused
+    assert [d.code for d in x.findings] == ["SS038"]
+    assert x.findings[0].message.endswith(s.refused)  # the finding's own words
+    assert main(["explain", "spec.shard", fqn]) == 0
+    out = capsys.readouterr().out
+    assert "    refused by lint (SS038): its module " in out
+    assert "    what to do: state `style none`" in out
+
+
+def test_torchs_own_modules_are_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _check_case("SS038", "torch's own Embedding and Linear", Path("."))
+    x = facts("spec.shard", "tok.weight")
+    assert x.layout is not None and x.layout.style.refused is None and x.findings == ()
+    assert x.layout.style.words == ("rowwise",)
+    assert main(["explain", "spec.shard", "tok.weight"]) == 0
+    assert "refused" not in capsys.readouterr().out

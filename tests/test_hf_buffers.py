@@ -15,6 +15,7 @@ saves stored buffers before they were storage units) loads too.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,12 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 RULE = "param model.layers.*.mlp.gate.e_score_correction_bias [experts] replicate\n"
 
 
-def write_checkpoint(folder: Path) -> None:
-    """transformers' tiny DeepseekV3 with random parameters and a random (non-zero)
-    score-correction bias, as ``save_pretrained`` writes it."""
+def write_checkpoint(folder: Path, **overrides: Any) -> None:
+    """transformers' tiny DeepseekV3 (its config updated by ``overrides``) with random
+    parameters and random (non-zero) score-correction biases, as ``save_pretrained``
+    writes it."""
     from examples.models import hf as hfm
 
-    model = hfm.deepseek_v3_tiny()
+    model = hfm.deepseek_v3_tiny(**overrides)
     _randomize(model, 5)
     gen = torch.Generator().manual_seed(6)
     with torch.no_grad():

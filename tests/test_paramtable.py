@@ -17,8 +17,10 @@ from shardspec.core.paramtable import (
     SCAN_ROWS,
     ParamTable,
     TableError,
+    absolute_name,
     fold,
     parse_row,
+    relative_name,
     split_name,
 )
 from shardspec.runtime import CompiledSpec, Param, units
@@ -326,3 +328,42 @@ def test_rows_of_every_kind_expand_to_their_names() -> None:
     ]
     expected = [f"a.{i}.b.{e}.w" for i, e in itertools.product(range(3), (4, 6))]
     assert sorted([*expected, "a.9.w", "c"]) == list(table)
+
+
+# ------------------------------------------------------------ names relative to their key
+
+star_segment = st.one_of(segment, st.sampled_from(["*", "**", "0", "1", "12"]))
+star_name = st.lists(star_segment, min_size=1, max_size=5).map(".".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(star_name, star_name)
+def test_a_name_relative_to_a_key_reads_back(name: str, key: str) -> None:
+    assert absolute_name(relative_name(name, key), key) == name
+
+
+def test_every_layers_hook_shares_one_row() -> None:
+    """A hook key's module and sources, written relative to the key, are the same for
+    every layer: HOOK_KEYS folds into one row per key kind, and reads back whole."""
+    from shardspec.runtime.spec import Hook, HookKeys
+
+    keys = {
+        f"layers.{i}.attention.w{p}.weight": (
+            f"layers.{i}.attention",
+            (f"layers.{i}.attention.qkv_linear.wqkv.weight", "layers.0.shared.weight"),
+        )
+        for i in range(40)
+        for p in "qkv"
+    }
+    keys["model_only"] = ("", ("tok.weight",))  # the model's own state_dict() hook
+    hooks = HookKeys(keys)
+    # One row per kind for layers 1-39; layer 0's own (its shared source is "its layer"
+    # there); the model's.
+    assert len(hooks.table.rows) == 3 + 3 + 1
+    assert hooks.table["layers.7.attention.wk.weight"] == Hook(
+        "layers.*.attention",
+        ("layers.*.attention.qkv_linear.wqkv.weight", "layers.0.shared.weight"),
+    )
+    assert dict(hooks.items()) == keys
+    assert "layers.40.attention.wq.weight" not in hooks
+    assert HookKeys(hooks.table) == hooks == keys

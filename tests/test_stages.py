@@ -22,6 +22,7 @@ from shardspec.core.stages import (
     layers,
     places,
     plan,
+    tie_problems,
 )
 
 LLAMA = PipelineSpec(
@@ -549,6 +550,42 @@ def test_a_stage_holding_only_a_tie_is_not_empty() -> None:
     )
     sp = plan(spec, [SRC, "layers.0.w"], 3)
     assert sp.stages_of(SRC) == (0, 2) and sp.params_of(2) == [SRC]
+
+
+def test_a_manifest_that_lists_the_alias_tied_to_its_source() -> None:
+    """``shardspec manifest`` lists a tied weight under both names, the alias with
+    ``tied_to`` its first name: the plan is the tie's, as if the alias were not listed."""
+    listed = [*tied_names(4), ALIAS]
+    for n_stages in (1, 2, 4):
+        sp = plan(TIED, listed, n_stages, tied_to={ALIAS: SRC})
+        assert sp == plan(TIED, tied_names(4), n_stages)
+    assert tie_problems(TIED, listed, {ALIAS: SRC}) == []
+
+
+@pytest.mark.parametrize(
+    ("tied_to", "message", "hint"),
+    [
+        ({}, "'output.weight' is a parameter of its own", "tie the weights in the model"),
+        (
+            {ALIAS: "norm.weight"},
+            "alias 'output.weight' is tied to 'norm.weight' in the manifest, not to "
+            "'tok_embeddings.weight'",
+            "`tie output.weight = norm.weight`",
+        ),
+        (
+            {SRC: ALIAS},
+            "the manifest ties 'tok_embeddings.weight' to 'output.weight'",
+            "`tie tok_embeddings.weight = output.weight`",
+        ),
+    ],
+)
+def test_a_listed_alias_the_manifest_does_not_tie_to_the_source(
+    tied_to: dict, message: str, hint: str
+) -> None:
+    with pytest.raises(StageError) as e:
+        plan(TIED, [*tied_names(4), ALIAS], 2, tied_to=tied_to)
+    assert STAGE_CODES[e.value.problem] == "SS097"
+    assert message in str(e.value) and hint in e.value.hint
 
 
 @pytest.mark.parametrize(

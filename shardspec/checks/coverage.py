@@ -154,7 +154,7 @@ class _Names:
         manifest = self.res.manifest
         assert manifest is not None
         kind = "legacy" if manifest.from_state_dict else "buffer"
-        # (Outside pipeline stages, rules match a format-2 manifest's buffers.)
+        # (Rules match a format-2 manifest's buffers: a rule for one is used.)
         out = [(e.fqn, kind) for e in manifest.entries if e.kind == "buffer"]
         if manifest.state_dict is not None:
             out += [(k.fqn, "hook") for k in manifest.state_dict.added()]
@@ -176,21 +176,16 @@ class _Names:
 
     def hint(self, pattern: str, glob: Glob) -> str:
         """SS041's hint for a rule that matches no parameter: the names it does match that
-        exist only in ``state_dict()`` (a buffer, a state-dict hook's key), and the rule
-        for the parameter behind a hook's key; or, for what looks like a typo, the closest
-        parameter names."""
-        hits = [(f, kind) for f, kind in self.others if glob.regex.match(f)]
+        exist only in ``state_dict()`` (a state-dict hook's key, a format-1 manifest's
+        "buffer"), and the rule for the parameter behind a hook's key; or, for what looks
+        like a typo, the closest parameter names."""
+        # (A rule that matches a buffer is used: no buffer comes up here.)
+        hits = [(f, kind) for f, kind in self.others if kind != "buffer" and glob.regex.match(f)]
         hits.sort(key=lambda hit: hit[1] != "hook")  # a hook's key says the most
         n = len(hits) - 1
         more = f" (and {n} more such {_plural(n, 'name')})" if n else ""
         if hits and hits[0][1] == "hook":
             return self._hook_hint(pattern, hits[0][0], more)
-        if hits and hits[0][1] == "buffer":
-            return (
-                f"`{hits[0][0]}`{more} is a buffer: with a pipeline block, rules place "
-                "parameters only, and a stage's buffers are saved whole as they are; delete "
-                "the rule"
-            )
         if hits:
             return (
                 f"`{hits[0][0]}`{more} is in the manifest, but not as a parameter; the "

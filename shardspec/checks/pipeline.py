@@ -19,12 +19,13 @@ from shardspec.core.stages import (
     layer_of,
     prefix_glob,
     tie_problems,
+    tied_aliases,
 )
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
-from shardspec.resolve.params import Resolved
+from shardspec.resolve.params import Resolved, tied_to
 
 _GLOB_CHARS = re.compile(r"[*?{}\[\]]")
 
@@ -203,11 +204,13 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
     assert spec is not None
     out = []
     names = [f for f, _ in res.params]
-    ties = tie_problems(spec, names)
+    buffers = [f for f, _ in res.buffers]
+    ties = tie_problems(spec, names, tied_to(res.manifest))
     for i, role, message, hint in ties:
         t = p.ties[i]
         out.append(diag("SS097", message, (t.alias if role == "alias" else t.source).span, hint))
-    placed = names + [a for a, _ in spec.ties]  # an alias is a parameter of its stage
+    # An alias is a parameter of its stage; a buffer lives on its module's stage.
+    placed = names + [a for a, _ in spec.ties] + buffers
     for what, pat in _patterns(p):
         g = prefix_glob(pat.text)
         if not any(g.match(f) is not None for f in placed):
@@ -221,13 +224,20 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
                 )
             )
     unplaced: list[str] = []
-    twice: dict[tuple[str, ...], list[str]] = {}
+    twice: dict[tuple[tuple[str, ...], str], list[str]] = {}
+    aliases = tied_aliases(spec, tied_to(res.manifest))
     for f in names:
+        if f in aliases:
+            continue  # the tie's alias: the tie's checks place it
         c = claims(spec, f)
         if not c:
             unplaced.append(f)
         elif len(c) > 1:
-            twice.setdefault(tuple(c), []).append(f)
+            twice.setdefault((tuple(c), "parameter"), []).append(f)
+    for f in buffers:  # a buffer no declaration covers is every stage's
+        c = claims(spec, f)
+        if len(c) > 1:
+            twice.setdefault((tuple(c), "buffer"), []).append(f)
     if unplaced:
         out.append(
             diag(
@@ -237,17 +247,17 @@ def check_stages(res: Resolved) -> list[Diagnostic]:
                 f"add their modules to `first`, `last` or the split of `pipeline {p.axis.text}`",
             )
         )
-    for kinds, fqns in twice.items():
+    for (kinds, noun), fqns in twice.items():
         claimant = _claiming(p, spec, kinds[-1], fqns[0])
         out.append(
             diag(
                 "SS092",
-                f"{len(fqns)} parameter(s) placed by both {' and '.join(kinds)}: {_more(fqns)}",
+                f"{len(fqns)} {noun}(s) placed by both {' and '.join(kinds)}: {_more(fqns)}",
                 claimant.span if claimant is not None else p.span,
-                "each parameter lives on exactly one stage; narrow one of the patterns",
+                f"each {noun} lives on exactly one stage; narrow one of the patterns",
             )
         )
-    out.extend(_check_layer_names(res, p, spec, names))
+    out.extend(_check_layer_names(res, p, spec, names + buffers))
     if not ties:
         out.extend(_check_tie_layouts(res, p))
     if out:

@@ -296,9 +296,10 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
         if entry.tied_to is None:
             continue
         alias, source = entry.fqn, entry.tied_to
-        stage = res.stages.stage if res.stages is not None else {}
-        if alias in stage and source in stage and stage[alias] != stage[source]:
-            continue  # two tensors, one per stage
+        sp = res.stages
+        where = (sp.stage_of(alias), sp.stage_of(source)) if sp is not None else (None, None)
+        if None not in where and where[0] != where[1]:
+            continue  # two tensors, one per stage (a pipeline tie's alias and its source)
         cut: list[tuple[Match, list[str]]] = []
         for name in (source, alias):
             m = res.matches.get(name)
@@ -332,37 +333,44 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
     return out
 
 
+def refused_style(res: Resolved, m: Match) -> tuple[str, bool, str] | None:
+    """What SS038 refuses of the module holding ``m``'s parameter (its weight, a Linear
+    or Embedding of a class that runs a forward of its own, recorded by the manifest):
+    (torch's colwise or rowwise style it gets, whether the rule states it, why torch's
+    style does not fit); None when nothing is refused. ``shardspec explain`` says the same."""
+    forward = m.entry.forward_class
+    if m.layout is None or m.winner is None or forward is None or runs_torch_forward(forward):
+        return None
+    if _owner(m.entry.fqn)[1] != "weight" or m.entry.module not in (LINEAR, EMBEDDING):
+        return None
+    style, stated = _style(res, m, res.spec.fsdp.text if res.spec.fsdp else None)
+    if style is None:
+        return None
+    return style, stated is not None, why_not_torch(m.entry.cls or forward, forward, style)
+
+
 def check_custom_modules(res: Resolved) -> list[Diagnostic]:
     """SS038: torch's colwise/rowwise style (stated or derived) on a module whose class
     runs a forward of its own (manifests that record classes only)."""
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
-    first: dict[int, tuple[Match, str, str | None]] = {}
+    first: dict[int, tuple[Match, str, bool, str]] = {}
     count: dict[int, int] = defaultdict(int)
-    for fqn, m in res.params:
-        forward = m.entry.forward_class
-        if m.layout is None or forward is None or runs_torch_forward(forward):
-            continue
-        if _owner(fqn)[1] != "weight" or m.entry.module not in (LINEAR, EMBEDDING):
-            continue
-        style, stated = _style(res, m, fsdp)
-        if style is None:
+    for _fqn, m in res.params:
+        refused = refused_style(res, m)
+        if refused is None:
             continue
         assert m.winner is not None
         count[m.winner] += 1
-        first.setdefault(m.winner, (m, style, stated))
+        first.setdefault(m.winner, (m, *refused))
     out = []
-    for rule_index, (m, style, stated) in sorted(first.items()):
+    for rule_index, (m, style, stated, why) in sorted(first.items()):
         rule: ir.Rule = res.spec.rules[rule_index]
         more = f" (and {count[rule_index] - 1} more like it)" if count[rule_index] > 1 else ""
         how = "stated" if stated else "derived from its placements"
-        forward = m.entry.forward_class
-        assert forward is not None
         span = rule.style.kind.span if stated and rule.style is not None else rule.pattern.span
         out.append(
             diag(
                 "SS038",
-                f"{m.entry.fqn}{more} gets torch's {style} style ({how}), but its module "
-                + why_not_torch(m.entry.cls or forward, forward, style),
+                f"{m.entry.fqn}{more} gets torch's {style} style ({how}), but its module {why}",
                 span,
                 custom_module_hint(lint=True),
             )

@@ -9,6 +9,7 @@ one indented line.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +19,7 @@ import jinja2
 from shardspec import RUNTIME_API, __version__
 from shardspec.core.hfmap import MapRule, Transform
 from shardspec.core.layout import RuleSpec, dtensor_placements
-from shardspec.core.paramtable import fold
+from shardspec.core.paramtable import fold, relative_name
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import build_hfmap, with_dtypes
@@ -184,13 +185,13 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
     return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 
-def _param_line(key: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
-    """One ``PARAMS`` row, laid out at indent 8 (the template adds the first indent) as
-    ruff formats it. A key too long for ``"key": Param(`` goes in parentheses, in pieces
-    split after dots where even that does not fit."""
-    value = Call("Param", (rule, tuple(shape), dtype))
+def _row_line(key: str, value: Call) -> str:
+    """One row of a folded table (``PARAMS``, ``BUFFERS``, ``HOOK_KEYS``), laid out at
+    indent 8 (the template adds the first indent) as ruff formats it. A key too long for
+    ``"key": Value(`` goes in parentheses, in pieces split after dots where even that does
+    not fit."""
     pad = " " * 8
-    if len(f"{pad}{py_str(key)}: Param(") <= LINE:
+    if len(f"{pad}{py_str(key)}: {value.func}(") <= LINE:
         return "\n".join(layout(value, 8, f"{py_str(key)}: ", ",")).lstrip()
     width = LINE - 12 - 2  # a piece's text at indent 12, between its quotes
     pieces: list[str] = []
@@ -206,18 +207,71 @@ def _param_line(key: str, rule: int, shape: tuple[int, ...], dtype: str) -> str:
     return f"\n{pad}".join(lines)
 
 
-def _params_context(all_params: list[tuple[str, Match]]) -> dict[str, object]:
-    """The ``PARAMS`` table: the manifest's parameters folded into rows of names that differ
-    only in numbers (:func:`shardspec.core.paramtable.fold`), one line each, with a comment
-    that counts them."""
-    rows = fold((fqn, (m.winner, tuple(m.entry.shape), m.entry.dtype)) for fqn, m in all_params)
-    n = len(all_params)
+def _table_context(
+    items: Iterable[tuple[str, tuple[object, ...]]], func: str, noun: str
+) -> dict[str, object]:
+    """A folded table: names and the arguments of their ``func(...)`` values, folded into
+    rows of names that differ only in numbers (:func:`shardspec.core.paramtable.fold`),
+    one line each, with a comment that counts them (``noun``: what a name is)."""
+    n = 0
+
+    def counted() -> Iterable[tuple[str, tuple[object, ...]]]:
+        nonlocal n
+        for item in items:
+            n += 1
+            yield item
+
+    rows = fold(counted())
     plural = "s" if len(rows) != 1 else ""
-    words = f"{n} parameter{'s' if n != 1 else ''} in {len(rows)} row{plural}."
+    words = f"{n} {noun}{'s' if n != 1 else ''} in {len(rows)} row{plural}."
     return {
-        "rows": [_param_line(key, *value) for key, value in rows.items()],  # type: ignore[arg-type]
+        "rows": [_row_line(key, Call(func, value)) for key, value in rows.items()],
         "count": comment(words.split()),
     }
+
+
+def _params_context(all_params: list[tuple[str, Match]]) -> dict[str, object]:
+    """The ``PARAMS`` table: the manifest's parameters, ``Param(rule, shape, dtype)``."""
+    return _table_context(
+        ((fqn, (m.winner, tuple(m.entry.shape), m.entry.dtype)) for fqn, m in all_params),
+        "Param",
+        "parameter",
+    )
+
+
+def _buffers_context(res: Resolved) -> dict[str, object]:
+    """The ``BUFFERS`` table: the manifest's persistent buffers, ``Buffer(rule or None,
+    shape, dtype)``."""
+    items = []
+    if res.manifest is not None:
+        for e in res.manifest.entries:
+            if e.kind == "buffer":
+                m = res.matches.get(e.fqn)
+                items.append((e.fqn, (m.winner if m else None, tuple(e.shape), e.dtype)))
+    doc = (
+        "The manifest's persistent buffers: Buffer(rule, module tensor shape, dtype), one row "
+        "per kind as in PARAMS. Checkpoints (and an hf block) store them as they store "
+        "parameters; rule None (no rule matches): the whole tensor on every rank"
+    )
+    if res.spec.pipeline is not None:
+        doc += (
+            " of its pipeline stage (its module's stage, or every stage where no first, last "
+            "or split pattern covers it)"
+        )
+    return _table_context(items, "Buffer", "buffer") | {"doc": comment(f"{doc}.".split(), cont="")}
+
+
+def _hooks_context(res: Resolved) -> dict[str, object]:
+    """The ``HOOK_KEYS`` table: the keys the model's state-dict hooks write (the manifest's
+    ``state_dict`` section), ``Hook(module, parameters)`` with names relative to the key
+    (:func:`shardspec.core.paramtable.relative_name`)."""
+    section = res.manifest.state_dict if res.manifest is not None else None
+    items = []
+    for k in section.added() if section is not None else ():
+        module = relative_name(k.module, k.fqn)
+        sources = tuple(relative_name(f, k.fqn) for f in k.from_)
+        items.append((k.fqn, (module, sources) if sources else (module,)))
+    return _table_context(items, "Hook", "key")
 
 
 def _layer_runs(values: tuple[str, ...]) -> str:
@@ -404,22 +458,6 @@ def _styles(spec, res) -> dict[int, dict[str, str | bool]]:
     return out
 
 
-def _buffers(res: Resolved) -> tuple[str, ...]:
-    """The manifest's persistent buffers, sorted."""
-    if res.manifest is None:
-        return ()
-    return tuple(sorted(e.fqn for e in res.manifest.entries if e.kind == "buffer"))
-
-
-def _hook_keys(res: Resolved) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The keys the model's state-dict hooks write (the manifest's ``state_dict``
-    section): key -> (the module whose hook writes it, the parameters it replaces)."""
-    section = res.manifest.state_dict if res.manifest is not None else None
-    if section is None:
-        return {}
-    return {k.fqn: (k.module, k.from_) for k in sorted(section.added(), key=lambda k: k.fqn)}
-
-
 def render_module(
     res: Resolved,
     spec_path: str,
@@ -522,8 +560,8 @@ def render_module(
             {k: dict(sorted(v.items())) for k, v in sorted(res.name_indexed_counts.items())},
         ),
         "params": params,
-        "buffers": assign("BUFFERS: tuple[str, ...]", _buffers(res)),
-        "hook_keys": assign("HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]]", _hook_keys(res)),
+        "buffers": _buffers_context(res),
+        "hook_keys": _hooks_context(res),
         "styles": assign("STYLES: dict[int, dict[str, str | bool]]", _styles(spec, res)),
         "hf": _hf_context(spec, spec_path, res.hf_manifest),
         "pipeline": _pipeline_context(res),
@@ -536,7 +574,7 @@ def _runtime_imports(ctx: dict) -> str:
     """The names a generated module takes from ``shardspec.runtime`` (its only import besides
     torch), in isort's order: classes, then functions; in parentheses, one per line, where
     they do not fit on the import's line (as ruff writes it)."""
-    names = ["CompiledSpec", "Param", "ParamTable", "RuleSpec", "RuntimeModule"]
+    names = ["Buffer", "CompiledSpec", "Hook", "Param", "ParamTable", "RuleSpec", "RuntimeModule"]
     if ctx["hf"] is not None:
         names += ctx["hf"]["imports"].split(", ")
     if ctx["pipeline"] is not None:

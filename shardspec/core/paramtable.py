@@ -172,6 +172,36 @@ def fold(items: Iterable[tuple[str, V]]) -> dict[str, V]:
     return {text: value for _, text, value in rows}
 
 
+def relative_name(name: str, key: str) -> str:
+    """``name`` (a module or parameter name a value mentions) written relative to ``key``
+    (the table's name it is the value of): each numeric segment equal to ``key``'s segment
+    at the same position becomes ``*``, so that values of names that differ only in those
+    numbers (every layer's hook) are equal and fold into one row. A literal segment of
+    stars gets one more (``*`` is written ``**``). :func:`absolute_name` inverts it."""
+    theirs = key.split(".")
+    parts = name.split(".")
+    for i, segment in enumerate(parts):
+        if segment and segment.strip("*") == "":
+            parts[i] = segment + "*"
+        elif i < len(theirs) and segment == theirs[i] and _is_number(segment):
+            parts[i] = "*"
+    return ".".join(parts)
+
+
+def absolute_name(name: str, key: str) -> str:
+    """The name :func:`relative_name` wrote relative to ``key``."""
+    if "*" not in name:
+        return name
+    theirs = key.split(".")
+    parts = name.split(".")
+    for i, segment in enumerate(parts):
+        if segment == "*" and i < len(theirs):
+            parts[i] = theirs[i]
+        elif segment and segment.strip("*") == "":
+            parts[i] = segment[1:]
+    return ".".join(parts)
+
+
 # ----------------------------------------------------------------------------- parsing
 
 _PIECE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[^{}]+|[{}]")

@@ -16,6 +16,11 @@ every parameter (always by its *global* name, the manifest's) onto a stage:
 
 Patterns are module prefixes: ``output`` places ``output.weight`` and ``output.bias``.
 
+Persistent buffers are placed as parameters are, by their module prefix (a router's
+``layers.3.mlp.gate.e_score_correction_bias`` lives with layer 3). A buffer that no
+declaration covers (a model-level ``freqs_cis``) is held by every stage, as a stage model
+keeps the modules no stage drops; it is stored once, by the first stage.
+
 ``tie ALIAS = SOURCE`` names a weight used on two stages (embeddings tied to the output
 head): the whole model holds one tensor under ``SOURCE`` (the manifest's name); the stage
 that ``first``/``last`` gives ``ALIAS`` holds a copy under the name ``ALIAS``. Both copies
@@ -25,7 +30,7 @@ stages are one (a single stage), the model keeps the tie itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -171,12 +176,19 @@ def _raise_uneven(spec: PipelineSpec, n_layers: int, n_stages: int, lo: int) -> 
     )
 
 
-def tie_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[int, str, str, str]]:
+def tie_problems(
+    spec: PipelineSpec, names: Iterable[str], tied_to: Mapping[str, str] | None = None
+) -> list[tuple[int, str, str, str]]:
     """Ties that do not fit the parameters ``names`` (global, the manifest's): ``(index of
     the tie, "alias" or "source", message, hint)``. The source must be a parameter, the
-    alias must not be one (the whole model holds the tied weight once), neither may be in
-    the split family, and ``first`` or ``last`` must place the alias, once."""
+    alias must not be one of its own (the whole model holds the tied weight once), neither
+    may be in the split family, and ``first`` or ``last`` must place the alias, once.
+
+    ``tied_to``: the manifest's record of tied parameters (name -> the first name of the
+    same tensor, ``tied_to``). A manifest that lists a tied weight under both names (as
+    ``shardspec manifest`` does) may list the alias, tied to the tie's source."""
     have = set(names)
+    tied_to = tied_to or {}
     out = []
     for i, (alias, source) in enumerate(spec.ties):
         if source not in have:
@@ -189,17 +201,8 @@ def tie_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[int, st
                     "(its named_parameters() lists it, the alias not)",
                 )
             )
-        if alias in have:
-            out.append(
-                (
-                    i,
-                    "alias",
-                    f"the tie's alias {alias!r} is a parameter of its own in the manifest: "
-                    "the model does not tie it",
-                    f"tie the weights in the model ({alias} = {source}) and regenerate the "
-                    "manifest, or drop the tie",
-                )
-            )
+        if alias in have and tied_to.get(alias) != source:
+            out.append((i, "alias", *_untied_alias(alias, source, tied_to)))
         for role, name in (("alias", alias), ("source", source)):
             what = claims(spec, name)
             if "split" in what:
@@ -234,6 +237,37 @@ def tie_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[int, st
     return out
 
 
+def _untied_alias(alias: str, source: str, tied_to: Mapping[str, str]) -> tuple[str, str]:
+    """The message and hint for a tie whose alias is a parameter of the manifest that the
+    manifest does not tie to the tie's source."""
+    other = tied_to.get(alias)
+    if other is not None:
+        return (
+            f"the tie's alias {alias!r} is tied to {other!r} in the manifest, not to {source!r}",
+            f"tie it to the tensor the model shares it with: `tie {alias} = {other}`",
+        )
+    if tied_to.get(source) == alias:
+        return (
+            f"the manifest ties {source!r} to {alias!r}: the whole model holds the tensor "
+            f"under {alias!r} (its first name), so {alias!r} is the tie's source",
+            f"swap the names: `tie {source} = {alias}`",
+        )
+    return (
+        f"the tie's alias {alias!r} is a parameter of its own in the manifest: the model "
+        "does not tie it",
+        f"tie the weights in the model ({alias} = {source}) and regenerate the manifest, or "
+        "drop the tie",
+    )
+
+
+def tied_aliases(spec: PipelineSpec, tied_to: Mapping[str, str] | None) -> frozenset[str]:
+    """The ties' aliases that the manifest lists as parameters tied to the tie's source:
+    the same tensor as the source, placed as the tie's alias, not as parameters of their
+    own."""
+    tied_to = tied_to or {}
+    return frozenset(a for a, src in spec.ties if tied_to.get(a) == src)
+
+
 def _tie_stage(spec: PipelineSpec, alias: str, n_stages: int) -> int:
     return 0 if claims(spec, alias) == ["first"] else n_stages - 1
 
@@ -247,6 +281,9 @@ class StagePlan:
     stage: dict[str, int]  # global name -> stage (a tied weight: its source's stage)
     stage_layers: tuple[tuple[str, ...], ...]  # per stage, its layer values in order
     tie_stage: dict[str, int] = field(default_factory=dict)  # tie alias -> its stage
+    # Persistent buffers (global names) -> the stages holding them: their module's, or
+    # every stage for a buffer no declaration covers.
+    buffer_stages: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def tie_source(self) -> dict[str, str]:
@@ -255,7 +292,10 @@ class StagePlan:
 
     def stages_of(self, fqn: str) -> tuple[int, ...]:
         """Every stage that holds global parameter ``fqn``: its own, and those of the
-        aliases tied to it (() for a name the plan does not place)."""
+        aliases tied to it (() for a name the plan does not place). A buffer's: its
+        module's stage, or every stage."""
+        if fqn in self.buffer_stages:
+            return self.buffer_stages[fqn]
         own = self.stage_of(fqn)
         if own is None:
             return ()
@@ -276,11 +316,15 @@ class StagePlan:
     def stage_of(self, fqn: str) -> int | None:
         """The stage of global name ``fqn``, also for names the manifest lacks (modules
         built for other local sizes); None when no declaration covers it once. A tied
-        weight's stage is its source's; an alias's is its own."""
+        weight's stage is its source's; an alias's is its own. A buffer every stage holds
+        has no one stage (None)."""
         if fqn in self.stage:
             return self.stage[fqn]
         if fqn in self.tie_stage:
             return self.tie_stage[fqn]
+        if fqn in self.buffer_stages:
+            on = self.buffer_stages[fqn]
+            return on[0] if len(on) == 1 else None
         what = claims(self.spec, fqn)
         if len(what) != 1:
             return None
@@ -300,6 +344,12 @@ class StagePlan:
         out = {f for f, s in self.stage.items() if s == stage}
         out.update(src for a, src in self.spec.ties if self.tie_stage.get(a) == stage)
         return sorted(out & set(self.stage))
+
+    def stored_of(self, stage: int) -> list[str]:
+        """The global names of the parameters and persistent buffers stage ``stage``
+        holds, sorted."""
+        held = [b for b, on in self.buffer_stages.items() if stage in on]
+        return sorted([*self.params_of(stage), *held])
 
     def local_name(self, fqn: str, stage: int | None = None) -> str:
         """The name stage models give global parameter ``fqn`` (on ``stage``: a tied
@@ -329,6 +379,10 @@ class StagePlan:
             if self.tie_stage[name] != stage or self.stage.get(source) == stage:
                 return None  # another stage's, or tied within the stage (one tensor)
             return source if ties else name
+        if name in self.buffer_stages and (
+            not self.spec.local_names or layer_of(self.spec, name) is None
+        ):
+            return name if stage in self.buffer_stages[name] else None
         if not self.spec.local_names:
             return name if self.stage_of(name) == stage else None
         value = layer_of(self.spec, name)
@@ -348,18 +402,35 @@ def _replace_capture(spec: PipelineSpec, fqn: str, value: str) -> str:
     return fqn[:a] + value + fqn[b:]
 
 
-def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
-    """Place every global parameter name on a stage. Raises :class:`StageError` for the
-    first problem (the compiler's checks report every one, with locations)."""
-    problems = assignment_problems(spec, names)
+def plan(
+    spec: PipelineSpec,
+    names: Sequence[str],
+    n_stages: int,
+    *,
+    buffers: Iterable[str] = (),
+    tied_to: Mapping[str, str] | None = None,
+) -> StagePlan:
+    """Place every global parameter name on a stage, and every persistent buffer in
+    ``buffers`` on its module's stage (or every stage: see the module's docstring). Raises
+    :class:`StageError` for the first problem (the compiler's checks report every one,
+    with locations).
+
+    ``tied_to`` (see :func:`tie_problems`): a tie's alias that the manifest lists tied to
+    the tie's source is the tie's alias, not a parameter of its own."""
+    aliases = tied_aliases(spec, tied_to)
+    if aliases:
+        names = [n for n in names if n not in aliases]
+    buffers = list(buffers)
+    problems = [("parameter", *p) for p in assignment_problems(spec, names)]
+    problems += [("buffer", *p) for p in assignment_problems(spec, buffers) if p[1]]
     if problems:
-        fqn, what = problems[0]
+        kind, fqn, what = problems[0]
         raise StageError(
-            f"parameter {fqn!r} is "
+            f"{kind} {fqn!r} is "
             + (f"placed by both {' and '.join(what)}" if what else "on no pipeline stage"),
             StageProblem.PLACED_TWICE if what else StageProblem.UNPLACED,
         )
-    order = layers(spec, names)
+    order = layers(spec, [*names, *buffers])
     counts = layer_counts(spec, len(order), n_stages) if order else (0,) * n_stages
     stage_layers, start = [], 0
     of_layer: dict[str, int] = {}
@@ -368,18 +439,8 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
         stage_layers.append(tuple(run))
         of_layer.update((v, s) for v in run)
         start += n
-    stage: dict[str, int] = {}
-    for fqn in names:
-        (claim,) = claims(spec, fqn)
-        if claim == "first":
-            stage[fqn] = 0
-        elif claim == "last":
-            stage[fqn] = n_stages - 1
-        else:
-            value = layer_of(spec, fqn)
-            assert value is not None
-            stage[fqn] = of_layer[value]
-    bad_ties = tie_problems(spec, names)
+    stage = {fqn: _claimed_stage(spec, fqn, n_stages, of_layer) for fqn in names}
+    bad_ties = tie_problems(spec, names, tied_to)
     if bad_ties:
         _, _, message, hint = bad_ties[0]
         raise StageError(message, StageProblem.BAD_TIE, hint)
@@ -392,7 +453,24 @@ def plan(spec: PipelineSpec, names: Sequence[str], n_stages: int) -> StagePlan:
             StageProblem.EMPTY_STAGE,
             "give every stage at least one layer, or use a smaller pipeline",
         )
-    return StagePlan(spec, n_stages, stage, tuple(stage_layers), tie_stage)
+    every = tuple(range(n_stages))
+    buffer_stages = {
+        b: (_claimed_stage(spec, b, n_stages, of_layer),) if claims(spec, b) else every
+        for b in buffers
+    }
+    return StagePlan(spec, n_stages, stage, tuple(stage_layers), tie_stage, buffer_stages)
+
+
+def _claimed_stage(spec: PipelineSpec, fqn: str, n_stages: int, of_layer: Mapping[str, int]) -> int:
+    """The stage of ``fqn``, which exactly one declaration covers."""
+    (claim,) = claims(spec, fqn)
+    if claim == "first":
+        return 0
+    if claim == "last":
+        return n_stages - 1
+    value = layer_of(spec, fqn)
+    assert value is not None
+    return of_layer[value]
 
 
 def assignment_problems(spec: PipelineSpec, names: Iterable[str]) -> list[tuple[str, list[str]]]:

@@ -123,6 +123,10 @@ class Style:
     line: int = 0  # STATED: where
     module: str | None = None
     dim: str | None = None
+    # Refused by lint (SS038, the same decision): why torch's style does not fit the
+    # module's class, and what to do instead.
+    refused: str | None = None
+    refused_hint: str | None = None
 
 
 class HeadsVerdict(Enum):
@@ -171,6 +175,7 @@ class Stage:
     local_name: str | None = None
     claim: str | None = None
     copies: tuple[tuple[int, str], ...] = ()  # (stage, tie alias) holding a copy
+    every: bool = False  # a buffer no declaration covers: every stage holds it
     off_stage: tuple[int, ...] = ()  # the first ranks of other stages
     off_stage_count: int = 0  # how many ranks other stages have
 
@@ -320,14 +325,6 @@ def find_parameter(res: Resolved, fqn: str) -> tuple[str, Match] | Diagnostic:
     if m is not None:
         return fqn, m
     where = display_path(res.manifest.path)
-    if any(e.fqn == fqn and e.kind == "buffer" for e in res.manifest.entries):
-        return diag(
-            "SS004",
-            f"{fqn!r} is a persistent buffer of {where}; with a pipeline block, rules place "
-            "parameters only",
-            Span("<command line>", 1, 1),
-            "a stage's buffers are saved whole, as they are: there is no layout to explain",
-        )
     close = closest_few(fqn, list(res.matches), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"the manifest's names are in {where}"
     return diag(
@@ -378,8 +375,25 @@ def layout_facts(res: Resolved, m: Match, mesh: Mesh, layout: ParamLayout) -> La
         dtensor_mesh(layout, mesh).names,
         # Over the pipeline axis (SS090) a parameter has no DTensor: its stage holds it.
         None if layout.stage_axis in layout.axes else dtensor_placements(layout, mesh),
-        style_facts(res, m.winner),
+        _refusal(res, m, style_facts(res, m.winner)),
     )
+
+
+def _refusal(res: Resolved, m: Match, style: Style) -> Style:
+    """``style`` with what lint refuses of it (SS038): torch's colwise or rowwise style on
+    a module whose class runs a forward of its own, decided on the module's weight."""
+    from shardspec.checks.tensor_parallel import refused_style
+    from shardspec.core.styles import custom_module_hint
+
+    owner, _, leaf = m.entry.fqn.rpartition(".")
+    weight = m if leaf == "weight" else res.matches.get(f"{owner}.weight")
+    refused = refused_style(res, weight) if weight is not None else None
+    if refused is None:
+        return style
+    if weight is not m:  # the module's style is its weight's
+        assert weight is not None and weight.winner is not None
+        style = style_facts(res, weight.winner)
+    return replace(style, refused=refused[2], refused_hint=custom_module_hint(lint=True))
 
 
 def style_facts(res: Resolved, rule_index: int) -> Style:
@@ -461,6 +475,7 @@ def stage_facts(res: Resolved, fqn: str, mesh: Mesh, layout: ParamLayout) -> Sta
         local_name=sp.local_name(fqn) if layer is not None and p.local_names else None,
         claim=claim if layer is None else None,
         copies=copies,
+        every=sp.buffer_stages.get(fqn, ()) == tuple(range(sp.n_stages)) and sp.n_stages > 1,
         off_stage=tuple(_off_stage(layout, mesh)),
         off_stage_count=_off_stage_count(layout, mesh),
     )

@@ -99,8 +99,9 @@ def _layout_lines(shown: str, f: LayoutFacts, *, buffer: bool = False) -> list[s
         lines.append(f"  local axes (the module holds its shard): {', '.join(f.local)}")
     if buffer:
         held = "its local shard" if f.local else "the whole tensor"
+        who = "every rank of its pipeline stage" if f.layout.stage_axis else "every rank"
         lines.append(
-            f"  a plain tensor, not a DTensor: every rank holds {held} (FSDP2 and torch's "
+            f"  a plain tensor, not a DTensor: {who} holds {held} (FSDP2 and torch's "
             "styles leave buffers so)"
         )
         lines.append("  checkpoints, load_hf and export_hf store it as they store parameters")
@@ -113,6 +114,9 @@ def _layout_lines(shown: str, f: LayoutFacts, *, buffer: bool = False) -> list[s
             f"placements ({', '.join(map(_placement_text, f.placements))})"
         )
     lines.append(f"  tensor-parallel style: {_style_text(shown, f.style)}")
+    if f.style.refused is not None:
+        lines.append(f"    refused by lint (SS038): its module {f.style.refused}")
+        lines.append(f"    what to do: {f.style.refused_hint}")
     return lines
 
 
@@ -170,6 +174,11 @@ def _style_text(shown: str, s: Style) -> str:
 
 
 def _stage_line(s: Stage) -> str:
+    if s.every:
+        return (
+            f"  pipeline stage: every one of the {s.n_stages} on {s.axis} (no first, last or "
+            "split pattern covers it: every stage model keeps it; stored once, by stage 0)"
+        )
     if s.layer is not None:
         why = f"layer {s.layer} of split {s.split}"
         if s.local_name is not None:

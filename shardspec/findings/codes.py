@@ -832,8 +832,9 @@ CHECKS: tuple[Check, ...] = (
         "bad-tie",
         E,
         "A pipeline `tie ALIAS = SOURCE` does not fit the manifest: the source is no "
-        "parameter, the alias is a parameter of its own (the model does not tie it), or one "
-        "of them is in the split family or the alias is on no stage (or two).",
+        "parameter, the alias is a parameter of its own (the model does not tie it; a "
+        "manifest that records `tied_to` may list the alias tied to the source, and no "
+        "other), or one of them is in the split family or the alias is on no stage (or two).",
         "The whole model holds a tied weight once, under the source's name; the alias's "
         "stage holds a copy that training keeps equal (its gradient is summed with the "
         "source's) and checkpoints store once. A tie the model does not have would make two "

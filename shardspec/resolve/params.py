@@ -86,8 +86,8 @@ class Resolved:
 
     @property
     def buffers(self) -> list[tuple[str, Match]]:
-        """Persistent buffers stored as units of their own (not ignored; without pipeline
-        stages), sorted by name: placed by a rule, or whole on every rank."""
+        """Persistent buffers stored as units of their own (not ignored), sorted by name:
+        placed by a rule, or whole on every rank (of their pipeline stage)."""
         return sorted((f, m) for f, m in self.matches.items() if m.buffer and m.ignored_by is None)
 
     @property
@@ -277,7 +277,13 @@ def _place_stages(res: Resolved) -> None:
     if p is None or res.mesh is None or res.manifest is None or p.axis not in res.mesh.names:
         return
     try:
-        res.stages = plan(p, [f for f, _ in res.params], res.mesh.size(p.axis))
+        res.stages = plan(
+            p,
+            [f for f, _ in res.params],
+            res.mesh.size(p.axis),
+            buffers=[f for f, _ in res.buffers],
+            tied_to=tied_to(res.manifest),
+        )
     except StageError as e:
         res.stage_error = e
         return
@@ -287,7 +293,7 @@ def _place_stages(res: Resolved) -> None:
     # DTensor spans the mesh without the pipeline axis.
     # A tied weight lives on its source's stage and its alias's.
     staged: dict[tuple[int, tuple[int, ...]], ParamLayout] = {}  # shared per stage set
-    for fqn, m in res.params:
+    for fqn, m in res.stored:
         if m.layout is not None:
             stages = res.stages.stages_of(fqn)
             key = (id(m.layout), stages)
@@ -301,9 +307,17 @@ def _place_stages(res: Resolved) -> None:
             m.layout = dataclasses.replace(m.layout, stage_axis=p.axis, stages=stages)
 
 
+def tied_to(manifest: Manifest | None) -> dict[str, str]:
+    """The manifest's tied parameters: name -> the first name of the same tensor."""
+    if manifest is None:
+        return {}
+    return {e.fqn: e.tied_to for e in manifest.params if e.tied_to is not None}
+
+
 def _match_ties(res: Resolved) -> None:
-    """The rules of every tie alias (not a manifest name: the whole model holds the tied
-    weight once), matched by the alias's own name on its source's manifest entry."""
+    """The rules of every tie alias (the whole model holds the tied weight once), matched
+    by the alias's own name on its source's manifest entry; a manifest that lists the alias
+    tied to the source (as ``shardspec manifest`` writes a tied model) gives its entry."""
     try:
         p = pipeline_spec(res.spec)
     except PatternError:
@@ -312,7 +326,12 @@ def _match_ties(res: Resolved) -> None:
         return
     for alias, source in p.ties:
         m = res.matches.get(source)
-        if m is None or m.entry.kind != "param" or alias in res.matches:
+        if m is None or m.entry.kind != "param":
+            continue
+        own = res.matches.get(alias)
+        if own is not None:
+            if own.entry.tied_to == source:
+                res.tie_matches[alias] = own
             continue
         res.tie_matches[alias] = _match_one(
             res, Entry(fqn=alias, shape=m.entry.shape, dtype=m.entry.dtype)
@@ -324,13 +343,9 @@ def _match_all(res: Resolved) -> None:
     ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
     rules = [(index, g.regex.match, g.key) for index, g in ordered]
     ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
-    # Buffers are placed as parameters are, outside pipeline stages (a stage model's
-    # buffers are saved whole, as they are).
-    buffers = res.spec.pipeline is None
     shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-    for entry in res.manifest.entries:
-        if entry.kind != "buffer" or buffers:
-            res.matches[entry.fqn] = _match_one(res, entry, rules, ignores, shared)
+    for entry in res.manifest.entries:  # parameters, buffers (placed as parameters are), ...
+        res.matches[entry.fqn] = _match_one(res, entry, rules, ignores, shared)
 
 
 def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=None) -> Match:

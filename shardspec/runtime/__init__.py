@@ -9,13 +9,23 @@ from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
 from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
 from shardspec.core.paramtable import ParamTable
 from shardspec.core.stages import PipelineSpec
-from shardspec.runtime.spec import CompiledSpec, Param, RuntimeModule, SpecError, require
+from shardspec.runtime.spec import (
+    Buffer,
+    CompiledSpec,
+    Hook,
+    Param,
+    RuntimeModule,
+    SpecError,
+    require,
+)
 
 __all__ = [
+    "Buffer",
     "CompiledSpec",
     "Dim",
     "Fusion",
     "HFMap",
+    "Hook",
     "LayoutError",
     "MapRule",
     "Mesh",

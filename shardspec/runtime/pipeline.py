@@ -74,6 +74,9 @@ def split_stage(
     ``split ... local`` the kept layers are renumbered from 0 (a ``ModuleList`` or
     ``ModuleDict`` rebuilt in order), as Megatron's stages number them.
 
+    Persistent buffers go with their modules: a module that holds only other stages'
+    buffers is dropped too.
+
     Checked before anything changes: the model must hold exactly the manifest's
     parameters, and whole modules must belong to one stage; afterwards
     :meth:`CompiledSpec.global_names` accepts the stage model.
@@ -100,10 +103,16 @@ def split_stage(
             "model built by hand straight to parallelize",
         )
     # The stage model's own names: a tied weight keeps its alias's name on the alias's
-    # stage (whose module holds it there), and both names where the stage holds both.
-    keep = {sp.alias_on(f, s) or f for f in sp.params_of(s)}
+    # stage (whose module holds it there), and both names where the stage holds both. A
+    # persistent buffer goes with its module (one no declaration covers stays everywhere).
+    keep = {sp.alias_on(f, s) or f for f in sp.stored_of(s)}
     keep |= {a for a, st in sp.tie_stage.items() if st == s}
     names = [n for n in every if not spec.is_ignored(n)]
+    names += [
+        n
+        for n, _ in model.named_buffers()
+        if spec.stores_buffer(n) and not spec.is_ignored(n) and n not in every
+    ]
     # Containers of the split family: "layers" for `layers.{layer}`.
     family: dict[str, nn.Module] = {}
     for n in names:

@@ -13,7 +13,7 @@ import dataclasses
 import importlib
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from shardspec.core.layout import (
     torch_problem,
     torch_problem_text,
 )
-from shardspec.core.paramtable import ParamTable
+from shardspec.core.paramtable import ParamTable, absolute_name, relative_name
 from shardspec.core.patterns import compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
 from shardspec.core.stages import plan as stage_plan
@@ -66,6 +66,61 @@ class Param:
     rule: int
     shape: tuple[int, ...]
     dtype: str
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One persistent buffer of the manifest: the rule that places it (None: no rule
+    matches it, so it is whole on every rank), its module tensor shape and dtype."""
+
+    rule: int | None
+    shape: tuple[int, ...] | None  # None: unknown (a buffer named by hand)
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A key the model's state-dict hooks write in place of parameters: the module whose
+    hook writes it (``""``: the model's ``state_dict()``) and the parameters it comes from.
+    Each name is written relative to the key (:func:`shardspec.core.paramtable.
+    relative_name`): a ``*`` segment is the key's segment at that position, so every
+    layer's hook shares one row of the table."""
+
+    module: str
+    sources: tuple[str, ...] = ()
+
+
+class HookKeys(Mapping[str, tuple[str, tuple[str, ...]]]):
+    """The keys state-dict hooks write: key -> (the hook's module, the parameters), from a
+    folded table of :class:`Hook` rows (names made whole again on lookup)."""
+
+    def __init__(
+        self, keys: ParamTable[Hook] | Mapping[str, tuple[str, Iterable[str]]] | None = None
+    ) -> None:
+        if isinstance(keys, HookKeys):
+            self.table: ParamTable[Hook] = keys.table
+        elif isinstance(keys, ParamTable):
+            self.table = keys
+        else:
+            self.table = ParamTable.from_names(
+                {
+                    k: Hook(relative_name(m, k), tuple(relative_name(f, k) for f in sources))
+                    for k, (m, sources) in (keys or {}).items()
+                }
+            )
+
+    def __getitem__(self, key: str) -> tuple[str, tuple[str, ...]]:
+        hook = self.table[key]
+        return absolute_name(hook.module, key), tuple(absolute_name(f, key) for f in hook.sources)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
 
 
 def require(api: int, compiler: str) -> None:
@@ -117,8 +172,8 @@ class CompiledSpec:
         fsdp: str | None = None,
         styles: Mapping[int, Mapping[str, object]] | None = None,
         pipeline: PipelineSpec | None = None,
-        buffers: Iterable[str] = (),
-        hook_keys: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
+        buffers: Mapping[str, Buffer] | Iterable[str] = (),
+        hook_keys: ParamTable[Hook] | Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
     ) -> None:
         self.name = name
         self.axes = axes
@@ -133,13 +188,24 @@ class CompiledSpec:
             else ParamTable.from_names(params)
         )
         self.ignore = ignore
+        self._globs = [compile_glob(r.pattern) for r in rules]
         # The manifest's state-dict entries that are no parameter: persistent buffers
-        # (storage units as parameters are, outside pipeline stages: whole on every rank
-        # unless a rule places them, see buffer_layout), and the keys the model's
-        # state-dict hooks write, each with the module whose hook writes it and the
-        # parameters it comes from (save refuses them: no rule places them).
-        self.buffers = frozenset(buffers)
-        self.hook_keys = {k: (m, tuple(f)) for k, (m, f) in (hook_keys or {}).items()}
+        # (storage units as parameters are: whole on every rank unless a rule places them,
+        # see buffer_layout; with pipeline stages, on their module's stage), and the keys
+        # the model's state-dict hooks write, each with the module whose hook writes it and
+        # the parameters it comes from (save refuses them: no rule places them). Buffers
+        # given by name only (a table built by hand) have their rules matched here, and
+        # their shapes taken from their tensors.
+        self.buffers: ParamTable[Buffer] = (
+            buffers
+            if isinstance(buffers, ParamTable)
+            else ParamTable.from_names(
+                buffers
+                if isinstance(buffers, Mapping)
+                else {b: self._unsized_buffer(b) for b in buffers}
+            )
+        )
+        self.hook_keys = HookKeys(hook_keys)
         # The FSDP2 axis (`fsdp AXIS`), and the tensor-parallel styles rules state
         # (rule index -> {"kind": ..., "input": ..., "output": ..., "local": ...}).
         self.fsdp_axis = fsdp
@@ -153,13 +219,16 @@ class CompiledSpec:
             for a, v in (factory_args or {}).items()
             if a in local and isinstance(v, int) and not isinstance(v, bool)
         }
-        self._globs = [compile_glob(r.pattern) for r in rules]
         # The mesh the model was last built or distributed on: the default for planners.
         self._last_mesh: object | None = None  # see last_mesh: a weak reference, mostly
         self._ignore_globs = [compile_glob(p) for p in ignore]
         # Pipeline stages (`pipeline AXIS { ... }`): placed per pipeline size, on demand.
         self.pipeline = pipeline
         self._stage_plans: dict[int, StagePlan] = {}
+
+    def _unsized_buffer(self, fqn: str) -> Buffer:
+        found = self._winner(fqn)
+        return Buffer(found[0] if found is not None else None, None, "")
 
     # ----------------------------------------------------------------- sizes and meshes
 
@@ -241,8 +310,16 @@ class CompiledSpec:
                 raise SpecError(f"spec {self.name!r} has a pipeline but no manifest", "SS090")
             try:
                 # The whole model's names, listed (in sorted order) only here: a pipeline
-                # places every parameter on a stage.
-                got = stage_plan(self.pipeline, list(self.params), n)
+                # places every parameter and persistent buffer on a stage. A tie's alias
+                # that the manifest lists is the tie's (lint checked that the manifest
+                # ties it to the source: SS097).
+                got = stage_plan(
+                    self.pipeline,
+                    list(self.params),
+                    n,
+                    buffers=[b for b in self.buffers if not self.is_ignored(b)],
+                    tied_to=dict(self.pipeline.ties),
+                )
             except StageError as e:
                 raise SpecError(
                     f"cannot place spec {self.name!r}'s parameters on {n} pipeline stage(s): {e}",
@@ -436,16 +513,7 @@ class CompiledSpec:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
             raise SpecError(f"parameter {fqn!r}: {e}", None, e.hint, e.problem) from None
-        sp = self.stage_plan(lm)
-        if sp is not None:
-            stage = sp.stage_of(fqn)
-            if stage is None:
-                raise SpecError(f"parameter {fqn!r} is on no pipeline stage", "SS091")
-            layout = dataclasses.replace(
-                layout,
-                stage_axis=self.pipeline.axis,  # type: ignore[union-attr]
-                stages=sp.stages_of(fqn),  # a tied weight: its alias's stage too
-            )
+        layout = self._on_stages(fqn, layout, lm)
         bad = representable(layout, lm)
         if bad is not None:
             raise SpecError(
@@ -460,10 +528,9 @@ class CompiledSpec:
         return layout
 
     def stores_buffer(self, fqn: str) -> bool:
-        """Whether ``fqn`` is a persistent buffer of the manifest that checkpoints and the
-        hf block store as a unit of its own, as parameters are (without pipeline stages:
-        a stage model's buffers are saved whole, as they are)."""
-        return self.pipeline is None and fqn in self.buffers
+        """Whether ``fqn`` is a persistent buffer of the manifest, which checkpoints and the
+        hf block store as a unit of its own, as parameters are."""
+        return fqn in self.buffers
 
     def buffer_layout(
         self,
@@ -478,12 +545,14 @@ class CompiledSpec:
         over an axis at run time: lint refuses that (SS087), and so does this."""
         lm = self.layout_mesh(mesh)
         sizes = dict(zip(lm.names, lm.sizes, strict=True))
+        entry = self.buffers[fqn]
+        if shape is None and self.table(lm) is not None and entry.shape is not None:
+            shape = entry.shape  # the manifest's module tensor shape
         if shape is None:
             raise SpecError(f"buffer {fqn!r}: pass the tensor's shape", None)
-        found = self._winner(fqn)
-        if found is None:
-            return build_layout(WHOLE, tuple(shape), sizes)
-        rule = found[0]
+        if entry.rule is None:
+            return self._on_stages(fqn, build_layout(WHOLE, tuple(shape), sizes), lm)
+        rule = entry.rule
         counts = name_indexed_counts
         if self.table(lm) is not None:
             counts = self.name_indexed_counts.get(rule)
@@ -502,7 +571,22 @@ class CompiledSpec:
                 "SS087",
                 "recompile the spec: lint reports this (SS087)",
             )
-        return layout
+        return self._on_stages(fqn, layout, lm)
+
+    def _on_stages(self, fqn: str, layout: ParamLayout, lm: Mesh) -> ParamLayout:
+        """``layout`` on the pipeline stages that hold ``fqn`` (itself without a pipeline):
+        other stages' ranks hold none of it."""
+        sp = self.stage_plan(lm)
+        if sp is None:
+            return layout
+        stages = sp.stages_of(fqn)  # a tied weight: its alias's stage too
+        if not stages:
+            raise SpecError(f"parameter {fqn!r} is on no pipeline stage", "SS091")
+        return dataclasses.replace(
+            layout,
+            stage_axis=self.pipeline.axis,  # type: ignore[union-attr]
+            stages=stages,
+        )
 
     def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):
         """Every rank's global indices of ``fqn`` (see :func:`shardspec.core.layout.rank_table`)."""

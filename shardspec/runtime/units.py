@@ -114,11 +114,30 @@ class Names:
         return name if g is None else g
 
     def other_stages(self) -> frozenset[str]:
-        """Global names of the parameters other pipeline stages hold (empty without)."""
+        """Global names of the parameters and persistent buffers other pipeline stages hold
+        (empty without)."""
         if self.stages is None:
             return frozenset()
         sp = self.stages
-        return frozenset(f for f in sp.stage if self.stage not in sp.stages_of(f))
+        out = {f for f in sp.stage if self.stage not in sp.stages_of(f)}
+        out.update(b for b, held in sp.buffer_stages.items() if self.stage not in held)
+        return frozenset(out)
+
+    def foreign_buffer(self, key: str) -> str | None:
+        """The persistent buffer of another pipeline stage that flat key ``key`` names, if
+        any: the stage model holds what the pipeline block places elsewhere."""
+        if self.stages is None or not self.stages.buffer_stages:
+            return None
+        held = self.stages.buffer_stages
+        starts = _dot_starts(key)
+        stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
+        for a in starts:
+            for b in stops:
+                part = key[a:b]
+                if b > a and part in held:
+                    if self.stages.global_name(part, self.stage) is None:  # type: ignore[arg-type]
+                        return part
+        return None
 
     def split(self, key: str) -> tuple[int, int] | None:
         """``(start, stop)`` of the parameter name inside a flat key (leftmost, longest)."""
@@ -131,11 +150,15 @@ class Names:
         return None
 
     def _is_param(self, name: str) -> bool:
-        if self.spec.stores_buffer(name):  # stored as a unit of its own, as parameters are
-            return True
+        """Whether ``name`` is a parameter or a persistent buffer (stored as a unit of its
+        own, as parameters are) of this rank's model."""
         if self.stages is not None:
             g = self.stages.global_name(name, self.stage)  # type: ignore[arg-type]
-            return g is not None and (self.table is None or g in self.table)
+            if g is None:
+                return False
+            return self.spec.stores_buffer(g) or self.table is None or g in self.table
+        if self.spec.stores_buffer(name):
+            return True
         if self.table is not None:
             return name in self.table
         try:
@@ -323,6 +346,9 @@ def _structural(
         if span is None:
             if ignored_key(spec, key):
                 continue
+            foreign = names.foreign_buffer(key)
+            if foreign is not None:
+                raise CheckpointError(foreign_buffer_message(names, key, foreign))
             if any(names.split(o) is not None for o in shared.get(key, ())):
                 # A tied weight's other name (state dicts list both): the same tensor as a
                 # parameter stored under its own name; saving or loading that fills both.
@@ -433,6 +459,20 @@ def _structural(
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
     plan.uncovered = uncovered(spec, unnamed, found)
     return _Structural(plan, tuple(rest), tuple(params))
+
+
+def foreign_buffer_message(names: Names, key: str, buffer: str) -> str:
+    """Why a stage model may not hold ``buffer``, another stage's (flat key ``key``)."""
+    sp = names.stages
+    assert sp is not None
+    held = ", ".join(map(str, sp.buffer_stages[buffer]))
+    return (
+        f"{key}: this rank's model (pipeline stage {names.stage} of {sp.n_stages}) holds the "
+        f"persistent buffer {buffer}, which the spec's pipeline block places on stage {held} "
+        "(with its module); a checkpoint stores it once, from that stage, so this copy would "
+        "be neither saved nor loaded. Drop its module from this stage's model (split_stage "
+        "does), or place the module on this stage with `first` or `last`"
+    )
 
 
 def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple[str, ...]:

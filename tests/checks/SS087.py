@@ -87,3 +87,36 @@ param layers.0.router.bias [experts] replicate
         "expect": [],
     },
 ]
+
+# With a pipeline block, rules match buffers as they do without one (a buffer lives on its
+# module's stage): the same check.
+PP_HEAD = 'manifest "m.json"\nmesh over 8 ranks { pp: 2  dp_shard: * }\nfsdp dp_shard\n'
+PP_MANIFEST = {"layers.0.w.weight": [8, 8], "layers.1.w.weight": [8, 8]}
+PP_BUFFERS = {"layers.0.router.bias": [4], "layers.1.router.bias": [4]}
+PIPELINE = "pipeline pp { split layers.{layer} }\n"
+CASES += [
+    {
+        "name": "a pipeline stage's buffer sharded by the fsdp default",
+        "spec": PP_HEAD + "param layers.*.w.weight [out, in] {}\n"
+        "param layers.*.router.bias [experts] {}\n" + PIPELINE,
+        "manifest": PP_MANIFEST,
+        "buffers": PP_BUFFERS,
+        "expect": [
+            (
+                "SS087",
+                5,
+                "buffer 'layers.0.router.bias' (and 1 more) is sharded over dp_shard (the fsdp "
+                "default)",
+                "layers.*.router.bias",
+            )
+        ],
+    },
+    {
+        "name": "a pipeline stage's buffer replicated",
+        "spec": PP_HEAD + "param layers.*.w.weight [out, in] {}\n"
+        "param layers.*.router.bias [experts] replicate\n" + PIPELINE,
+        "manifest": PP_MANIFEST,
+        "buffers": PP_BUFFERS,
+        "expect": [],
+    },
+]

@@ -69,3 +69,45 @@ pipeline pp {
         "expect": [],
     },
 ]
+
+# Persistent buffers are placed by their module prefix, as parameters are.
+CASES += [
+    {
+        "name": "a buffer placed by both first and last",
+        "spec": HEAD
+        + RULES
+        + """\
+pipeline pp {
+    first tok_embeddings, rope
+    split layers.{layer}
+    last norm, output, rope
+}
+""",
+        "manifest": MANIFEST,
+        "buffers": {"rope.cache": [4]},
+        "expect": [
+            (
+                "SS092",
+                8,
+                "1 buffer(s) placed by both first and last: rope.cache",
+                "rope",
+                "each buffer lives on exactly one stage",
+            )
+        ],
+    },
+    {
+        "name": "a buffer on one stage, and one no pattern covers (every stage's)",
+        "spec": HEAD
+        + RULES
+        + """\
+pipeline pp {
+    first tok_embeddings
+    split layers.{layer}
+    last norm, output
+}
+""",
+        "manifest": MANIFEST,
+        "buffers": {"layers.1.mlp.bias": [8], "freqs_cis": [4]},
+        "expect": [],
+    },
+]

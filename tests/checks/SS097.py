@@ -1,5 +1,6 @@
 """SS097 bad-tie: a pipeline tie that does not fit the manifest: the source is no
-parameter, the alias is a parameter of its own, one of them is in the split family, or the
+parameter, the alias is a parameter of its own (a manifest that records `tied_to` may list
+it tied to the source, and to nothing else), one of them is in the split family, or the
 alias is on no stage (or on two)."""
 
 HEAD = 'manifest "m.json"\nmesh over 8 ranks { pp: 2  dp_shard: * }\nfsdp dp_shard\n'
@@ -21,8 +22,16 @@ pipeline pp {
 """
 
 
-def case(name: str, pipeline: str, expect: list, manifest: dict = TIED) -> dict:
-    return {"name": name, "spec": HEAD + RULES + pipeline, "manifest": manifest, "expect": expect}
+# `shardspec manifest` lists a tied weight under both names, the later one with `tied_to`
+# the first (as transformers ties a head to its embedding).
+LISTED = {"output.weight": {"tied_to": "tok_embeddings.weight"}}
+
+
+def case(
+    name: str, pipeline: str, expect: list, manifest: dict = TIED, fields: dict | None = None
+) -> dict:
+    out = {"name": name, "spec": HEAD + RULES + pipeline, "manifest": manifest, "expect": expect}
+    return out | ({"fields": fields} if fields else {})
 
 
 CASES = [
@@ -93,6 +102,39 @@ CASES = [
         ],
     ),
     case("a tie the manifest holds", GOOD, []),
+    case("the manifest lists the alias, tied to the source", GOOD, [], UNTIED, LISTED),
+    case(
+        "the manifest ties the alias to another tensor",
+        GOOD.replace("last norm, output", "last norm, output, head2"),
+        [
+            (
+                "SS097",
+                9,
+                "the tie's alias 'output.weight' is tied to 'head2.weight' in the manifest, not "
+                "to 'tok_embeddings.weight'",
+                "output.weight",
+                "`tie output.weight = head2.weight`",
+            )
+        ],
+        {**UNTIED, "head2.weight": [16, 8]},
+        {"output.weight": {"tied_to": "head2.weight"}},
+    ),
+    case(
+        "the manifest ties them the other way round",
+        GOOD,
+        [
+            (
+                "SS097",
+                9,
+                "the manifest ties 'tok_embeddings.weight' to 'output.weight': the whole model "
+                "holds the tensor under 'output.weight'",
+                "output.weight",
+                "swap the names: `tie tok_embeddings.weight = output.weight`",
+            )
+        ],
+        UNTIED,
+        {"tok_embeddings.weight": {"tied_to": "output.weight"}},
+    ),
     case(
         "a tie within the first stage",
         GOOD.replace("last norm, output", "last norm\n    first output"),

@@ -25,16 +25,35 @@ param tok_embeddings.weight [vocab, hidden] {
 """
 
 
-def case(name: str, head_rule: str, expect: list) -> dict:
-    return {
+def case(name: str, head_rule: str, expect: list, listed: bool = False) -> dict:
+    """``listed``: the manifest lists the alias too, tied to the source (as ``shardspec
+    manifest`` writes a tied model)."""
+    out = {
         "name": name,
         "spec": HEAD + PIPELINE + COMMON + head_rule,
         "manifest": MANIFEST,
         "expect": expect,
     }
+    if listed:
+        out["manifest"] = {**MANIFEST, "output.weight": [16, 8]}
+        out["fields"] = {"output.weight": {"tied_to": "tok_embeddings.weight"}}
+    return out
 
 
 CASES = [
+    case(
+        "the alias, listed in the manifest, sharded on the other dimension",
+        "param output.weight [vocab, hidden] {\n    shard hidden over tp\n}\n",
+        [
+            (
+                "SS098",
+                15,
+                "tied output.weight is laid out differently from its source tok_embeddings.weight",
+                "output.weight",
+            )
+        ],
+        listed=True,
+    ),
     case(
         "the head sharded on the other dimension",
         "param output.weight [vocab, hidden] {\n    shard hidden over tp\n}\n",

@@ -153,7 +153,8 @@ def _params(
 
 
 def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, ParamInfo]:
-    """Pipeline stages: every parameter of the whole model, from the manifest."""
+    """Pipeline stages: every parameter and persistent buffer of the whole model, from the
+    manifest."""
     assert names.stages is not None
     if names.table is None:
         raise HFError(
@@ -163,7 +164,7 @@ def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, Param
             "stages' parameters from the manifest"
         )
     out = {}
-    for fqn in sorted(names.stages.stage):
+    for fqn in sorted([*names.stages.stage, *names.stages.buffer_stages]):
         if spec.is_ignored(fqn):
             continue
         layout = spec.layout(fqn, lm)
@@ -171,12 +172,24 @@ def _stage_params(spec: CompiledSpec, names: Names, lm: Mesh) -> dict[str, Param
     return out
 
 
+def manifest_entry(spec: CompiledSpec, fqn: str) -> tuple[tuple[int, ...], str]:
+    """The module tensor shape and dtype the manifest gives parameter or buffer ``fqn``."""
+    assert spec.params is not None
+    entry = spec.params.get(fqn) or spec.buffers[fqn]
+    if entry.shape is None:
+        raise HFError(
+            f"spec {spec.name!r} names buffer {fqn!r} without its shape (a table built by "
+            "hand): other pipeline stages' buffers need the manifest's shapes; compile the "
+            "spec with `shardspec compile`"
+        )
+    return entry.shape, entry.dtype
+
+
 def _manifest_dtypes(
     names: Names, params: Iterable[str], held: Mapping[str, torch.dtype]
 ) -> dict[str, torch.dtype]:
-    """The manifest's dtypes of the parameters this rank does not hold."""
-    assert names.table is not None
-    return {f: torch_dtype(names.table[f].dtype, f) for f in params if f not in held}
+    """The manifest's dtypes of the parameters and buffers this rank does not hold."""
+    return {f: torch_dtype(manifest_entry(names.spec, f)[1], f) for f in params if f not in held}
 
 
 def global_units(

@@ -32,6 +32,7 @@ from shardspec.runtime.hf.common import (
     ParamInfo,
     global_units,
     hf_mesh_and_rank,
+    manifest_entry,
     model_view,
     raise_problems,
     resolve_sources,
@@ -136,13 +137,13 @@ def _stage_dtypes(
     sp = names.stages
     assert sp is not None and names.stage is not None
     held = {names.global_of(u.source): str(t.dtype) for u, t in local.values()}
-    own = {f for f in sp.params_of(names.stage) if not spec.is_ignored(f)}
+    own = {f for f in sp.stored_of(names.stage) if not spec.is_ignored(f)}
     missing = sorted(own - set(held))
     error = None
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         error = (
-            f"its model lacks {len(missing)} parameter(s) of stage {names.stage}: "
+            f"its model lacks {len(missing)} parameter(s) or buffer(s) of stage {names.stage}: "
             f"{', '.join(sp.local_name(m, names.stage) for m in missing[:3])}{more}"
         )
     every = gather((names.stage, sorted(held.items()), error))
@@ -183,8 +184,10 @@ def _stage_plans(
         coord = [0] * len(lm.names)
         coord[axis] = s
         flat = {
-            sp.local_name(f, s): torch.empty(names.table[f].shape, dtype=dtypes[f], device="meta")
-            for f in sp.params_of(s)
+            sp.local_name(f, s): torch.empty(
+                manifest_entry(spec, f)[0], dtype=dtypes[f], device="meta"
+            )
+            for f in sp.stored_of(s)
             if not spec.is_ignored(f)
         }
         plans.append(canonical_plan(spec, lm, lm.rank_of(coord), flat, saving=True)[0])

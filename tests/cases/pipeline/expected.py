@@ -18,7 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardspec.runtime import (
+    Buffer,
     CompiledSpec,
+    Hook,
     Param,
     ParamTable,
     PipelineSpec,
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Placement
 
-require(api=5, compiler="0.1.0")
+require(api=6, compiler="0.1.0")
 
 # The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
 # module's import costs its tables only.
@@ -126,12 +128,17 @@ PARAMS: ParamTable[Param] | None = ParamTable(
     }
 )
 
-# The manifest's persistent buffers (a stage's are saved whole, as they are), and the keys
-# the model's state-dict hooks write in place of parameters: key -> (the hook's module, the
-# parameters). No rule places a hook's key, so save refuses a state dict that holds one
+# The manifest's persistent buffers: Buffer(rule, module tensor shape, dtype), one row per kind as
+# in PARAMS. Checkpoints (and an hf block) store them as they store parameters; rule None (no rule
+# matches): the whole tensor on every rank of its pipeline stage (its module's stage, or every stage
+# where no first, last or split pattern covers it).
+BUFFERS: ParamTable[Buffer] = ParamTable({})
+
+# The keys the model's state-dict hooks write in place of parameters: Hook(the hook's
+# module, the parameters), a `*` segment in their names standing for the key's segment at
+# that position. No rule places a hook's key, so save refuses a state dict that holds one
 # (strict=False: a warning).
-BUFFERS: tuple[str, ...] = ()
-HOOK_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {}
+HOOK_KEYS: ParamTable[Hook] = ParamTable({})
 
 # Pipeline stages on pp: a rank's coordinate on pp is its stage.
 # Patterns are module prefixes of the whole model's names.

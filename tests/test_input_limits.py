@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import re
 import shutil
@@ -308,3 +309,56 @@ def test_a_huge_manifest_name_is_placed_without_backtracking(tmp_path: Path) -> 
     (status, out), used = peak(lambda: lint(str(spec)))
     assert status == 1 and "SS040" in out and "m.json:2:11" in out, out[:3000]
     assert used < 12 * len(fqn), used / len(fqn)
+
+
+# ------------------------------------------------------- hints over an HF manifest's keys
+
+
+def test_the_fused_tensor_hint_compares_no_huge_keys() -> None:
+    """SS071's hint looks for the HF key that holds a whole fused parameter: difflib over
+    every key of the parameter's shape, with no cap on the names' lengths (a key and a
+    parameter name of 20,000 characters took about 1 s per key; this manifest 20 s)."""
+    import random
+
+    from shardspec.checks.hf import _fused_key, _Unit
+    from shardspec.core.hfmap import Fused
+    from shardspec.inputs.hfmanifest import HFManifest, HFTensor
+
+    rnd = random.Random(0)
+    alphabet = [chr(0x4E00 + i) for i in range(300)]  # no character common enough for
+    huge = lambda: "".join(rnd.choices(alphabet, k=20_000))  # noqa: E731  difflib to skip
+    base = f"layers.0.{huge()}.w13"
+    unit = _Unit(f"{base}.gate", (4, 8), base, 0, Fused(0, (("gate", 4), ("up", 4))))
+    tensor = HFTensor(shape=(8, 8), dtype="F32", file="m.safetensors")
+    keys = [f"model.layers.0.{huge()}.w13" for _ in range(20)] + ["model.layers.0.w13"]
+    hfm = HFManifest("hf.json", {}, {k: tensor for k in keys})
+    found, took = cpu(lambda: _fused_key(unit, base, hfm))
+    assert took < 1.0, took
+    assert found is not None and found[0] in keys and found[1:] == ((8, 8), False)
+    short = HFManifest("hf.json", {}, {k: tensor for k in ("a.0.w13", "model.layers.0.w13")})
+    unit = _Unit("layers.0.w13.gate", (4, 8), "layers.0.w13", 0, unit.fused)
+    assert _fused_key(unit, "layers.0.w13", short) == ("model.layers.0.w13", (8, 8), False)
+
+
+# ------------------------------------------------- placing a finding in a large manifest
+
+
+def test_entry_positions_reads_the_text_once_at_c_speed() -> None:
+    """The error path's scan of a manifest for each entry's place walked every character
+    in Python (about a minute at 125 MB; 0.5 s for this 1 MB one); now each entry is
+    skipped by the standard library's decoder."""
+    from shardspec.inputs.manifest import entry_positions
+
+    odd = '}{,[]"\\'  # what a walk over characters must tell from structure
+    entries = [{"fqn": f"layers.{i}.w", "shape": [4, 4], "module": odd} for i in range(8000)]
+    text = json.dumps({"format": "f", "z": {"entries": [{}]}, "entries": entries}, indent=1)
+    got, took = cpu(lambda: entry_positions(text))
+    assert len(got) == 8000 and took < 0.15, took
+    lines = text.split("\n")
+    for line, col in got[:50] + got[-50:]:
+        assert lines[line - 1][col - 1] == "{"
+    assert {b[0] - a[0] for a, b in itertools.pairwise(got)} == {8}  # lines an entry
+    # an element that is no object still has its place: index i is entry i
+    assert entry_positions('{"entries": [1, {"fqn": "a"},\n  "x"]}') == [(1, 14), (1, 17), (2, 3)]
+    assert entry_positions('{"entries": [{"a": 1}], "entries": [\n {}]}') == [(2, 2)]
+    assert entry_positions("[]") == [] and entry_positions('{"entries": {}}') == []

@@ -58,8 +58,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from shardspec.core.jsontext import JSONTextError, loads
 from shardspec.findings.suggest import closest
-from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
+from shardspec.frontend.textfile import JSON_STRING, positions, read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
@@ -317,66 +318,68 @@ def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
 def _raise_json_error(text: str) -> None:
     """Re-parse invalid JSON with the standard library, for its line and column."""
     try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
-    except RecursionError:
-        raise ManifestError("manifest is not valid JSON: nested too deeply") from None
-    except ValueError:  # a number json cannot read
-        number = long_number(text)
-        if number is not None:
-            raise ManifestError(f"manifest is not valid JSON: {number[0]}", *number[1:]) from None
+        loads(text)
+    except JSONTextError as e:
+        raise ManifestError(f"manifest is not valid JSON: {e.reason}", e.line, e.col) from None
     raise ManifestError("manifest is not valid JSON")
 
 
 def entry_positions(text: str) -> list[tuple[int, int]]:
-    """(line, col) of the ``{`` of each object in the top-level ``"entries"`` list, in order.
-
-    A small scanner over JSON text that is known to parse; it tracks strings, nesting and
-    the key being read in the top-level object.
-    """
+    """(line, col) of each element of the top-level ``"entries"`` list (the ``{`` of an
+    entry), in order, for JSON text that is known to parse (json's last ``"entries"``,
+    where there are two). See :func:`_entry_offsets`; lines are counted at C speed."""
     out: list[tuple[int, int]] = []
-    depth = 0
-    line, col = 1, 0
-    in_string = escaped = False
-    key = ""
-    buf: list[str] = []
-    expecting_key = False
-    in_entries = False
-    for ch in text:
-        col += 1
-        if ch == "\n":
-            line, col = line + 1, 0
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if depth == 1 and expecting_key:
-                    key = "".join(buf)
-            else:
-                buf.append(ch)
-            continue
-        if ch == '"':
-            in_string, buf = True, []
-        elif ch in "{[":
-            if ch == "{" and depth == 2 and in_entries:
-                out.append((line, col))
-            depth += 1
-            if depth == 2 and ch == "[":
-                in_entries = key == "entries"
-            expecting_key = depth == 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 1:
-                in_entries = False
-        elif ch == "," and depth == 1:
-            expecting_key = True
-        elif ch == ":" and depth == 1:
-            expecting_key = False
+    line, counted = 1, 0
+    for at in _entry_offsets(text):
+        line += text.count("\n", counted, at)
+        counted = at
+        out.append((line, at - text.rfind("\n", 0, at)))
     return out
+
+
+_DECODER = json.JSONDecoder()
+_BLANK = re.compile(r"[ \t\n\r]*")
+
+
+def _past_blanks(text: str, i: int) -> int:
+    """The offset of the first character at or after ``i`` that is no JSON white space."""
+    m = _BLANK.match(text, i)
+    return m.end() if m else i
+
+
+def _entry_offsets(text: str) -> list[int]:
+    """The offset of each element of the top-level object's ``"entries"`` list. Only the
+    top level is walked in Python, a key and a value at a time; each value (and each entry)
+    is skipped by the standard library's decoder. Text that is not JSON gives the offsets
+    found before the walk lost its way."""
+    skip, decode = _past_blanks, _DECODER.raw_decode
+    found: list[int] = []
+    try:
+        i = skip(text, 0)
+        if text[i] != "{":
+            return []
+        i = skip(text, i + 1)
+        while text[i] == '"':
+            key, i = decode(text, i)
+            i = skip(text, skip(text, i) + 1)  # past the ':'
+            if key == "entries" and text[i] == "[":
+                found = []  # the last of two wins, as in json.loads
+                i = skip(text, i + 1)
+                while text[i] != "]":
+                    found.append(i)
+                    _, i = decode(text, i)
+                    i = skip(text, i)
+                    if text[i] == ",":
+                        i = skip(text, i + 1)
+                i += 1
+            else:
+                _, i = decode(text, i)
+            i = skip(text, i)
+            if text[i] == ",":
+                i = skip(text, i + 1)
+    except (ValueError, IndexError, RecursionError):
+        pass
+    return found
 
 
 def dump_manifest(

@@ -29,16 +29,20 @@ from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
 
+# What a Match holds when nothing matched: shared by every match, never changed.
+_NO_CAPTURES: dict[str, str] = {}
+
 
 @dataclass(slots=True)  # one per manifest entry: a million of them in a large model
 class Match:
-    """One manifest entry and the rules that match it."""
+    """One manifest entry and the rules that match it. Its tuples and captures are shared
+    with every match like it (read only): a million matches hold a few hundred."""
 
     entry: Entry
-    candidates: list[int]  # rule indices, best first
+    candidates: tuple[int, ...] = ()  # rule indices, best first
     winner: int | None = None
-    tied: list[int] = field(default_factory=list)  # rules with the winner's key
-    captures: dict[str, str] = field(default_factory=dict)
+    tied: tuple[int, ...] = ()  # rules with the winner's key
+    captures: dict[str, str] = field(default_factory=lambda: _NO_CAPTURES)
     layout: ParamLayout | None = None
     layout_error: LayoutError | None = None
     ignored_by: int | None = None  # ignore-rule index
@@ -335,25 +339,28 @@ def _match_all(res: Resolved) -> None:
 
 def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=None) -> Match:
     """``entry`` and the rules that match its name, best first. ``shared``: one captures
-    dict per distinct value (read only; a million entries have a few hundred)."""
+    dict (keyed by its items) and one tuple of rule indices per distinct value, read only
+    (a million entries have a few hundred)."""
     if rules is None:
         ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
         rules = [(index, g.regex.match, g.key) for index, g in ordered]
     if ignores is None:
         ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
     fqn = entry.fqn
-    m = Match(entry, [])
+    m = Match(entry)
     for i, match in ignores:
         if match(fqn):
             m.ignored_by = i
             break
     if entry.kind in ("param", "buffer"):
         best_key = None
+        candidates: list[int] = []
+        tied: list[int] = []
         for index, match, key in rules:
             found = match(fqn)
             if found is None:
                 continue
-            m.candidates.append(index)
+            candidates.append(index)
             if best_key is None:
                 best_key = key
                 captures = found.groupdict()
@@ -361,8 +368,15 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=Non
                     captures = shared.setdefault(tuple(captures.items()), captures)
                 m.winner, m.captures = index, captures
             elif key == best_key:
-                m.tied.append(index)
+                tied.append(index)
+        m.candidates, m.tied = _shared(shared, candidates), _shared(shared, tied)
     return m
+
+
+def _shared(shared: dict | None, indices: list[int]) -> tuple[int, ...]:
+    """``indices`` as a tuple, the one already in ``shared`` where there is one."""
+    t = tuple(indices)
+    return t if shared is None or not t else shared.setdefault(t, t)
 
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:

@@ -22,6 +22,7 @@ from shardspec.inputs.manifest import (
     _read_reference,
     load_manifest,
 )
+from tests.mutations import mutated
 
 FORMATS = ["shardspec-manifest/1", "shardspec-manifest/2"]
 SCALARS = st.one_of(
@@ -164,13 +165,8 @@ PIECES = ['"', "\\", "\\ud800", "\\ud83d\\ude00", "{", "}", "[", "]", ",", ":", 
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.data())
-def test_mutated_manifests(data: st.DataObject) -> None:
-    text = VALID
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(text)))
-        cut = data.draw(st.integers(0, 3))
-        text = text[:at] + data.draw(st.sampled_from(PIECES)) + text[at + cut :]
+@given(mutated(VALID, PIECES, edits=3, cut=3))
+def test_mutated_manifests(text: str) -> None:
     _same(text)
 
 

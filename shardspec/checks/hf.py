@@ -1051,7 +1051,7 @@ def _check_config_values(
 
 
 def _config_product(
-    factors: list[ir.HFConfigFactor], hfm: HFManifest, code: str = "SS077"
+    factors: tuple[ir.HFConfigFactor, ...], hfm: HFManifest, code: str = "SS077"
 ) -> tuple[int | None, Diagnostic | None]:
     """The value of a product of config.json keys and whole numbers, or why it has none."""
     values: list[int] = []

@@ -24,6 +24,7 @@ from shardspec.core.layout import (
     resolve_sizes,
 )
 from shardspec.core.patterns import Glob, PatternError, compile_glob
+from shardspec.core.patterns import shared as one
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, plan
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
@@ -188,17 +189,17 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         )
         for f in rule.fusions
     )
-    return RuleSpec(
+    return RuleSpec(  # its tuples shared with every rule like it (a large spec's repeat)
         pattern=rule.pattern.text,
-        dims=tuple(d.text for d in rule.dims),
-        shard=tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard),
-        fuse=fuse,
-        local=tuple(a.text for a in rule.local),
-        name_indexed=name_indexed,
+        dims=one(tuple(d.text for d in rule.dims)),
+        shard=one(tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard)),
+        fuse=one(fuse),
+        local=one(tuple(a.text for a in rule.local)),
+        name_indexed=one(name_indexed),
         stored_fused=any(f.stored_fused for f in rule.fusions),
         any_rank=not rule.dims_given,
-        ckpt_shard=tuple(
-            (s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards
+        ckpt_shard=one(
+            tuple((s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards)
         ),
     )
 
@@ -339,8 +340,8 @@ def _match_all(res: Resolved) -> None:
 
 def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=None) -> Match:
     """``entry`` and the rules that match its name, best first. ``shared``: one captures
-    dict (keyed by its items) and one tuple of rule indices per distinct value, read only
-    (a million entries have a few hundred)."""
+    dict per distinct value (read only; a million entries have a few hundred); its tuples
+    of rule indices are shared too (:func:`~shardspec.core.patterns.shared`)."""
     if rules is None:
         ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
         rules = [(index, g.regex.match, g.key) for index, g in ordered]
@@ -369,14 +370,8 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=Non
                 m.winner, m.captures = index, captures
             elif key == best_key:
                 tied.append(index)
-        m.candidates, m.tied = _shared(shared, candidates), _shared(shared, tied)
+        m.candidates, m.tied = one(tuple(candidates)), one(tuple(tied))
     return m
-
-
-def _shared(shared: dict | None, indices: list[int]) -> tuple[int, ...]:
-    """``indices`` as a tuple, the one already in ``shared`` where there is one."""
-    t = tuple(indices)
-    return t if shared is None or not t else shared.setdefault(t, t)
 
 
 def _layouts(res: Resolved, mesh: Mesh) -> None:

@@ -37,7 +37,7 @@ class Source:
         """(line, column) of the character at ``offset``."""
         starts = self._starts
         if starts is None:
-            starts = self._starts = array("q", [0])
+            starts = self._starts = array("i" if len(self.text) < 2**31 else "q", [0])
             starts.extend(m.end() for m in re.finditer("\n", self.text))
         line = bisect_right(starts, offset)
         return line, offset - starts[line - 1] + 1

@@ -12,13 +12,18 @@ peak over the input's size, and the bytes of output. ``floor`` is the peak RSS o
 one-line spec (Python, lark, pydantic: what any lint costs), reported so that the growth
 with the input can be read apart from it.
 
+``--stages`` adds, for the rules and manifest inputs, where the time and memory go: the
+lint's stages run one by one in a fresh process (reading the spec, parsing it, loading the
+manifest, checking), each with its CPU seconds and the process's RSS and peak RSS after it
+(``VmRSS``, ``VmHWM``).
+
 ``--baseline DIR`` runs the same inputs with the ``shardspec`` package of another checkout
 (``git worktree add /tmp/base <commit>`` or ``git archive <commit> | tar -x -C DIR``) in the
 same run, and reports this checkout against it. ``--scale 0.1`` makes every input ten times
 smaller.
 
     python -m bench.bench_input_size [--scale 1] [--cases name,rules,manifest]
-        [--baseline DIR] [--timeout 900] [--json PATH]
+        [--baseline DIR] [--timeout 900] [--json PATH] [--stages]
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import synth
 
@@ -148,6 +155,70 @@ def lint_once(spec: Path, src: Path, timeout: float) -> tuple[int | None, float,
     return status, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, written
 
 
+def _memory() -> tuple[float, float]:
+    """This process's RSS and peak RSS, MB (Linux's /proc/self/status)."""
+    fields = {}
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def stage_child(spec: Path) -> list[tuple[str, float, float, float]]:
+    """Lint ``spec`` a stage at a time, in this process: (stage, CPU s, RSS MB, peak RSS
+    MB) after each. The shardspec package is whatever PYTHONPATH gives."""
+    from shardspec.checks.run import check
+    from shardspec.frontend.parse import parse
+    from shardspec.frontend.textfile import read_text
+    from shardspec.inputs.manifest import load_manifest
+
+    out: list[tuple[str, float, float, float]] = []
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        start = time.process_time()
+        got = fn()
+        out.append((name, time.process_time() - start, *_memory()))
+        return got
+
+    parse("param x replicate", "warm.shard")  # lark's tables: part of the floor
+    out.append(("start", 0.0, *_memory()))
+    text = stage("read the spec", lambda: read_text(spec))
+    ir, _ = stage("parse", lambda: parse(text, str(spec)))
+    assert ir is not None, "the benchmark's specs parse"
+    manifest = None
+    if ir.manifest is not None:
+        manifest = stage("load the manifest", lambda: load_manifest(spec.parent / ir.manifest))
+    stage("check", lambda: check(ir, manifest=manifest, use_manifest=False))
+    return out
+
+
+def stages(inputs: dict[str, tuple[Path, int]], trees: dict[str, Path]) -> list[str]:
+    """The report's table of :func:`stage_child` per input (rules, manifest) and tree."""
+    lines = [
+        "",
+        "| input | tree | stage | CPU | RSS after | peak RSS after |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for case in ("rules", "manifest"):
+        if case not in inputs:
+            continue
+        spec = inputs[case][0]
+        for tree, src in trees.items():
+            argv = [sys.executable, "-m", "bench.bench_input_size", "--stage-child", str(spec)]
+            env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{REPO}"}
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+            if done.returncode != 0:
+                lines.append(f"| {case} | {tree} | failed: {done.stderr.strip()[-200:]} | | | |")
+                continue
+            for name, cpu, rss, peak in json.loads(done.stdout):
+                lines.append(
+                    f"| {case} | {tree} | {name} | {cpu:.1f} s | {rss:,.0f} MB | {peak:,.0f} MB |"
+                )
+    return lines
+
+
 def run(
     inputs: dict[str, tuple[Path, int]], trees: dict[str, Path], rounds: int, timeout: float
 ) -> list[Run]:
@@ -216,12 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the floor (best kept)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--stages", action="store_true", help="time and memory per stage too")
     ap.add_argument("--make-inputs", default=None, metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--stage-child", default=None, metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     if args.make_inputs:  # the child of make_inputs_apart
         made = make_inputs(Path(args.make_inputs), args.scale, cases)
         print(json.dumps({case: (str(path), size) for case, (path, size) in made.items()}))
+        return 0
+    if args.stage_child:  # the child of stages
+        print(json.dumps(stage_child(Path(args.stage_child))))
         return 0
     trees = {"this": REPO}
     if args.baseline:
@@ -229,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         inputs = make_inputs_apart(Path(tmp), args.scale, cases)
         runs = run(inputs, trees, args.rounds, args.timeout)
-    print(report(runs, trees, args))
+        table = stages(inputs, trees) if args.stages else []
+    print("\n".join([report(runs, trees, args), *table]))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=2))
     return 0

@@ -115,10 +115,11 @@ def lint_specs(
         if spec is not None:
             out.sources[shown] = spec.source
             res, more = check(spec, overrides=overrides, world=world)
-            if res.manifest is not None:
-                out.sources[res.manifest.path] = res.manifest.text
-            if res.hf_manifest is not None:
-                out.sources[res.hf_manifest.path] = res.hf_manifest.text
+            # a manifest's text only where a finding shows a line of it (a large one's
+            # is read again then, not held: shardspec.inputs.manifest.Manifest.text)
+            for m in (res.manifest, res.hf_manifest):
+                if m is not None and any(d.span.file == m.path for d in more):
+                    out.sources[m.path] = m.text
             out.diagnostics.extend(diags + more)
             results.append((shown, res))
         else:

@@ -361,7 +361,7 @@ def cmd_manifest(args) -> int:
     try:
         n, hooks = write_manifest(args.factory, args.output, args.args)
     except ManifestBuildError as e:
-        _bad_argument(str(e), e.hint)
+        _bad_argument(str(e), e.hint, e.code)
         return 2
     if hooks:
         sys.stderr.write(

@@ -27,3 +27,15 @@ def test_the_benchmark_runs_and_reports_each_input(capsys, tmp_path: Path) -> No
     assert runs["name"]["status"] == 2  # SS007: refused when read
     assert runs["rules"]["status"] == 0 and runs["manifest"]["status"] == 0
     assert all(r["peak_rss_mb"] > 0 for r in runs.values())
+
+
+def test_the_stages_report_says_where_the_time_and_memory_go(capsys) -> None:
+    argv = ["--scale", "0.0002", "--rounds", "1", "--cases", "rules,manifest", "--stages"]
+    assert bench_input_size.main(argv) == 0
+    report = capsys.readouterr().out
+    for case, stage in [("rules", "parse"), ("rules", "check"), ("manifest", "load the manifest")]:
+        row = next(
+            line for line in report.splitlines() if line.startswith(f"| {case} | this | {stage} |")
+        )
+        cpu, rss, peak = (cell.split()[0] for cell in row.split("|")[4:7])
+        assert float(cpu) >= 0 and 0 < float(rss.replace(",", "")) <= float(peak.replace(",", ""))

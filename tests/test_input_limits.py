@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import re
 import shutil
@@ -231,26 +232,63 @@ def _rules(n: int) -> str:
 
 def test_a_spec_of_many_rules_parses_in_memory_proportional_to_it() -> None:
     """The parse tree of the whole spec and pydantic IR nodes beside it took 100 times the
-    text (a 50 MB spec of 510,000 rules: 7 GB). Statements become IR as they are read, and
-    nodes are slotted dataclasses: the peak is now about 20 times the text."""
+    text (a 50 MB spec of 510,000 rules: 7 GB); slotted nodes, each with a span of its own,
+    20 times. Nodes now keep their place as offsets from their statement's start and their
+    lists as tuples: the parse peaks at about 11 times the text, and a lint (the checks'
+    globs and plain rules beside the IR, their tuples shared) at about 14 times."""
+    from shardspec.checks.run import check
+
     text = _rules(10_000)
-    (spec, diags), used = peak(lambda: parse(text, "big.shard"))
+    tracemalloc.start()
+    try:
+        spec, diags = parse(text, "big.shard")
+        parsed = tracemalloc.get_traced_memory()[1]
+        check(spec)
+        linted = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert spec is not None and not diags and len(spec.rules) == 10_000
     assert spec.rules[-1].span.line == text.count("\n") - 2
-    assert used < 40 * len(text), used / len(text)
+    assert parsed < 13 * len(text), parsed / len(text)
+    assert linted < 16 * len(text), linted / len(text)
 
 
 def test_a_large_manifest_loads_in_memory_proportional_to_it(tmp_path: Path) -> None:
     """Reading a manifest allocated its 256 MB size limit up front, and each entry was a
-    pydantic model of 700 bytes (with the text, 8 times the file). Now the peak is about 3.5
-    times the file: the text, and a slotted entry of 170 bytes per line of 125."""
+    pydantic model of 700 bytes (with the text, 8 times the file); then a slotted pydantic
+    dataclass of 170 bytes, beside the text pydantic-core parsed at 5 times the file. Now
+    the standard library's decoder makes each entry a named tuple as it reads it (about
+    3.3 times the file at the peak, the text included), and the manifest holds its entries
+    but not its text (1.7 times the file), which a finding reads again."""
     from bench.synth import config_for, manifest_text
 
     text = manifest_text(config_for(20_000))
     (tmp_path / "m.json").write_text(text, encoding="utf-8")
-    manifest, used = peak(lambda: load_manifest(tmp_path / "m.json"))
+    tracemalloc.start()
+    try:
+        manifest = load_manifest(tmp_path / "m.json")
+        held, used = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert len(manifest.entries) > 20_000
-    assert used < 6 * len(text), used / len(text)
+    assert used < 4 * len(text), used / len(text)
+    assert held < 2.2 * len(text), held / len(text)
+    fqn = manifest.entries[-1].fqn
+    at = text.index(json.dumps(fqn))
+    line, col = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+    assert manifest.position(fqn) == (line, col)  # the text read again when asked
+
+
+def test_a_manifest_changed_since_it_was_read_places_findings_at_its_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "m.json"
+    path.write_text('{"format": "shardspec-manifest/2",\n "entries": [{"fqn": "a.w"}]}\n')
+    manifest = load_manifest(path)
+    path.write_text('{"format": "shardspec-manifest/2",\n "entries": [{"fqn": "b.w"}]}\n\n')
+    assert manifest.text == "" and manifest.position("a.w") == (1, 1)
+    again = load_manifest(path)
+    assert again.position("b.w") == (2, 22) and again.text.startswith('{"format"')
 
 
 # ---------------------------------------------------------------------- fuzz, time-bounded
@@ -308,3 +346,56 @@ def test_a_huge_manifest_name_is_placed_without_backtracking(tmp_path: Path) -> 
     (status, out), used = peak(lambda: lint(str(spec)))
     assert status == 1 and "SS040" in out and "m.json:2:11" in out, out[:3000]
     assert used < 12 * len(fqn), used / len(fqn)
+
+
+# ------------------------------------------------------- hints over an HF manifest's keys
+
+
+def test_the_fused_tensor_hint_compares_no_huge_keys() -> None:
+    """SS071's hint looks for the HF key that holds a whole fused parameter: difflib over
+    every key of the parameter's shape, with no cap on the names' lengths (a key and a
+    parameter name of 20,000 characters took about 1 s per key; this manifest 20 s)."""
+    import random
+
+    from shardspec.checks.hf import _fused_key, _Unit
+    from shardspec.core.hfmap import Fused
+    from shardspec.inputs.hfmanifest import HFManifest, HFTensor
+
+    rnd = random.Random(0)
+    alphabet = [chr(0x4E00 + i) for i in range(300)]  # no character common enough for
+    huge = lambda: "".join(rnd.choices(alphabet, k=20_000))  # noqa: E731  difflib to skip
+    base = f"layers.0.{huge()}.w13"
+    unit = _Unit(f"{base}.gate", (4, 8), base, 0, Fused(0, (("gate", 4), ("up", 4))))
+    tensor = HFTensor(shape=(8, 8), dtype="F32", file="m.safetensors")
+    keys = [f"model.layers.0.{huge()}.w13" for _ in range(20)] + ["model.layers.0.w13"]
+    hfm = HFManifest("hf.json", {}, {k: tensor for k in keys})
+    found, took = cpu(lambda: _fused_key(unit, base, hfm))
+    assert took < 1.0, took
+    assert found is not None and found[0] in keys and found[1:] == ((8, 8), False)
+    short = HFManifest("hf.json", {}, {k: tensor for k in ("a.0.w13", "model.layers.0.w13")})
+    unit = _Unit("layers.0.w13.gate", (4, 8), "layers.0.w13", 0, unit.fused)
+    assert _fused_key(unit, "layers.0.w13", short) == ("model.layers.0.w13", (8, 8), False)
+
+
+# ------------------------------------------------- placing a finding in a large manifest
+
+
+def test_entry_positions_reads_the_text_once_at_c_speed() -> None:
+    """The error path's scan of a manifest for each entry's place walked every character
+    in Python (about a minute at 125 MB; 0.5 s for this 1 MB one); now each entry is
+    skipped by the standard library's decoder."""
+    from shardspec.inputs.manifest import entry_positions
+
+    odd = '}{,[]"\\'  # what a walk over characters must tell from structure
+    entries = [{"fqn": f"layers.{i}.w", "shape": [4, 4], "module": odd} for i in range(8000)]
+    text = json.dumps({"format": "f", "z": {"entries": [{}]}, "entries": entries}, indent=1)
+    got, took = cpu(lambda: entry_positions(text))
+    assert len(got) == 8000 and took < 0.15, took
+    lines = text.split("\n")
+    for line, col in got[:50] + got[-50:]:
+        assert lines[line - 1][col - 1] == "{"
+    assert {b[0] - a[0] for a, b in itertools.pairwise(got)} == {8}  # lines an entry
+    # an element that is no object still has its place: index i is entry i
+    assert entry_positions('{"entries": [1, {"fqn": "a"},\n  "x"]}') == [(1, 14), (1, 17), (2, 3)]
+    assert entry_positions('{"entries": [{"a": 1}], "entries": [\n {}]}') == [(2, 2)]
+    assert entry_positions("[]") == [] and entry_positions('{"entries": {}}') == []

@@ -87,7 +87,7 @@ def test_full_spec_top_level() -> None:
     assert at(spec.ignores[0].pattern.span) == pos(FULL, "**._extra_state")
     assert len(spec.rules) == 6
     assert [r.index for r in spec.rules] == list(range(6))
-    assert spec.suppressions == []
+    assert spec.suppressions == ()
 
 
 def test_mesh() -> None:
@@ -107,7 +107,7 @@ def test_mesh_without_world_and_on_one_line() -> None:
     spec = ok("mesh { dp: * tp: 2 cp: 4 }")
     assert spec.mesh is not None and spec.mesh.world is None
     assert [(a.name.text, a.size) for a in spec.mesh.axes] == [("dp", None), ("tp", 2), ("cp", 4)]
-    assert ok("mesh {}").mesh == ir.MeshDecl(span=Span("t.shard", 1, 1, 1, 8), axes=[])
+    assert ok("mesh {}").mesh == ir.MeshDecl(**ir.placed(Span("t.shard", 1, 1, 1, 8)), axes=())
 
 
 def test_rule_with_shard() -> None:
@@ -126,7 +126,7 @@ def test_rule_with_shard() -> None:
     assert at(s.span) == pos(FULL, "shard vocab")
     assert at(s.dim.span) == pos(FULL, "vocab", 1)
     assert at(s.axes[0].span) == pos(FULL, "tp", 1)
-    assert r.fusions == [] and r.local == [] and r.replicate == []
+    assert r.fusions == () and r.local == () and r.replicate == ()
 
 
 def test_rule_with_grouped_fusion_and_axis_tuple() -> None:
@@ -161,12 +161,12 @@ def test_replicate_rules_with_and_without_dims() -> None:
     assert with_dims.replicate_all and with_dims.dims_given
     assert with_dims.pattern.text == "layers.*.moe.local_experts.{expert}.w{1,3}.weight"
     assert [d.text for d in with_dims.dims] == ["expert", "ffn", "hidden"]
-    assert without.replicate_all and not without.dims_given and without.dims == []
+    assert without.replicate_all and not without.dims_given and without.dims == ()
     assert without.pattern.text == "hc_head.*"
     assert at(without.span) == pos(FULL, "param hc_head")
     assert without.span.end_col == pos(FULL, "param hc_head")[1] + len("param hc_head.* replicate")
-    assert empty.dims_given and empty.dims == [] and not empty.replicate_all
-    assert empty.shards == [] and empty.fusions == []
+    assert empty.dims_given and empty.dims == () and not empty.replicate_all
+    assert empty.shards == () and empty.fusions == ()
 
 
 def test_keywords_can_be_names_and_patterns() -> None:
@@ -197,7 +197,7 @@ def test_style_lines() -> None:
     )
     spec = ok(text)
     a, b, c = spec.rules
-    assert a.style is not None and a.extra_styles == []
+    assert a.style is not None and a.extra_styles == ()
     assert a.style.kind.text == "colwise"
     assert a.style.input is not None and a.style.input.text == "sequence"
     assert a.style.output is not None and a.style.output.text == "replicate"
@@ -238,7 +238,7 @@ def test_statements_may_share_a_line_and_order_is_free() -> None:
 def test_empty_and_comment_only_specs() -> None:
     for text in ["", "\n\n", "# only a comment", "# a\n\n   # b\n"]:
         spec = ok(text)
-        assert spec.mesh is None and spec.rules == [] and spec.manifest is None
+        assert spec.mesh is None and spec.rules == () and spec.manifest is None
 
 
 def test_windows_line_ends() -> None:
@@ -275,9 +275,9 @@ def test_suppression_comments() -> None:
     )
     spec = ok(text)
     assert [(s.codes, s.span.line) for s in spec.suppressions] == [
-        (["SS041"], 1),
-        (["SS021", "SS040", "SS041"], 3),
-        (["SS030"], 4),
+        (("SS041",), 1),
+        (("SS021", "SS040", "SS041"), 3),
+        (("SS030",), 4),
     ]
     first = spec.suppressions[0]
     assert first.span.col == text.index("# shardspec") + 1
@@ -287,15 +287,15 @@ def test_suppression_comments() -> None:
 def test_suppression_words_inside_a_string_suppress_nothing() -> None:
     text = 'manifest "a # shardspec: ignore[SS002].json"\n'
     spec = ok(text)
-    assert spec.suppressions == []
+    assert spec.suppressions == ()
     both = 'manifest "x # shardspec: ignore[SS001]" # shardspec: ignore[SS041]\n'
     spec = ok(both)
-    assert [s.codes for s in spec.suppressions] == [["SS041"]]
+    assert [s.codes for s in spec.suppressions] == [("SS041",)]
     assert spec.suppressions[0].span.col == both.index("# shardspec: ignore[SS041]") + 1
 
 
 def test_a_plain_comment_is_not_a_suppression() -> None:
-    assert ok("# shardspec ignores nothing here\n# ignore[SS041]\n").suppressions == []
+    assert ok("# shardspec ignores nothing here\n# ignore[SS041]\n").suppressions == ()
 
 
 # ----------------------------------------------------------------------------- duplicates
@@ -546,7 +546,7 @@ def test_hf_block_items_and_spans() -> None:
 
 def test_hf_block_without_manifest_and_empty() -> None:
     spec = ok("hf { }")
-    assert spec.hf is not None and spec.hf.manifest is None and spec.hf.maps == []
+    assert spec.hf is not None and spec.hf.manifest is None and spec.hf.maps == ()
     assert ok("param a [x] {}").hf is None
     spec = ok("hf{a->b}")
     assert spec.hf is not None and [(m.hf.text, m.target.text) for m in spec.hf.maps] == [
@@ -636,7 +636,7 @@ def test_heads_items_and_spans() -> None:
     assert [d.text for d in b.dims] == ["hidden", "heads"]
     assert [(h.target.text, h.size) for h in b.heads] == [("heads", 128)]
     assert b.shards[0].dim.text == "heads"
-    assert ok("param w [a] { shard a over tp }").rules[0].heads == []
+    assert ok("param w [a] { shard a over tp }").rules[0].heads == ()
 
 
 @pytest.mark.parametrize(
@@ -728,7 +728,7 @@ def test_pipeline_block_items_and_spans() -> None:
     assert at(split.span) == pos(PIPE, "split")
     assert (split.span.end_line, split.span.end_col) == (4, pos(PIPE, "local")[1] + len("local"))
     assert at(split.pattern.span) == pos(PIPE, "layers.{layer}")
-    assert split.counts == [1, 3] and split.local_names is True
+    assert split.counts == (1, 3) and split.local_names is True
     assert split.counts_span is not None and at(split.counts_span) == pos(PIPE, "as 1, 3")
     assert split.counts_span.end_col == pos(PIPE, "as 1, 3")[1] + len("as 1, 3")
 
@@ -740,21 +740,21 @@ def test_pipeline_split_forms() -> None:
         return p.splits
 
     (s,) = split_of("pipeline pp { split layers.{layer} }")
-    assert (s.counts, s.counts_span, s.local_names) == ([], None, False)
+    assert (s.counts, s.counts_span, s.local_names) == ((), None, False)
     (s,) = split_of("pipeline pp { split layers.{layer} local }")
-    assert (s.counts, s.counts_span, s.local_names) == ([], None, True)
+    assert (s.counts, s.counts_span, s.local_names) == ((), None, True)
     (s,) = split_of("pipeline pp { split layers.{layer} as 2,2 ,4 }")
-    assert s.counts == [2, 2, 4] and not s.local_names
+    assert s.counts == (2, 2, 4) and not s.local_names
     # a whole block on one line, items in any order
     p = ok("pipeline pp{last c,d split b.{l} as 1, 3 local first a}").pipeline
     assert p is not None
     assert ([x.text for x in p.first], [x.text for x in p.last]) == (["a"], ["c", "d"])
     assert [(s.pattern.text, s.counts, s.local_names) for s in p.splits] == [
-        ("b.{l}", [1, 3], True)
+        ("b.{l}", (1, 3), True)
     ]
     # an empty block parses; the checks say what it lacks
     p = ok("pipeline pp {}").pipeline
-    assert p is not None and (p.first, p.last, p.splits) == ([], [], [])
+    assert p is not None and (p.first, p.last, p.splits) == ((), (), ())
     # two splits both parse (a second one is SS090, a check's finding)
     assert [s.pattern.text for s in split_of("pipeline pp { split a.{i}\n split b.{i} }")] == [
         "a.{i}",
@@ -921,11 +921,11 @@ def test_hf_split_lines() -> None:
     assert conv.parts is not None and [t.kind for t in conv.transforms] == ["transpose"]
     k, q, v = conv.parts
     assert [p.name.text for p in conv.parts] == ["k", "q", "v"]
-    assert [f.text for f in k.size or []] == ["32"] and k.transforms == []
+    assert [f.text for f in k.size or []] == ["32"] and k.transforms == ()
     assert [f.text for f in q.size or []] == ["num_heads", "hd"]
     assert q.size_span is not None and q.size_span.col == text.split("\n")[2].index("(") + 1
     assert [(t.kind, t.head_dim) for t in q.transforms] == [("rope", 16)]
-    assert v.size is None and v.transforms == []
+    assert v.size is None and v.transforms == ()
     assert odd.parts is not None and [p.name.text for p in odd.parts] == ["as", "rope"]
     assert [(t.kind, t.head_dim) for t in odd.parts[1].transforms] == [("rope", 2)]
 
@@ -983,11 +983,11 @@ def test_a_value_of_no_known_kind_raises_rather_than_vanish() -> None:
     from shardspec.frontend.parse import _RULE_LISTS, _sort
 
     with pytest.raises(TypeError, match="ShardItem"):
-        _sort([ir.ShardItem(span=Span("t.shard", 1, 1), dim=_name("x"), axes=[])], {})
-    assert _sort([], _RULE_LISTS)["shards"] == []
+        _sort([ir.ShardItem(**ir.placed(Span("t.shard", 1, 1)), dim=_name("x"), axes=())], {})
+    assert _sort([], _RULE_LISTS)["shards"] == ()
     with pytest.raises(TypeError, match="txet"):
-        ir.Name(span=Span("t.shard", 1, 1), text="x", txet="y")  # type: ignore[call-arg]
+        ir.Name(**ir.placed(Span("t.shard", 1, 1)), text="x", txet="y")  # type: ignore[call-arg]
 
 
 def _name(text: str) -> ir.Name:
-    return ir.Name(span=Span("t.shard", 1, 1), text=text)
+    return ir.Name(**ir.placed(Span("t.shard", 1, 1)), text=text)

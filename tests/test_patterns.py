@@ -254,3 +254,26 @@ def test_wildcards_match_what_they_replace(segments: list[str], data: st.DataObj
     cap = segments.copy()
     cap[i] = "{name}"
     assert compile_glob(".".join(cap)).match(fqn) == {"name": segments[i]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.from_regex(r"[A-Za-z0-9_]{1,6}", fullmatch=True), min_size=1, max_size=6))
+def test_literal_patterns_compile_as_every_pattern(segments: list[str]) -> None:
+    """A pattern of literal segments takes a short way (its regex, captures and key follow
+    from its text); it must give what the segment-by-segment compilation gives."""
+    from shardspec.core.patterns import _compile
+
+    text = ".".join(segments)
+    fast, slow = compile_glob(text), _compile(text)
+    assert (fast.source, fast.captures, fast.key) == (slow.source, slow.captures, slow.key)
+    assert fast == slow and fast.regex.pattern == slow.regex.pattern
+
+
+def test_globs_share_their_keys_and_captures() -> None:
+    """A spec of half a million rules holds a glob per rule: one key and one captures tuple
+    per distinct value, and no regex until one is matched."""
+    a, b = compile_glob("layers.1.w{i}"), compile_glob("layers.2.w{i}")
+    assert a.key is b.key and a.captures is b.captures == ("i",)
+    c, d = compile_glob("model.layers.1.mlp"), compile_glob("model.layers.2.mlp")
+    assert c.key is d.key and c._regex is None
+    assert c.match("model.layers.1.mlp") == {} and c._regex is not None

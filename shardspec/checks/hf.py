@@ -36,6 +36,7 @@ from shardspec.core.hfmap import (
 )
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
+from shardspec.findings.suggest import ratio
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import (
@@ -699,8 +700,6 @@ def _fused_lines(acc: _Acc, hfm: HFManifest) -> dict[str, str]:
 def _fused_key(unit: _Unit, base: str, hfm: HFManifest) -> tuple[str, tuple[int, ...], bool] | None:
     """The HF key that most likely holds the whole fused parameter of ``unit``: its shape
     (or, 2-D, the transpose) and the same numbers in the name; the closest name wins."""
-    import difflib
-
     assert unit.fused is not None
     at, comps = unit.fused.at, unit.fused.components
     whole = list(unit.shape)
@@ -717,7 +716,7 @@ def _fused_key(unit: _Unit, base: str, hfm: HFManifest) -> tuple[str, tuple[int,
             continue
         if _DIGITS.findall(key) != digits:
             continue
-        score = 2.0 if key == base else difflib.SequenceMatcher(None, key, base).ratio()
+        score = 2.0 if key == base else ratio(key, base)  # no difflib over a huge key
         if best is None or score > best[0]:
             best = (score, key, t.shape, transposed)
     return None if best is None else best[1:]
@@ -1052,7 +1051,7 @@ def _check_config_values(
 
 
 def _config_product(
-    factors: list[ir.HFConfigFactor], hfm: HFManifest, code: str = "SS077"
+    factors: tuple[ir.HFConfigFactor, ...], hfm: HFManifest, code: str = "SS077"
 ) -> tuple[int | None, Diagnostic | None]:
     """The value of a product of config.json keys and whole numbers, or why it has none."""
     values: list[int] = []

@@ -109,7 +109,10 @@ def apply_suppressions(
     of the rule they point into; report suppressions that silence nothing. With
     ``partial`` (a manifest or HF manifest missing), a suppression whose codes all need a
     manifest is not reported: its checks did not run."""
-    rule_lines = {r.span.line: (r.span.line, r.span.end_line or r.span.line) for r in spec.rules}
+    rule_lines = {  # (none without suppressions: a span is worked out when asked for)
+        r.span.line: (r.span.line, r.span.end_line or r.span.line)
+        for r in (spec.rules if spec.suppressions else ())
+    }
     used: set[int] = set()
     kept = []
     for d in diags:

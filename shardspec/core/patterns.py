@@ -25,27 +25,47 @@ Two matching rules with equal keys are ambiguous: lint reports it, the runtime r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TypeVar
 
 _SEGMENT_OK = re.compile(r"^(?:[A-Za-z0-9_*]|\{[A-Za-z0-9_,*]+\})+\Z")
 _BRACE = re.compile(r"\{([^}]*)\}")
+
+
+_T = TypeVar("_T", bound=tuple)
 
 
 class PatternError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Glob:
+    """A compiled pattern. Slotted, its captures and key shared with every glob like it: a
+    spec of half a million rules holds one per rule."""
+
     text: str
-    source: str  # the regex, compiled on first use: checking a pattern needs no regex
     captures: tuple[str, ...]
     key: tuple[int, int, int, int]
+    # the regex's source (None: the pattern is literal, the source its text escaped), and
+    # the regex compiled from it on first use: checking a pattern needs no regex
+    _source: str | None = field(default=None, compare=False, repr=False)
+    _regex: re.Pattern[str] | None = field(default=None, init=False, compare=False, repr=False)
 
-    @cached_property
+    @property
+    def source(self) -> str:
+        """The regex's source."""
+        got = self._source
+        return "^" + re.escape(self.text) + r"\Z" if got is None else got
+
+    @property
     def regex(self) -> re.Pattern[str]:
-        return re.compile(self.source)
+        got = self._regex
+        if got is None:
+            got = re.compile(self.source)
+            object.__setattr__(self, "_regex", got)
+        return got
 
     def match(self, fqn: str) -> dict[str, str] | None:
         m = self.regex.match(fqn)
@@ -115,9 +135,31 @@ def _check_braces(text: str) -> None:
         raise PatternError(f"'{{' at column {start + 1} is never closed")
 
 
+# A pattern of literal segments only (``model.layers.0.mlp.w1``), as most of a large spec's
+# are: its regex, captures and key follow from it at once.
+_LITERAL = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
+# One tuple per distinct value (see shared), up to a bound.
+_SHARED: dict[tuple, tuple] = {}
+
+
 @lru_cache(maxsize=4096)
 def compile_glob(text: str) -> Glob:
     """Compile a pattern; raises :class:`PatternError` with a reason when it is malformed."""
+    if _LITERAL.fullmatch(text):
+        segments = text.count(".") + 1
+        key = (segments, 0, 0, len(text) - segments + 1)
+        return Glob(text, (), shared(key))
+    return _compile(text)
+
+
+def shared(t: _T) -> _T:
+    """``t``, or the tuple equal to it that an earlier call returned: one object per
+    distinct value of the small tuples that every glob and rule of a large spec holds (keys,
+    captures, dimension names), of which there are few."""
+    return _SHARED.setdefault(t, t) if len(_SHARED) < 65536 else t  # type: ignore[return-value]
+
+
+def _compile(text: str) -> Glob:
     if not text:
         raise PatternError("empty pattern")
     _check_braces(text)
@@ -165,7 +207,8 @@ def compile_glob(text: str) -> Glob:
         n_chars += chars
         parts.append(rx + ("" if last else r"\."))
     source = "^" + "".join(parts) + r"\Z"  # \Z: "$" would allow a final newline
-    return Glob(text, source, tuple(captures), (n_literal, -n_double, n_constrain, n_chars))
+    key = (n_literal, -n_double, n_constrain, n_chars)
+    return Glob(text, shared(tuple(captures)), shared(key), source)
 
 
 def describe_key(key: tuple[int, int, int, int]) -> str:

@@ -83,8 +83,8 @@ CHECKS: tuple[Check, ...] = (
         "number-too-large",
         E,
         "A whole number in the spec (a mesh or world size, a group, head or part size, a "
-        "split count, a `rope` head size, a number in a `config` product) or in `-D` is "
-        "larger than 2**63 - 1.",
+        "split count, a `rope` head size, a number in a `config` product), in `-D` or in "
+        "`shardspec manifest --arg` is larger than 2**63 - 1.",
         "No tensor dimension or count can be that large, and numbers of over 4,300 digits "
         "cannot even be read: the number is a typo, or not meant as one.",
         "mesh over 18446744073709551616 ranks { dp_shard: * }",

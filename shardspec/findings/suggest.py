@@ -24,7 +24,13 @@ def likeness(a: str, b: str) -> float:
     ratio, with ``a`` and ``b`` in that order (the ratio is not always symmetric); 0 when
     either is longer than :data:`MAX_COMPARED`, or when their lengths alone rule out
     :data:`CUTOFF` (then the exact ratio is below it too, and is not worked out)."""
-    if max(len(a), len(b)) > MAX_COMPARED or not _may_reach(len(a), len(b), CUTOFF):
+    return ratio(a, b) if _may_reach(len(a), len(b), CUTOFF) else 0.0
+
+
+def ratio(a: str, b: str) -> float:
+    """difflib's ratio of ``a`` and ``b`` (0 to 1), to rank names by how alike they are
+    with no cutoff; 0 when either is longer than :data:`MAX_COMPARED`."""
+    if max(len(a), len(b)) > MAX_COMPARED:
         return 0.0
     return difflib.SequenceMatcher(a=a, b=b).ratio()
 

@@ -3,59 +3,150 @@
 The parser builds these; resolution, checks and code generation read them. Nothing here
 computes layouts (that is :mod:`shardspec.core.layout`) or knows about parameters (that is
 :mod:`shardspec.resolve.params`).
+
+A spec of half a million rules holds millions of nodes, so a node is small: a frozen,
+slotted dataclass whose place in the text is two offsets from its statement's start
+(:class:`Anchor`; numbers that small are shared by Python, not allocated per node), turned
+into a :class:`~shardspec.findings.diagnostics.Span` (file, line, column) only when asked
+for (``node.span``), and whose lists are tuples (an empty one costs nothing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
 
 from shardspec.findings.diagnostics import Span
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+class Source:
+    """The text a spec was parsed from and the path its spans name. Offsets become lines
+    and columns (1-based, as lark counts them) through a table of where each line starts,
+    built the first time a span is asked for."""
+
+    __slots__ = ("_starts", "path", "text")
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path, self.text = path, text
+        self._starts: array[int] | None = None
+
+    def line_col(self, offset: int) -> tuple[int, int]:
+        """(line, column) of the character at ``offset``."""
+        starts = self._starts
+        if starts is None:
+            starts = self._starts = array("i" if len(self.text) < 2**31 else "q", [0])
+            starts.extend(m.end() for m in re.finditer("\n", self.text))
+        line = bisect_right(starts, offset)
+        return line, offset - starts[line - 1] + 1
+
+    def span(self, start: int, end: int) -> Span:
+        """The span of the characters from ``start`` to ``end`` (offsets, end exclusive)."""
+        line, col = self.line_col(start)
+        end_line, end_col = self.line_col(end)
+        return Span(self.path, line, col, end_line, end_col)
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """Where a statement of ``source`` starts (``base``, an offset): its nodes' offsets
+    count from there. ``fixed``: the span of a node built from a span, not parsed (its
+    offsets are 0)."""
+
+    source: Source | None
+    base: int = 0
+    fixed: Span | None = None
+
+    def span(self, start: int, end: int) -> Span:
+        if self.source is None:
+            assert self.fixed is not None
+            return self.fixed
+        return self.source.span(self.base + start, self.base + end)
+
+
+class Placed(TypedDict):
+    """A node's place, as :class:`Node`'s fields (``ir.Name(**placed(span), text=...)``)."""
+
+    at: Anchor
+    start: int
+    end: int
+
+
+def placed(span: Span) -> Placed:
+    """The place of a node built from ``span`` rather than parsed."""
+    return {"at": Anchor(None, 0, span), "start": 0, "end": 0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Node:
-    """A piece of the spec and where it is written. Every node is a frozen dataclass with
-    slots, built by keyword: a field that a node does not have is an error (TypeError),
-    never silently dropped. Slots, not pydantic models: a spec of half a million rules holds
-    millions of nodes, built by the parser from values it has already checked."""
+    """A piece of the spec and where it is written: ``start`` and ``end`` (exclusive) count
+    characters from the start of its statement (``at``). Every node is a frozen dataclass
+    with slots, built by keyword: a field that a node does not have is an error
+    (TypeError), never silently dropped. Two nodes are equal when they are of one class,
+    have one span and equal fields; ``repr`` shows the span."""
 
-    span: Span
+    at: Anchor
+    start: int
+    end: int
+
+    @property
+    def span(self) -> Span:
+        """Where the node is written."""
+        return self.at.span(self.start, self.end)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self)[3:])
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, Node)
+        return self.span == other.span and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.span, self._values()))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)[3:])
+        return f"{type(self).__name__}(span={self.span!r}{', ' if shown else ''}{shown})"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Name(Node):
     """An identifier as written: an axis, a dimension or a component name."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class AxisDecl(Node):
     name: Name
     size: int | None  # None: this axis takes the rest of the world size
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class MeshDecl(Node):
-    axes: list[AxisDecl]
+    axes: tuple[AxisDecl, ...]
     world: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Component(Node):
     name: Name
     size: int | None = None  # None: equal parts of the dimension
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class FuseItem(Node):
     dim: Name
-    components: list[Component]
+    components: tuple[Component, ...]
     groups: int | None = None
     stored_fused: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HeadSize(Node):
     """``TARGET SIZE`` in a ``heads`` item: dimension or fused component ``target`` comes
     in heads of ``size`` indices, or of the value of the name ``size_name`` (a factory
@@ -71,13 +162,13 @@ class HeadSize(Node):
         return self.size_name.text if self.size_name is not None else str(self.size)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ShardItem(Node):
     dim: Name
-    axes: list[Name]  # outer -> inner
+    axes: tuple[Name, ...]  # outer -> inner
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class StyleItem(Node):
     """``style KIND [input LAYOUT] [output LAYOUT] [dtensor]``: the tensor-parallel style
     of the module holding the parameter, and its activations' layouts."""
@@ -88,42 +179,42 @@ class StyleItem(Node):
     dtensor: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Pattern(Node):
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Rule(Node):
     """``param PATTERN [dims] { ... }``."""
 
     index: int  # position in the file, 0-based
     pattern: Pattern
-    dims: list[Name]
+    dims: tuple[Name, ...]
     dims_given: bool = True  # `param p replicate` may omit the dimension list
     replicate_all: bool = False
-    shards: list[ShardItem] = field(default_factory=list)
-    fusions: list[FuseItem] = field(default_factory=list)
-    local: list[Name] = field(default_factory=list)
+    shards: tuple[ShardItem, ...] = ()
+    fusions: tuple[FuseItem, ...] = ()
+    local: tuple[Name, ...] = ()
     # axes this rule explicitly keeps replicated (opts out of fsdp)
-    replicate: list[Name] = field(default_factory=list)
+    replicate: tuple[Name, ...] = ()
     # `checkpoint shard DIM over AXIS`: stored chunks split further over axes the parameter
     # is replicated on at run time; `checkpoint replicate`: the runtime chunks (the default).
-    checkpoint_shards: list[ShardItem] = field(default_factory=list)
+    checkpoint_shards: tuple[ShardItem, ...] = ()
     checkpoint_replicate: Span | None = None
     style: StyleItem | None = None
     # `heads kv 128, ...`: head sizes of dims or components
-    heads: list[HeadSize] = field(default_factory=list)
+    heads: tuple[HeadSize, ...] = ()
     # a second `style` in one rule (an error)
-    extra_styles: list[StyleItem] = field(default_factory=list)
+    extra_styles: tuple[StyleItem, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class IgnoreRule(Node):
     pattern: Pattern
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFTransform(Node):
     """``transpose``, or ``rope N`` (``head_dim`` N), on an hf map line."""
 
@@ -131,7 +222,7 @@ class HFTransform(Node):
     head_dim: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFConfigFactor(Node):
     """One factor of a ``config`` product: a config.json key or a whole number."""
 
@@ -142,18 +233,18 @@ class HFConfigFactor(Node):
         return int(self.text) if self.text.isdigit() else None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFPart(Node):
     """One part of a split line's ``as`` list: a fused component, an optional stated size
     (a whole number or a product of config.json keys) and the part's own transforms."""
 
     name: Name
-    size: list[HFConfigFactor] | None = None
+    size: tuple[HFConfigFactor, ...] | None = None
     size_span: Span | None = None
-    transforms: list[HFTransform] = field(default_factory=list)
+    transforms: tuple[HFTransform, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFMapItem(Node):
     """``HF_TEMPLATE -> TARGET_TEMPLATE[stack] transform... [grouped] [as PART, ...]`` in
     an ``hf`` block; ``grouped`` is the keyword's span, or None without it."""
@@ -161,12 +252,12 @@ class HFMapItem(Node):
     hf: Pattern
     target: Pattern
     stack: Name | None = None
-    transforms: list[HFTransform] = field(default_factory=list)
-    parts: list[HFPart] | None = None
+    transforms: tuple[HFTransform, ...] = ()
+    parts: tuple[HFPart, ...] | None = None
     grouped: Span | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFGlob(Node):
     """``drop GLOB`` (HF keys nothing consumes) or ``keep GLOB`` (storage units the HF
     checkpoint does not provide)."""
@@ -174,7 +265,7 @@ class HFGlob(Node):
     pattern: Pattern
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFTie(Node):
     """``tie ALIAS = SOURCE``: HF key ``alias`` is the same tensor as HF key ``source``."""
 
@@ -182,38 +273,38 @@ class HFTie(Node):
     source: Pattern
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFConfig(Node):
     """``config NAME = a * b * 2``: dimension or component ``name`` has that size."""
 
     name: Name
-    factors: list[HFConfigFactor]
+    factors: tuple[HFConfigFactor, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFBlock(Node):
     """``hf "manifest.hf.json" { ... }``; each list keeps its items in file order."""
 
     manifest: str | None = None
     manifest_span: Span | None = None
-    maps: list[HFMapItem] = field(default_factory=list)
-    drops: list[HFGlob] = field(default_factory=list)
-    ties: list[HFTie] = field(default_factory=list)
-    keeps: list[HFGlob] = field(default_factory=list)
-    configs: list[HFConfig] = field(default_factory=list)
+    maps: tuple[HFMapItem, ...] = ()
+    drops: tuple[HFGlob, ...] = ()
+    ties: tuple[HFTie, ...] = ()
+    keeps: tuple[HFGlob, ...] = ()
+    configs: tuple[HFConfig, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class StageSplit(Node):
     """``split PATTERN [as N, N, ...] [local]`` in a pipeline block."""
 
     pattern: Pattern
-    counts: list[int] = field(default_factory=list)
+    counts: tuple[int, ...] = ()
     counts_span: Span | None = None
     local_names: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class StageTie(Node):
     """``tie ALIAS = SOURCE`` in a pipeline block: parameter ``alias`` (global name, on its
     own stage) is the same weight as parameter ``source`` (tied embeddings and head)."""
@@ -222,22 +313,22 @@ class StageTie(Node):
     source: Pattern
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Pipeline(Node):
     """``pipeline AXIS { first ...  split ...  last ...  tie ... }``; lists keep file order."""
 
     axis: Name
-    first: list[Pattern] = field(default_factory=list)
-    last: list[Pattern] = field(default_factory=list)
-    splits: list[StageSplit] = field(default_factory=list)
-    ties: list[StageTie] = field(default_factory=list)
+    first: tuple[Pattern, ...] = ()
+    last: tuple[Pattern, ...] = ()
+    splits: tuple[StageSplit, ...] = ()
+    ties: tuple[StageTie, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Suppression(Node):
     """``# shardspec: ignore[SS121, SS122]`` on the line it silences."""
 
-    codes: list[str]
+    codes: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,11 +342,11 @@ class Spec:
     manifest_span: Span | None = None
     mesh: MeshDecl | None = None
     fsdp: Name | None = None
-    rules: list[Rule] = field(default_factory=list)
-    ignores: list[IgnoreRule] = field(default_factory=list)
+    rules: tuple[Rule, ...] = ()
+    ignores: tuple[IgnoreRule, ...] = ()
     hf: HFBlock | None = None
     pipeline: Pipeline | None = None
-    suppressions: list[Suppression] = field(default_factory=list)
+    suppressions: tuple[Suppression, ...] = ()
 
     @property
     def name(self) -> str:

@@ -155,20 +155,6 @@ def _bounded(tok: Token) -> Token:
 _SUPPRESS = re.compile(r"#\s*shardspec:\s*ignore\[([A-Za-z0-9_,\s]*)\]")
 
 
-def _span(path: str, meta: object) -> Span:
-    return Span(
-        path,
-        getattr(meta, "line", 1),
-        getattr(meta, "column", 1),
-        getattr(meta, "end_line", None),
-        getattr(meta, "end_column", None),
-    )
-
-
-def _tok_span(path: str, tok: Token) -> Span:
-    return Span(path, tok.line or 1, tok.column or 1, tok.end_line, tok.end_column)
-
-
 # -- what the transformer hands up: IR nodes, and these small values for what is not one ----
 
 
@@ -243,7 +229,7 @@ class _Groups:
     """``N groups of a 32, b 16`` in a ``fuse`` item."""
 
     count: int
-    components: list[ir.Component]
+    components: tuple[ir.Component, ...]
 
 
 @dataclass(frozen=True)
@@ -264,14 +250,14 @@ class _StyleOption:
 class _Parts:
     """A split line's ``as PART, ...``."""
 
-    parts: list[ir.HFPart]
+    parts: tuple[ir.HFPart, ...]
 
 
 @dataclass(frozen=True)
 class _Size:
     """A part's stated size: a whole number or a ``(product)`` of config.json keys."""
 
-    factors: list[ir.HFConfigFactor]
+    factors: tuple[ir.HFConfigFactor, ...]
     span: Span
 
 
@@ -279,7 +265,7 @@ class _Size:
 class _Counts:
     """``as N, N, ...`` on a pipeline ``split`` line."""
 
-    counts: list[int]
+    counts: tuple[int, ...]
     span: Span
 
 
@@ -310,19 +296,23 @@ _PIPE_LISTS: dict[type, str] = {
 _SPEC_LISTS: dict[type, str] = {ir.Rule: "rules", ir.IgnoreRule: "ignores"}
 
 
-def _sort(items: Iterable[object], lists: dict[type, str]) -> dict[str, list[Any]]:
-    """``items`` (in file order) into the lists that ``lists`` names for their classes; the
-    items of a :class:`_Line` go in one by one. An item of any other class is a bug in the
-    transformer, and raises rather than vanish."""
-    out: dict[str, list[Any]] = {name: [] for name in lists.values()}
+def _sort(items: Iterable[object], lists: dict[type, str]) -> dict[str, tuple[Any, ...]]:
+    """``items`` (in file order) into the tuples that ``lists`` names for their classes;
+    the items of a :class:`_Line` go in one by one. An item of any other class is a bug in
+    the transformer, and raises rather than vanish."""
+    out: dict[str, tuple[Any, ...]] = dict.fromkeys(lists.values(), ())
+    grouped: dict[str, list[Any]] = {}
     for item in items:
         name = lists.get(type(item))
         if name is None:
             raise TypeError(f"the parser made a {type(item).__name__} where none belongs")
+        got = grouped.setdefault(name, [])
         if isinstance(item, _Line):
-            out[name].extend(item.items)
+            got.extend(item.items)
         else:
-            out[name].append(item)
+            got.append(item)
+    for name, got in grouped.items():
+        out[name] = tuple(got)
     return out
 
 
@@ -346,11 +336,22 @@ def _once(stmt: object) -> tuple[str, Span, dict[str, object]] | None:
 class _ToIR:
     """A statement's lark tree -> its IR node (or a :class:`_Manifest` or :class:`_Fsdp`).
     Each grammar rule has a method of the same name, called with the node's positions and
-    its children already turned into IR."""
+    its children already turned into IR. Nodes are placed by offsets from their
+    statement's start (:class:`~shardspec.frontend.ir.Anchor`); ``shift`` is where the
+    text lark reads starts in the source (a statement read alone: :mod:`.fastparse`)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.rule_index = 0
+    def __init__(self, source: ir.Source, shift: int = 0, rule_index: int = 0) -> None:
+        self.source = source
+        self.shift = shift
+        self.rule_index = rule_index
+        self.at = ir.Anchor(source)
+        self.base = 0
+
+    def statement(self, tree: Tree) -> Any:
+        """The IR of one statement's tree."""
+        self.base = tree.meta.start_pos + self.shift
+        self.at = ir.Anchor(self.source, self.base)
+        return self.transform(tree)
 
     def transform(self, tree: Tree) -> Any:
         """``tree`` as IR, bottom up (what lark's Transformer does, without its per-call
@@ -361,16 +362,25 @@ class _ToIR:
             return Tree(tree.data, children, tree.meta)
         return method(tree.meta, children)
 
+    def _at(self, x: Any) -> ir.Placed:
+        """The place of a tree (its meta) or token ``x`` in its statement."""
+        start = x.start_pos + self.shift - self.base
+        return {"at": self.at, "start": start, "end": x.end_pos + self.shift - self.base}
+
+    def _span(self, x: Any) -> Span:
+        """The span of a tree (its meta) or token ``x``."""
+        return self.source.span(x.start_pos + self.shift, x.end_pos + self.shift)
+
     def _name(self, tok: Token) -> ir.Name:
         # Names repeat (dimensions, axes): one string each, however many rules use it.
-        return ir.Name(span=_tok_span(self.path, tok), text=sys.intern(str(tok)))
+        return ir.Name(**self._at(tok), text=sys.intern(str(tok)))
 
     def _pattern(self, tok: Token) -> ir.Pattern:
-        return ir.Pattern(span=_tok_span(self.path, tok), text=str(tok))
+        return ir.Pattern(**self._at(tok), text=str(tok))
 
     def manifest_stmt(self, meta, children):
         (tok,) = children
-        return _Manifest(str(tok)[1:-1], _tok_span(self.path, tok), _span(self.path, meta))
+        return _Manifest(str(tok)[1:-1], self._span(tok), self._span(meta))
 
     def world(self, meta, children):
         return int(children[0])
@@ -378,31 +388,31 @@ class _ToIR:
     def axis_decl(self, meta, children):
         name, size = children
         return ir.AxisDecl(
-            span=_span(self.path, meta),
+            **self._at(meta),
             name=self._name(name),
             size=None if size.type == "REST" else int(size),
         )
 
     def mesh_stmt(self, meta, children):
         world = next((c for c in children if isinstance(c, int)), None)
-        axes = [c for c in children if isinstance(c, ir.AxisDecl)]
-        return ir.MeshDecl(span=_span(self.path, meta), axes=axes, world=world)
+        axes = tuple(c for c in children if isinstance(c, ir.AxisDecl))
+        return ir.MeshDecl(**self._at(meta), axes=axes, world=world)
 
     def fsdp_stmt(self, meta, children):
-        return _Fsdp(self._name(children[0]), _span(self.path, meta))
+        return _Fsdp(self._name(children[0]), self._span(meta))
 
     def ignore_stmt(self, meta, children):
-        return ir.IgnoreRule(span=_span(self.path, meta), pattern=self._pattern(children[0]))
+        return ir.IgnoreRule(**self._at(meta), pattern=self._pattern(children[0]))
 
     def dims(self, meta, children):
-        return [self._name(t) for t in children]
+        return tuple(self._name(t) for t in children)
 
     def axis_list(self, meta, children):
-        return [self._name(t) for t in children]
+        return tuple(self._name(t) for t in children)
 
     def shard_item(self, meta, children):
         dim, axes = children
-        return ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes)
+        return ir.ShardItem(**self._at(meta), dim=self._name(dim), axes=axes)
 
     def local_item(self, meta, children):
         return _Local(tuple(self._name(t) for t in children))
@@ -413,10 +423,10 @@ class _ToIR:
     def component(self, meta, children):
         name = children[0]
         size = int(children[1]) if len(children) > 1 else None
-        return ir.Component(span=_span(self.path, meta), name=self._name(name), size=size)
+        return ir.Component(**self._at(meta), name=self._name(name), size=size)
 
     def components(self, meta, children):
-        return list(children)
+        return tuple(children)
 
     def groups(self, meta, children):
         return _Groups(int(children[0]), children[1])
@@ -427,7 +437,7 @@ class _ToIR:
     def fuse_item(self, meta, children):
         body = children[1]
         return ir.FuseItem(
-            span=_span(self.path, meta),
+            **self._at(meta),
             dim=self._name(children[0]),
             components=body.components if isinstance(body, _Groups) else body,
             groups=body.count if isinstance(body, _Groups) else None,
@@ -437,7 +447,7 @@ class _ToIR:
     def head_size(self, meta, children):
         target, size = children
         return ir.HeadSize(
-            span=_span(self.path, meta),
+            **self._at(meta),
             target=self._name(target),
             size=int(size) if size.type == "INT" else None,
             size_name=self._name(size) if size.type == "NAME" else None,
@@ -448,12 +458,10 @@ class _ToIR:
 
     def checkpoint_shard(self, meta, children):
         dim, axes = children
-        return _CheckpointShard(
-            (ir.ShardItem(span=_span(self.path, meta), dim=self._name(dim), axes=axes),)
-        )
+        return _CheckpointShard((ir.ShardItem(**self._at(meta), dim=self._name(dim), axes=axes),))
 
     def checkpoint_replicate(self, meta, children):
-        return _CheckpointReplicate((_span(self.path, meta),))
+        return _CheckpointReplicate((self._span(meta),))
 
     def style_opt(self, meta, children):
         if len(children) == 1:
@@ -462,7 +470,7 @@ class _ToIR:
 
     def style_item(self, meta, children):
         options = {o.field: o.value for o in children[1:]}
-        return ir.StyleItem(span=_span(self.path, meta), kind=self._name(children[0]), **options)
+        return ir.StyleItem(**self._at(meta), kind=self._name(children[0]), **options)
 
     def hf_stack(self, meta, children):
         return self._name(children[0])
@@ -470,85 +478,75 @@ class _ToIR:
     def hf_transform(self, meta, children):
         kind = children[0]
         head_dim = int(children[1]) if len(children) > 1 else 0
-        return ir.HFTransform(span=_span(self.path, meta), kind=str(kind), head_dim=head_dim)
+        return ir.HFTransform(**self._at(meta), kind=str(kind), head_dim=head_dim)
 
     def hf_map(self, meta, children):
         hf, _arrow, target = children[0], children[1], children[2]
         rest = children[3:]
         parts = next((c for c in rest if isinstance(c, _Parts)), None)
         return ir.HFMapItem(
-            span=_span(self.path, meta),
+            **self._at(meta),
             hf=self._pattern(hf),
             target=self._pattern(target),
             stack=next((c for c in rest if isinstance(c, ir.Name)), None),
-            transforms=[c for c in rest if isinstance(c, ir.HFTransform)],
+            transforms=tuple(c for c in rest if isinstance(c, ir.HFTransform)),
             parts=parts.parts if parts is not None else None,
             grouped=next(
-                (
-                    _tok_span(self.path, c)
-                    for c in rest
-                    if isinstance(c, Token) and c.type == "GROUPED"
-                ),
+                (self._span(c) for c in rest if isinstance(c, Token) and c.type == "GROUPED"),
                 None,
             ),
         )
 
     def hf_parts(self, meta, children):
-        return _Parts(list(children))
+        return _Parts(tuple(children))
 
     def hf_size(self, meta, children):
-        return _Size(self._factors(children[0]), _span(self.path, meta))
+        return _Size(self._factors(children[0]), self._span(meta))
 
     def hf_part(self, meta, children):
         size = next((c for c in children[1:] if isinstance(c, _Size)), None)
         return ir.HFPart(
-            span=_span(self.path, meta),
+            **self._at(meta),
             name=self._name(children[0]),
             size=size.factors if size else None,
             size_span=size.span if size else None,
-            transforms=[c for c in children[1:] if isinstance(c, ir.HFTransform)],
+            transforms=tuple(c for c in children[1:] if isinstance(c, ir.HFTransform)),
         )
 
-    def _factors(self, expr: Token) -> list[ir.HFConfigFactor]:
-        """The factors of a ``config`` product (or a size), each with its own span."""
-        factors = []
-        line, col = expr.line or 1, expr.column or 1
-        for m in re.finditer(r"[A-Za-z0-9_]+", str(expr)):
-            start = col + m.start()
-            factors.append(
-                ir.HFConfigFactor(
-                    span=Span(self.path, line, start, line, start + len(m.group())),
-                    text=m.group(),
-                )
+    def _factors(self, expr: Token) -> tuple[ir.HFConfigFactor, ...]:
+        """The factors of a ``config`` product (or a size), each with its own place."""
+        start = (expr.start_pos or 0) + self.shift - self.base
+        return tuple(
+            ir.HFConfigFactor(
+                at=self.at, start=start + m.start(), end=start + m.end(), text=m.group()
             )
-        return factors
+            for m in re.finditer(r"[A-Za-z0-9_]+", str(expr))
+        )
 
     def hf_drop(self, meta, children):
-        glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
+        glob = ir.HFGlob(**self._at(meta), pattern=self._pattern(children[0]))
         return _Drop((glob,))
 
     def hf_keep(self, meta, children):
-        glob = ir.HFGlob(span=_span(self.path, meta), pattern=self._pattern(children[0]))
+        glob = ir.HFGlob(**self._at(meta), pattern=self._pattern(children[0]))
         return _Keep((glob,))
 
     def hf_tie(self, meta, children):
         alias, source = children
-        return ir.HFTie(
-            span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
-        )
+        return ir.HFTie(**self._at(meta), alias=self._pattern(alias), source=self._pattern(source))
 
     def hf_config(self, meta, children):
         name, expr = children
         factors = self._factors(expr)
-        return ir.HFConfig(span=_span(self.path, meta), name=self._name(name), factors=factors)
+        return ir.HFConfig(**self._at(meta), name=self._name(name), factors=factors)
 
     def hf_stmt(self, meta, children):
         manifest = next((c for c in children if isinstance(c, Token)), None)
         items = _sort((c for c in children if not isinstance(c, Token)), _HF_LISTS)
         return ir.HFBlock(
-            span=_span(self.path, meta),
+            **self._at(meta),
             manifest=str(manifest)[1:-1] if manifest is not None else None,
-            manifest_span=_tok_span(self.path, manifest) if manifest is not None else None,
+            manifest_span=self._span(manifest) if manifest is not None else None,
             **items,
         )
 
@@ -559,14 +557,14 @@ class _ToIR:
         return _Last(tuple(self._pattern(t) for t in children))
 
     def pipe_counts(self, meta, children):
-        return _Counts([int(t) for t in children], _span(self.path, meta))
+        return _Counts(tuple(int(t) for t in children), self._span(meta))
 
     def pipe_split(self, meta, children):
         counts = next((c for c in children if isinstance(c, _Counts)), None)
         return ir.StageSplit(
-            span=_span(self.path, meta),
+            **self._at(meta),
             pattern=self._pattern(children[0]),
-            counts=counts.counts if counts else [],
+            counts=counts.counts if counts else (),
             counts_span=counts.span if counts else None,
             local_names=any(isinstance(c, Token) and c.type == "PIPE_LOCAL" for c in children),
         )
@@ -574,12 +572,12 @@ class _ToIR:
     def pipe_tie(self, meta, children):
         alias, source = children
         return ir.StageTie(
-            span=_span(self.path, meta), alias=self._pattern(alias), source=self._pattern(source)
+            **self._at(meta), alias=self._pattern(alias), source=self._pattern(source)
         )
 
     def pipeline_stmt(self, meta, children):
         items = _sort(children[1:], _PIPE_LISTS)
-        return ir.Pipeline(span=_span(self.path, meta), axis=self._name(children[0]), **items)
+        return ir.Pipeline(**self._at(meta), axis=self._name(children[0]), **items)
 
     def param_body(self, meta, children):
         return list(children)
@@ -590,24 +588,36 @@ class _ToIR:
     def param_stmt(self, meta, children):
         tok, body = children[0], children[-1]
         dims = children[1] if len(children) == 3 else None
-        replicate_all = isinstance(body, _ReplicateAll)
-        items = _sort([] if replicate_all else body, _RULE_LISTS)
-        styles = items.pop("styles")
-        checkpoint_replicate = items.pop("checkpoint_replicate")
-        rule = ir.Rule(
-            span=_span(self.path, meta),
-            index=self.rule_index,
-            pattern=self._pattern(tok),
-            dims=dims or [],
-            dims_given=dims is not None,
-            replicate_all=replicate_all,
-            checkpoint_replicate=checkpoint_replicate[0] if checkpoint_replicate else None,
-            style=styles[0] if styles else None,
-            extra_styles=styles[1:],
-            **items,
-        )
+        rule = rule_node(self._at(meta), self.rule_index, self._pattern(tok), dims, body)
         self.rule_index += 1
         return rule
+
+
+def rule_node(
+    place: ir.Placed,
+    index: int,
+    pattern: ir.Pattern,
+    dims: tuple[ir.Name, ...] | None,
+    body: list[Any] | _ReplicateAll,
+) -> ir.Rule:
+    """The Rule of ``param PATTERN [dims] body``: ``body`` the items of its braces (IR
+    nodes and :class:`_Line` values, in file order), or ``replicate``."""
+    replicate_all = isinstance(body, _ReplicateAll)
+    items = _sort(() if isinstance(body, _ReplicateAll) else body, _RULE_LISTS)
+    styles = items.pop("styles")
+    checkpoint_replicate = items.pop("checkpoint_replicate")
+    return ir.Rule(
+        **place,
+        index=index,
+        pattern=pattern,
+        dims=dims or (),
+        dims_given=dims is not None,
+        replicate_all=replicate_all,
+        checkpoint_replicate=checkpoint_replicate[0] if checkpoint_replicate else None,
+        style=styles[0] if styles else None,
+        extra_styles=styles[1:],
+        **items,
+    )
 
 
 class _Statements:
@@ -617,40 +627,67 @@ class _Statements:
     dropped, so that only the IR of a large spec is ever held, never its whole tree."""
 
     def __init__(self) -> None:
-        self.to_ir = _ToIR("<string>")
+        self.to_ir = _ToIR(ir.Source("<string>", ""))
 
-    def start_text(self, path: str) -> None:
-        """Get ready to parse the text of file ``path``."""
-        self.to_ir = _ToIR(path)
+    def start_text(self, to_ir: _ToIR) -> None:
+        """Get ready to parse a text, into IR by ``to_ir``."""
+        self.to_ir = to_ir
 
     def statement(self, children: list[Tree]) -> object:
         (tree,) = children
-        return self.to_ir.transform(tree)
+        return self.to_ir.statement(tree)
 
 
-def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagnostic]]:
-    """Parse ``text``. Returns the IR (``None`` on a syntax error, or on a token beyond the
-    front end's bounds) and the diagnostics."""
-    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+def lark_statements(text: str, to_ir: _ToIR) -> list[object] | Diagnostic:
+    """The statements (IR, in file order) of ``text`` as lark parses it, each placed by
+    ``to_ir`` (whose source ``text`` is, or is the part of from ``to_ir.shift`` on); or
+    the diagnostic for a syntax error or a token beyond bounds."""
     parser = _parser()
     statements = parser.options.transformer
     assert isinstance(statements, _Statements)
+    path = to_ir.source.path
     with _LOCK:
-        statements.start_text(path)
+        statements.start_text(to_ir)
         try:
             start = parser.parse(text)
         except UnexpectedInput as err:
-            return None, [syntax_error(path, text, err)]
+            return syntax_error(path, text, err)
         except _Refused as refused:
-            return None, [refused.diagnostic(path)]
-        finally:
-            statements.start_text("<string>")  # hold no reference to this text's IR
+            return refused.diagnostic(path)
+        finally:  # hold no reference to this text's IR
+            statements.start_text(_ToIR(ir.Source("<string>", "")))
     assert isinstance(start, Tree)
+    return list(start.children)
+
+
+def parse(
+    text: str, path: str = "<string>", *, fast: bool = True
+) -> tuple[ir.Spec | None, list[Diagnostic]]:
+    """Parse ``text``. Returns the IR (``None`` on a syntax error, or on a token beyond the
+    front end's bounds) and the diagnostics. The fast reader
+    (:mod:`shardspec.frontend.fastparse`) reads what it can, to the IR lark would give;
+    lark reads the rest (``fast=False``: lark reads everything)."""
+    source = ir.Source(path, text)
+    got: list[object] | Diagnostic | None = None
+    if fast:
+        from shardspec.frontend.fastparse import fast_statements  # (it imports this module)
+
+        got = fast_statements(text, source)
+    if got is None:
+        got = lark_statements(text, _ToIR(source))
+    if isinstance(got, Diagnostic):
+        return None, [got]
+    return spec_of(path, text, got)
+
+
+def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec, list[Diagnostic]]:
+    """The Spec of ``text`` from its statements (in file order), and the findings about
+    statements that a spec holds once (SS005)."""
     diags: list[Diagnostic] = []
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}
     others = []
     seen: dict[str, Span] = {}
-    for stmt in start.children:
+    for stmt in statements:
         once = _once(stmt)
         if once is None:
             others.append(stmt)
@@ -670,11 +707,21 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.Spec | None, list[Diagn
         fields.update(values)
     fields.update(_sort(others, _SPEC_LISTS))
     fields["suppressions"] = _suppressions(path, text)
-    spec = ir.Spec(path=path, source=text, sha256=sha, **fields)
+    spec = ir.Spec(path=path, source=text, sha256=_sha256(text), **fields)
     return spec, diags
 
 
-def _suppressions(path: str, text: str) -> list[ir.Suppression]:
+def _sha256(text: str) -> str:
+    """The sha256 of ``text``'s UTF-8 bytes, encoded a megabyte at a time (not a copy of
+    the whole text)."""
+    h = hashlib.sha256()
+    step = 1 << 20
+    for i in range(0, len(text), step):
+        h.update(text[i : i + step].encode("utf-8"))
+    return h.hexdigest()
+
+
+def _suppressions(path: str, text: str) -> tuple[ir.Suppression, ...]:
     """``# shardspec: ignore[CODE, ...]`` comments; the same words inside a string (such as
     a manifest path) are not a comment and suppress nothing. Only the lines that hold
     ``ignore[`` are read."""
@@ -694,11 +741,10 @@ def _suppressions(path: str, text: str) -> list[ir.Suppression]:
         m = _SUPPRESS.search(line, comment) if comment is not None else None
         if not m:
             continue
-        codes = [c.strip().upper() for c in m.group(1).split(",") if c.strip()]
-        out.append(
-            ir.Suppression(span=Span(path, lineno, m.start() + 1, lineno, m.end() + 1), codes=codes)
-        )
-    return out
+        codes = tuple(c.strip().upper() for c in m.group(1).split(",") if c.strip())
+        span = Span(path, lineno, m.start() + 1, lineno, m.end() + 1)
+        out.append(ir.Suppression(**ir.placed(span), codes=codes))
+    return tuple(out)
 
 
 def parse_file(

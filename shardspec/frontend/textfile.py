@@ -56,26 +56,6 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-# Python reads integers of at most this many digits (0: any; before 3.10.7 no limit).
-# json.loads raises a bare ValueError for a longer one, not a JSONDecodeError.
-_INT_DIGITS = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
-# The lookbehind keeps the search linear.
-_LONG_DIGITS = re.compile(rf"(?<![0-9])[0-9]{{{_INT_DIGITS + 1},}}")
-
-
-def long_number(text: str) -> tuple[str, int, int] | None:
-    """Why JSON ``text`` that ``json.loads`` refused with a plain ``ValueError`` cannot
-    be read, and the (line, col) of the cause: its first number of more digits than Python
-    reads. ``None`` when there is no such number."""
-    m = _LONG_DIGITS.search(text) if _INT_DIGITS else None
-    if m is None:
-        return None
-    line = text.count("\n", 0, m.start()) + 1
-    col = m.start() - text.rfind("\n", 0, m.start())
-    why = f"a number of {len(m.group())} digits (Python reads at most {_INT_DIGITS})"
-    return why, line, col
-
-
 # A JSON string literal as a regex, matched without a backtracking entry per character:
 # Python's engine keeps one per repetition of a group (150 MB for a 1 MB string written
 # `(?:[^"\\]|\\.)*`); here only escapes repeat the group, and on 3.11 the repeat is

@@ -30,8 +30,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shardspec.core.jsontext import JSONTextError, loads
 from shardspec.core.paths import Escape, escape
-from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
+from shardspec.frontend.textfile import JSON_STRING, positions, read_text
 
 FORMAT = "shardspec-hf-manifest/1"
 INDEX = "model.safetensors.index.json"
@@ -94,16 +95,11 @@ def load_hf_manifest(path: str | Path) -> HFManifest:
             "SS002",
         ) from None
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
+        raw = loads(text)
+    except JSONTextError as e:
         raise HFManifestError(
-            f"HF manifest is not valid JSON: {e.msg}", line=e.lineno, col=e.colno
+            f"HF manifest is not valid JSON: {e.reason}", line=e.line, col=e.col
         ) from None
-    except RecursionError:
-        raise HFManifestError("HF manifest is not valid JSON: nested too deeply") from None
-    except ValueError:  # a number json cannot read
-        why, line, col = long_number(text) or ("a value json cannot read", 1, 1)
-        raise HFManifestError(f"HF manifest is not valid JSON: {why}", line=line, col=col) from None
     if isinstance(raw, dict) and raw.get("format") != FORMAT:
         raise HFManifestError(f"HF manifest field format: expected {FORMAT!r}")
     try:
@@ -176,16 +172,11 @@ def _read_json(path: Path, what: str) -> Any:
             f"cannot read {what} {str(path)!r}: {getattr(e, 'strerror', None) or e}", "SS002"
         ) from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return loads(text)
+    except JSONTextError as e:
         raise HFManifestError(
-            f"{path}:{e.lineno}:{e.colno}: {what} is not valid JSON: {e.msg}"
+            f"{path}:{e.line}:{e.col}: {what} is not valid JSON: {e.reason}"
         ) from None
-    except RecursionError:
-        raise HFManifestError(f"{path}: {what} is not valid JSON: nested too deeply") from None
-    except ValueError:  # a number json cannot read
-        why, line, col = long_number(text) or ("a value json cannot read", 1, 1)
-        raise HFManifestError(f"{path}:{line}:{col}: {what} is not valid JSON: {why}") from None
 
 
 _LINK_HINT = (

@@ -49,17 +49,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from shardspec.core.jsontext import JSONTextError, loads
 from shardspec.findings.suggest import closest
-from shardspec.frontend.textfile import JSON_STRING, long_number, positions, read_text
+from shardspec.frontend.textfile import JSON_STRING, positions, read_text
 
 FORMAT = "shardspec-manifest/2"
 FORMATS = ("shardspec-manifest/1", FORMAT)  # what load_manifest reads
@@ -88,19 +91,22 @@ DTYPE_ALIASES = {
 _FQN = re.compile(r'"fqn":\s*(' + JSON_STRING + ")")
 
 
-# A pydantic dataclass with slots, not a BaseModel: a manifest of a million entries held
-# 700 bytes an entry as models (a __dict__ and a fields-set per instance), 170 as these.
-@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
-class Entry:
+class Entry(NamedTuple):
+    """A parameter, persistent buffer or extra state of the model. A named tuple: a
+    manifest of a million entries holds 104 bytes an entry and builds each at C speed (a
+    pydantic model held 700 bytes, a slotted pydantic dataclass 170 and took microseconds
+    to validate). What a manifest's JSON may say for one is :class:`_EntryModel`."""
+
     fqn: str
     kind: Literal["param", "buffer", "extra_state"] = "param"
     shape: tuple[int, ...] = ()
     dtype: str = ""
     # The kind of module that holds a parameter: "linear", "embedding" or the class name.
     module: str | None = None
-    # Its module's class (qualified name), and the class whose forward it runs where that
-    # is a base class's (None: its own, or an older manifest without classes).
-    cls: str | None = Field(default=None, validation_alias="class")
+    # Its module's class (qualified name; "class" in the file), and the class whose
+    # forward it runs where that is a base class's (None: its own, or an older manifest
+    # without classes).
+    cls: str | None = None
     forward: str | None = None
     tied_to: str | None = None  # the first name of the same tensor (a tied parameter)
 
@@ -108,6 +114,22 @@ class Entry:
     def forward_class(self) -> str | None:
         """The class whose forward the parameter's module runs (None: not recorded)."""
         return self.forward or self.cls
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class _EntryModel:
+    """An entry as the file's JSON may write it: the reference that pydantic validates,
+    and words for what is wrong (the fast reader, :func:`_read_fast`, leaves any entry it
+    does not read to it)."""
+
+    fqn: str
+    kind: Literal["param", "buffer", "extra_state"] = "param"
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    module: str | None = None
+    cls: str | None = Field(default=None, validation_alias="class")
+    forward: str | None = None
+    tied_to: str | None = None
 
 
 class StateDictKey(BaseModel):
@@ -146,7 +168,7 @@ class ManifestFile(BaseModel):
     format: Literal["shardspec-manifest/1", "shardspec-manifest/2"]
     factory: str | None = None
     factory_args: dict[str, int | float | str | bool] = {}
-    entries: list[Entry]
+    entries: list[_EntryModel]
     state_dict: StateDict | None = None
 
     @field_validator("factory_args")
@@ -167,9 +189,23 @@ class Manifest:
     factory: str | None
     factory_args: dict[str, int | float | str | bool]
     entries: tuple[Entry, ...]
-    text: str = ""
     format: str = FORMAT
     state_dict: StateDict | None = None  # format 2, where state-dict hooks change keys
+    read_as: tuple[int, int] | None = None  # the file's (size, mtime_ns) when it was read
+
+    @cached_property
+    def text(self) -> str:
+        """The file's text, for findings' places and source lines: read again when first
+        asked for (lint does not hold a large manifest's text beside its entries), and
+        empty where the file is no longer the one that was read (findings then point at
+        its first line)."""
+        try:
+            st = os.stat(self.path)
+            if self.read_as is None or (st.st_size, st.st_mtime_ns) != self.read_as:
+                return ""
+            return read_text(self.path)
+        except (OSError, UnicodeDecodeError):
+            return ""
 
     @cached_property
     def _positions(self) -> dict[str, tuple[int, int]]:
@@ -204,16 +240,118 @@ def load_manifest(path: str | Path) -> Manifest:
     p = Path(path)
     try:
         text = read_text(p)  # tolerate a byte order mark
+        st = os.stat(p)
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(
             f"cannot read manifest {str(p)!r}: {getattr(e, 'strerror', None) or e}"
         ) from None
+    read_as = (st.st_size, st.st_mtime_ns)
 
     def at(i: int) -> tuple[int, int]:
         # Positions are only needed for an error message: scan the text only then.
         starts = entry_positions(text)
         return starts[i] if i < len(starts) else (1, 1)
 
+    mf = _read_fast(text) or _read_reference(text, at)
+    seen: set[str] = set()
+    for i, entry in enumerate(mf.entries):
+        if entry.fqn in seen:
+            raise ManifestError(f"manifest lists {entry.fqn!r} twice", *at(i))
+        seen.add(entry.fqn)
+        if entry.kind != "extra_state" and any(s < 0 for s in entry.shape):
+            raise ManifestError(f"manifest entry {entry.fqn!r} has a negative size", *at(i))
+        if entry.dtype and entry.dtype not in TORCH_DTYPES:
+            raise ManifestError(bad_dtype(f"manifest entry {entry.fqn!r}", entry.dtype), *at(i))
+    _check_ties(mf, at)
+    if mf.state_dict is not None:
+        _check_state_dict(mf, text, seen)
+    return Manifest(
+        str(path),
+        mf.factory,
+        dict(mf.factory_args),
+        tuple(mf.entries),
+        mf.format,
+        mf.state_dict,
+        read_as,
+    )
+
+
+class _Read(NamedTuple):
+    """A manifest file's fields, read (by either reader) but not yet checked as a whole."""
+
+    format: str
+    factory: str | None
+    factory_args: dict[str, int | float | str | bool]
+    entries: list[Entry]
+    state_dict: StateDict | None
+
+
+_TOP_KEYS = frozenset(ManifestFile.model_fields)
+_ENTRY_KEYS = frozenset(("fqn", "kind", "shape", "dtype", "module", "class", "forward", "tied_to"))
+_KINDS = {"param": "param", "buffer": "buffer", "extra_state": "extra_state"}
+
+
+def _read_fast(text: str) -> _Read | None:
+    """The manifest read by the standard library's JSON decoder, each entry turned into an
+    :class:`Entry` as soon as it is read (``object_hook``: no dict per entry outlives it),
+    its shape and names shared with every entry like it. It reads what :func:`_read_reference`
+    accepts, to the same values; anything else (an entry not in plain form, a field of
+    another type, JSON that only one of the two parsers accepts) is None, for the
+    reference to read or explain (tests/test_manifest_fast.py holds the two together)."""
+    if "\\ud" in text or "\\uD" in text:  # json reads a lone surrogate; pydantic does not
+        return None
+    shared: dict[object, object] = {}
+    share = shared.setdefault
+
+    def entry(d: dict) -> object:
+        if "fqn" not in d or not d.keys() <= _ENTRY_KEYS:
+            return d
+        fqn, kind = d["fqn"], d.get("kind", "param")
+        shape, dtype = d.get("shape", ()), d.get("dtype", "")
+        module, cls = d.get("module"), d.get("class")
+        forward, tied_to = d.get("forward"), d.get("tied_to")
+        if (
+            type(fqn) is not str
+            or type(kind) is not str
+            or kind not in _KINDS
+            or type(dtype) is not str
+            or (module is not None and type(module) is not str)
+            or (cls is not None and type(cls) is not str)
+            or (forward is not None and type(forward) is not str)
+            or (tied_to is not None and type(tied_to) is not str)
+        ):
+            return d
+        if shape != ():
+            if type(shape) is not list:
+                return d
+            for size in shape:
+                if type(size) is not int:
+                    return d
+            shape = tuple(shape)
+        return Entry(
+            fqn, _KINDS[kind], share(shape, shape), share(dtype, dtype),  # type: ignore[arg-type]
+            share(module, module), share(cls, cls), share(forward, forward), tied_to,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    try:
+        raw = json.loads(text, object_hook=entry)
+    except (ValueError, RecursionError):
+        return None
+    if type(raw) is not dict or not raw.keys() <= _TOP_KEYS:
+        return None
+    entries = raw.pop("entries", None)
+    if type(entries) is not list or any(type(e) is not Entry for e in entries):
+        return None
+    try:  # the few other fields, as the reference reads them
+        head = ManifestFile.model_validate_json(json.dumps({**raw, "entries": []}))
+    except (ValidationError, ValueError, TypeError):
+        return None
+    return _Read(head.format, head.factory, head.factory_args, entries, head.state_dict)
+
+
+def _read_reference(text: str, at: Callable[[int], tuple[int, int]]) -> _Read:
+    """The manifest as pydantic validates it, or the :class:`ManifestError` that says
+    what is wrong first (at the entry's place where it is in an entry)."""
     try:
         mf = ManifestFile.model_validate_json(text)
     except ValidationError as e:
@@ -227,30 +365,21 @@ def load_manifest(path: str | Path) -> Manifest:
             line, col = at(loc[1])
         msg = f"manifest field {where or '(root)'}: {first['msg']}"
         raise ManifestError(msg, line, col) from None
-    seen: set[str] = set()
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    for i, entry in enumerate(mf.entries):
-        if entry.fqn in seen:
-            raise ManifestError(f"manifest lists {entry.fqn!r} twice", *at(i))
-        seen.add(entry.fqn)
-        if entry.kind != "extra_state" and any(s < 0 for s in entry.shape):
-            raise ManifestError(f"manifest entry {entry.fqn!r} has a negative size", *at(i))
-        if entry.dtype and entry.dtype not in TORCH_DTYPES:
-            raise ManifestError(bad_dtype(f"manifest entry {entry.fqn!r}", entry.dtype), *at(i))
-        # one tuple per distinct shape (a model has few), not one per entry
-        object.__setattr__(entry, "shape", shapes.setdefault(entry.shape, entry.shape))
-    _check_ties(mf, at)
-    if mf.state_dict is not None:
-        _check_state_dict(mf, text, seen)
-    return Manifest(
-        str(path),
-        mf.factory,
-        dict(mf.factory_args),
-        tuple(mf.entries),
-        text,
-        mf.format,
-        mf.state_dict,
-    )
+    entries = [
+        Entry(
+            e.fqn,
+            e.kind,
+            shapes.setdefault(e.shape, e.shape),  # one tuple per distinct shape
+            e.dtype,
+            e.module,
+            e.cls,
+            e.forward,
+            e.tied_to,
+        )
+        for e in mf.entries
+    ]
+    return _Read(mf.format, mf.factory, mf.factory_args, entries, mf.state_dict)
 
 
 def bad_dtype(what: str, dtype: str) -> str:
@@ -263,13 +392,16 @@ def bad_dtype(what: str, dtype: str) -> str:
     return f"{what} has dtype {shown}, which is no torch dtype{say}"
 
 
-def _check_ties(mf: ManifestFile, at) -> None:
+def _check_ties(mf: _Read, at: Callable[[int], tuple[int, int]]) -> None:
     """``tied_to`` names an earlier parameter entry that is no alias itself, of the same
     shape and dtype, and only a parameter is tied."""
+    tied = [i for i, e in enumerate(mf.entries) if e.tied_to is not None]
+    if not tied:
+        return  # (no index of a million names)
     index = {e.fqn: i for i, e in enumerate(mf.entries)}
-    for i, entry in enumerate(mf.entries):
-        if entry.tied_to is None:
-            continue
+    for i in tied:
+        entry = mf.entries[i]
+        assert entry.tied_to is not None
         source = mf.entries[index[entry.tied_to]] if entry.tied_to in index else None
         what = f"manifest entry {entry.fqn!r} is tied to {entry.tied_to!r}"
         if entry.kind != "param":
@@ -285,7 +417,7 @@ def _check_ties(mf: ManifestFile, at) -> None:
         raise ManifestError(problem, *at(i))
 
 
-def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
+def _check_state_dict(mf: _Read, text: str, entries: set[str]) -> None:
     """The ``state_dict`` section agrees with the entries: an added key is no entry, a
     dropped or reshaped one (and every ``from``) is; no key is listed twice."""
     assert mf.state_dict is not None
@@ -317,66 +449,68 @@ def _check_state_dict(mf: ManifestFile, text: str, entries: set[str]) -> None:
 def _raise_json_error(text: str) -> None:
     """Re-parse invalid JSON with the standard library, for its line and column."""
     try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"manifest is not valid JSON: {e.msg}", e.lineno, e.colno) from None
-    except RecursionError:
-        raise ManifestError("manifest is not valid JSON: nested too deeply") from None
-    except ValueError:  # a number json cannot read
-        number = long_number(text)
-        if number is not None:
-            raise ManifestError(f"manifest is not valid JSON: {number[0]}", *number[1:]) from None
+        loads(text)
+    except JSONTextError as e:
+        raise ManifestError(f"manifest is not valid JSON: {e.reason}", e.line, e.col) from None
     raise ManifestError("manifest is not valid JSON")
 
 
 def entry_positions(text: str) -> list[tuple[int, int]]:
-    """(line, col) of the ``{`` of each object in the top-level ``"entries"`` list, in order.
-
-    A small scanner over JSON text that is known to parse; it tracks strings, nesting and
-    the key being read in the top-level object.
-    """
+    """(line, col) of each element of the top-level ``"entries"`` list (the ``{`` of an
+    entry), in order, for JSON text that is known to parse (json's last ``"entries"``,
+    where there are two). See :func:`_entry_offsets`; lines are counted at C speed."""
     out: list[tuple[int, int]] = []
-    depth = 0
-    line, col = 1, 0
-    in_string = escaped = False
-    key = ""
-    buf: list[str] = []
-    expecting_key = False
-    in_entries = False
-    for ch in text:
-        col += 1
-        if ch == "\n":
-            line, col = line + 1, 0
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if depth == 1 and expecting_key:
-                    key = "".join(buf)
-            else:
-                buf.append(ch)
-            continue
-        if ch == '"':
-            in_string, buf = True, []
-        elif ch in "{[":
-            if ch == "{" and depth == 2 and in_entries:
-                out.append((line, col))
-            depth += 1
-            if depth == 2 and ch == "[":
-                in_entries = key == "entries"
-            expecting_key = depth == 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 1:
-                in_entries = False
-        elif ch == "," and depth == 1:
-            expecting_key = True
-        elif ch == ":" and depth == 1:
-            expecting_key = False
+    line, counted = 1, 0
+    for at in _entry_offsets(text):
+        line += text.count("\n", counted, at)
+        counted = at
+        out.append((line, at - text.rfind("\n", 0, at)))
     return out
+
+
+_DECODER = json.JSONDecoder()
+_BLANK = re.compile(r"[ \t\n\r]*")
+
+
+def _past_blanks(text: str, i: int) -> int:
+    """The offset of the first character at or after ``i`` that is no JSON white space."""
+    m = _BLANK.match(text, i)
+    return m.end() if m else i
+
+
+def _entry_offsets(text: str) -> list[int]:
+    """The offset of each element of the top-level object's ``"entries"`` list. Only the
+    top level is walked in Python, a key and a value at a time; each value (and each entry)
+    is skipped by the standard library's decoder. Text that is not JSON gives the offsets
+    found before the walk lost its way."""
+    skip, decode = _past_blanks, _DECODER.raw_decode
+    found: list[int] = []
+    try:
+        i = skip(text, 0)
+        if text[i] != "{":
+            return []
+        i = skip(text, i + 1)
+        while text[i] == '"':
+            key, i = decode(text, i)
+            i = skip(text, skip(text, i) + 1)  # past the ':'
+            if key == "entries" and text[i] == "[":
+                found = []  # the last of two wins, as in json.loads
+                i = skip(text, i + 1)
+                while text[i] != "]":
+                    found.append(i)
+                    _, i = decode(text, i)
+                    i = skip(text, i)
+                    if text[i] == ",":
+                        i = skip(text, i + 1)
+                i += 1
+            else:
+                _, i = decode(text, i)
+            i = skip(text, i)
+            if text[i] == ",":
+                i = skip(text, i + 1)
+    except (ValueError, IndexError, RecursionError):
+        pass
+    return found
 
 
 def dump_manifest(

@@ -7,29 +7,54 @@ compile only read the JSON it writes.
 from __future__ import annotations
 
 import importlib
+import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 from shardspec.core.styles import forward_class, qualified_name
+from shardspec.findings.diagnostics import clip
+from shardspec.frontend.limits import NUMBER_HINT, number_too_large
 from shardspec.frontend.textfile import file_mode
 from shardspec.inputs.manifest import dump_manifest
 
 
 class ManifestBuildError(Exception):
-    def __init__(self, message: str, hint: str = "") -> None:
+    """Why ``shardspec manifest`` could not write a manifest: the finding's message,
+    hint and code (SS004: a bad command line, SS006: a number too large)."""
+
+    def __init__(self, message: str, hint: str = "", code: str = "SS004") -> None:
         super().__init__(message)
-        self.hint = hint
+        self.hint, self.code = hint, code
+
+
+# A whole number as ``--arg`` takes one (what int() reads, without its underscores and
+# Unicode digits): told apart before int() reads it, which refuses over 4,300 digits.
+_WHOLE = re.compile(r"\s*([+-]?)([0-9]+)\s*")
+_ARG_VALUES = "factory arguments are whole numbers, finite numbers, true/false or text"
 
 
 def parse_arg(text: str) -> tuple[str, int | float | bool | str]:
+    """``--arg NAME=VALUE`` as (name, value): ``true``/``false``, a whole number (at most
+    ``MAX_NUMBER`` either way: SS006), a finite number, or else the text itself."""
     name, eq, raw = text.partition("=")
     if not eq or not name.isidentifier():
         raise ManifestBuildError(f"--arg {text!r} is not NAME=VALUE", "for example --arg ep=2")
     value: int | float | bool | str
+    whole = _WHOLE.fullmatch(raw)
     if raw.lower() in ("true", "false"):
         value = raw.lower() == "true"
+    elif whole is not None:
+        sign, digits = whole.groups()
+        if number_too_large(digits):
+            raise ManifestBuildError(
+                f"--arg {name}: number too large: {clip(raw.strip())} ({len(digits)} digits)",
+                NUMBER_HINT,
+                "SS006",
+            )
+        value = int(sign + (digits.lstrip("0") or "0"))
     else:
         try:
             value = int(raw)
@@ -38,6 +63,8 @@ def parse_arg(text: str) -> tuple[str, int | float | bool | str]:
                 value = float(raw)
             except ValueError:
                 value = raw
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ManifestBuildError(f"--arg {name}={clip(raw)} is not a finite number", _ARG_VALUES)
     return name, value
 
 

@@ -62,7 +62,7 @@ def with_dtypes(hfmap: HFMap, hfm: HFManifest | None) -> HFMap:
     return dataclasses.replace(hfmap, rules=rules)
 
 
-def _transforms(items: list[ir.HFTransform]) -> tuple[Transform, ...]:
+def _transforms(items: tuple[ir.HFTransform, ...]) -> tuple[Transform, ...]:
     return tuple(Transform(t.kind, t.head_dim) for t in items)
 
 

@@ -24,21 +24,26 @@ from shardspec.core.layout import (
     resolve_sizes,
 )
 from shardspec.core.patterns import Glob, PatternError, compile_glob
+from shardspec.core.patterns import shared as one
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, plan
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
 
+# What a Match holds when nothing matched: shared by every match, never changed.
+_NO_CAPTURES: dict[str, str] = {}
+
 
 @dataclass(slots=True)  # one per manifest entry: a million of them in a large model
 class Match:
-    """One manifest entry and the rules that match it."""
+    """One manifest entry and the rules that match it. Its tuples and captures are shared
+    with every match like it (read only): a million matches hold a few hundred."""
 
     entry: Entry
-    candidates: list[int]  # rule indices, best first
+    candidates: tuple[int, ...] = ()  # rule indices, best first
     winner: int | None = None
-    tied: list[int] = field(default_factory=list)  # rules with the winner's key
-    captures: dict[str, str] = field(default_factory=dict)
+    tied: tuple[int, ...] = ()  # rules with the winner's key
+    captures: dict[str, str] = field(default_factory=lambda: _NO_CAPTURES)
     layout: ParamLayout | None = None
     layout_error: LayoutError | None = None
     ignored_by: int | None = None  # ignore-rule index
@@ -184,17 +189,17 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         )
         for f in rule.fusions
     )
-    return RuleSpec(
+    return RuleSpec(  # its tuples shared with every rule like it (a large spec's repeat)
         pattern=rule.pattern.text,
-        dims=tuple(d.text for d in rule.dims),
-        shard=tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard),
-        fuse=fuse,
-        local=tuple(a.text for a in rule.local),
-        name_indexed=name_indexed,
+        dims=one(tuple(d.text for d in rule.dims)),
+        shard=one(tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard)),
+        fuse=one(fuse),
+        local=one(tuple(a.text for a in rule.local)),
+        name_indexed=one(name_indexed),
         stored_fused=any(f.stored_fused for f in rule.fusions),
         any_rank=not rule.dims_given,
-        ckpt_shard=tuple(
-            (s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards
+        ckpt_shard=one(
+            tuple((s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards)
         ),
     )
 
@@ -350,25 +355,28 @@ def _match_all(res: Resolved) -> None:
 
 def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=None) -> Match:
     """``entry`` and the rules that match its name, best first. ``shared``: one captures
-    dict per distinct value (read only; a million entries have a few hundred)."""
+    dict per distinct value (read only; a million entries have a few hundred); its tuples
+    of rule indices are shared too (:func:`~shardspec.core.patterns.shared`)."""
     if rules is None:
         ordered = sorted(res.globs.items(), key=lambda kv: kv[1].key, reverse=True)
         rules = [(index, g.regex.match, g.key) for index, g in ordered]
     if ignores is None:
         ignores = [(i, g.regex.match) for i, g in res.ignore_globs.items()]
     fqn = entry.fqn
-    m = Match(entry, [])
+    m = Match(entry)
     for i, match in ignores:
         if match(fqn):
             m.ignored_by = i
             break
     if entry.kind in ("param", "buffer"):
         best_key = None
+        candidates: list[int] = []
+        tied: list[int] = []
         for index, match, key in rules:
             found = match(fqn)
             if found is None:
                 continue
-            m.candidates.append(index)
+            candidates.append(index)
             if best_key is None:
                 best_key = key
                 captures = found.groupdict()
@@ -376,7 +384,8 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=Non
                     captures = shared.setdefault(tuple(captures.items()), captures)
                 m.winner, m.captures = index, captures
             elif key == best_key:
-                m.tied.append(index)
+                tied.append(index)
+        m.candidates, m.tied = one(tuple(candidates)), one(tuple(tied))
     return m
 
 

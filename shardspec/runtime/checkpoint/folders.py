@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from shardspec.core.jsontext import JSONTextError, read_json
 from shardspec.runtime.units import CheckpointError
 
 # A complete checkpoint: written into it (the spec, the mesh, the structure fingerprint, the
@@ -388,10 +389,17 @@ def _refuse_unfinished(path: str) -> None:
 
 
 def _read_marker(path: str) -> dict | None:
-    """The checkpoint's ``.shardspec.json``, or None (a default-planner checkpoint)."""
+    """The checkpoint's ``.shardspec.json``, or None where it has none (a default-planner
+    checkpoint). A marker that is there but is no readable JSON object is damaged: a
+    one-line :class:`CheckpointError` (it holds the checksum the load verifies against)."""
+    file = os.path.join(path, MARKER)
     try:
-        with open(os.path.join(path, MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
-    except (OSError, ValueError, RecursionError):
+        marker = read_json(file)
+    except FileNotFoundError:
         return None
-    return marker if isinstance(marker, dict) else None
+    except (OSError, JSONTextError) as e:
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise CheckpointError(f"{file} cannot be read: {why}; nothing was read") from None
+    if not isinstance(marker, dict):
+        raise CheckpointError(f"{file} is not a JSON object; nothing was read")
+    return marker

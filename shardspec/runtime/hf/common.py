@@ -3,7 +3,6 @@ checkpoint folder's files, and the mapping's sources."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from shardspec.core.hfmap import (
     fused_of,
     unit_names,
 )
+from shardspec.core.jsontext import JSONTextError, read_json
 from shardspec.core.layout import Mesh, ParamLayout
 from shardspec.core.paths import escape
 from shardspec.runtime.canonical import CanonicalPlan, Unit
@@ -259,10 +259,11 @@ def _refuse_outside(root: str, rel: str) -> None:
 def _read_index(index: str) -> dict[str, str]:
     """The ``weight_map`` of the index file ``index``."""
     try:
-        with open(index, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise HFError(f"{index}: not readable JSON ({e})") from None
+        data = read_json(index)
+    except OSError as e:
+        raise HFError(f"{index}: cannot be read ({e.strerror or e})") from None
+    except JSONTextError as e:
+        raise HFError(f"{index}: not readable JSON: {e}") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in wm.items()

@@ -21,6 +21,7 @@ from shardspec.core.hfmap import (
     Split,
     model_indices,
 )
+from shardspec.core.jsontext import read_json
 from shardspec.core.layout import Mesh
 from shardspec.runtime.canonical import CanonicalPlan, Unit, rank_pieces, replica_groups
 from shardspec.runtime.checkpoint.collectives import checkpoint_group
@@ -292,8 +293,7 @@ def _config_ties(config: Any) -> bool | None:
     elif isinstance(config, (str, os.PathLike)):
         src = os.fspath(config)
         src = os.path.join(src, "config.json") if os.path.isdir(src) else src
-        with open(src, encoding="utf-8") as f:  # readable: _check_config opened it
-            data = json.load(f)
+        data = read_json(src)  # readable: _check_config read it
         value = data.get("tie_word_embeddings") if isinstance(data, dict) else None
     else:
         value = getattr(config, "tie_word_embeddings", None)
@@ -372,8 +372,7 @@ def _check_config(config: Any) -> None:
         src = os.fspath(config)
         src = os.path.join(src, "config.json") if os.path.isdir(src) else src
         try:
-            with open(src, encoding="utf-8") as f:
-                json.load(f)
+            read_json(src)
         except (OSError, ValueError) as e:
             raise HFError(f"config: {src} is not a readable config.json ({e})") from None
         return

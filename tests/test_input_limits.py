@@ -209,6 +209,16 @@ def test_every_finding_caps_what_it_quotes() -> None:
     assert (short.message, short.hint) == ("unknown mesh axis 'tpp'", "did you mean 'tp'?")
 
 
+def test_a_long_file_name_is_quoted_in_part(tmp_path: Path) -> None:
+    """A 100,000-character path on the command line (hypothesis found it) was echoed whole
+    as the finding's location; it is quoted capped, in the text renderer."""
+    path = "x" * 100_000
+    status, out = lint(path)
+    assert status == 2 and "SS002" in out and "File name too long" in out, out[:500]
+    assert len(out) < 2 * MAX_MESSAGE, len(out)
+    assert str(Span("ab", 3, 4)) == "ab:3:4"
+
+
 def test_a_long_line_is_shown_around_the_caret() -> None:
     line = "a" * 10_000 + " shard x over tpp " + "b" * 10_000
     col = line.index("tpp") + 1

@@ -56,7 +56,8 @@ class Span:
     end_col: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+        # A file name as given on the command line can be any length: quote it capped.
+        return f"{clip(self.file)}:{self.line}:{self.col}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -176,12 +177,17 @@ def grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(local) if g is None else g
 
 
-def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh) -> None:
+def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bool = False) -> None:
+    """One forward and backward of model ``name`` with the experts expert-parallel over
+    ``mesh["ep"]`` (and, with ``fsdp``, FSDP2 over ``mesh["dp"]`` on top), against a single
+    process on the global batch."""
     rank = dist.get_rank()
     ep_mesh = mesh["ep"]
     ref = build(name)
     model = copy.deepcopy(ref)
     parallelize_module(model, ep_mesh, {"experts": ExpertParallel()})
+    if fsdp:
+        fully_shard(model.experts, mesh=mesh["dp"])
     x, target = global_batch()
     lo, hi = sum(ROWS[:rank]), sum(ROWS[: rank + 1])
 
@@ -204,6 +210,10 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh) -> None:
         loss.backward()
 
     close(c, tag, "output", out[0].detach(), out_ref[0, lo:hi].detach())
+    # After the call the module is as it was: its DTensors and its expert count.
+    count = getattr(model.experts, "num_experts", EXPERTS)
+    restored = all(isinstance(p, DTensor) for p in model.experts.parameters())
+    c.check(tag, restored and count == EXPERTS, f"not restored: {count}")
     total = loss.detach().clone()
     dist.all_reduce(total)
     c.check(tag, abs(total - loss_ref).item() <= TOL * abs(loss_ref).item(), f"loss {total}")
@@ -216,7 +226,11 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh) -> None:
     for fqn, p in model.named_parameters():
         grad = grad_or_zeros(p).clone()
         want = grad_or_zeros(ref_params[fqn])
-        if fqn.startswith("experts."):
+        if fqn.startswith("experts.") and fsdp:  # FSDP2 reduce-scattered it over dp
+            c.check(tag, isinstance(p, DTensor) and p.device_mesh.ndim == 2, fqn)
+            assert isinstance(p.grad, DTensor)
+            grad = p.grad.full_tensor() * mesh["dp"].size()  # FSDP2 averages over dp
+        elif fqn.startswith("experts."):
             c.check(tag, isinstance(p, DTensor) and p.to_local().shape[0] == n_local, fqn)
             if mesh.ndim > 1:  # summed over the data groups, as FSDP would
                 dist.all_reduce(grad, group=mesh["dp"].get_group())
@@ -245,8 +259,10 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh) -> None:
         ("backward", a2a, sent, received),
         ("backward", a2a, received, sent),
     ]
-    backward = sorted(call for call in counter.calls if call[0] == "backward")
-    got = [call for call in counter.calls if call[0] == "forward"] + backward
+    # FSDP2's own all-gathers and reduce-scatters come on top of the all-to-alls.
+    calls = [call for call in counter.calls if not fsdp or call[1] in (a2a, "alltoall_base_")]
+    backward = sorted(call for call in calls if call[0] == "backward")
+    got = [call for call in calls if call[0] == "forward"] + backward
     c.check(tag, got == want_calls[:3] + sorted(want_calls[3:]), f"collectives {got}")
 
 
@@ -266,6 +282,22 @@ class Uneven(GroupedExperts):
     def __init__(self) -> None:
         super().__init__(4, 4, 8)
         self.extra = nn.Parameter(torch.randn(4, 4))
+
+
+class Exploding(nn.Module):
+    """transformers' convention; records what its forward sees, then fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_experts = EXPERTS
+        self.w = nn.Parameter(torch.zeros(EXPERTS, DIM))
+        self.seen: tuple[int, bool, tuple[int, ...]] | None = None
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        self.seen = (self.num_experts, isinstance(self.w, DTensor), tuple(self.w.shape))
+        raise RuntimeError("boom")
 
 
 def snapshot(module: nn.Module) -> tuple[Any, ...]:
@@ -321,6 +353,26 @@ def scenario_refusals(c: Checks, tag: str, ep_mesh: DeviceMesh, mesh: DeviceMesh
         c.check(tag, "outside [0, 8]" in str(e), f"index: {e}")
     c.check(tag, same(before, snapshot(block.experts)), "index: module changed")
 
+    # An error in the experts' forward: they saw the local view; it is restored.
+    exploding = Exploding()
+    ExpertParallel()._apply(exploding, ep_mesh)
+    try:
+        exploding(rows, torch.zeros(3, TOP_K, dtype=torch.int64), torch.ones(3, TOP_K))
+        c.check(tag, False, "exploding: no error")
+    except RuntimeError as e:
+        c.check(tag, str(e) == "boom", f"exploding: {e}")
+    want_seen = (EXPERTS // ep_mesh.size(), False, (EXPERTS // ep_mesh.size(), DIM))
+    c.check(tag, exploding.seen == want_seen, f"exploding saw {exploding.seen}")
+    ok = exploding.num_experts == EXPERTS and isinstance(exploding.w, DTensor)
+    c.check(tag, ok, "exploding: not restored")
+
+    # On the meta device (as parallelize tries styles on meta copies): no collective.
+    with torch.device("meta"):
+        on_meta = GroupedExperts(DIM, FFN, EXPERTS)
+    ExpertParallel()._apply(on_meta, ep_mesh)
+    shapes = [tuple(p.to_local().shape) for p in on_meta.parameters() if isinstance(p, DTensor)]
+    c.check(tag, shapes == [(2, FFN, DIM), (2, DIM, FFN), (2, FFN, DIM)], f"meta: {shapes}")
+
 
 # ----------------------------------------------------------------------------- entry point
 
@@ -332,6 +384,10 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
     scenarios: list[tuple[str, Callable[[], None]]] = [
         ("example ep4", lambda: scenario_train(c, "example ep4", "example", ep4)),
         ("example ep2", lambda: scenario_train(c, "example ep2", "example", dp2)),
+        (
+            "example ep2 fsdp",
+            lambda: scenario_train(c, "example ep2 fsdp", "example", dp2, fsdp=True),
+        ),
         ("qwen3 ep4", lambda: scenario_train(c, "qwen3 ep4", "qwen3", ep4)),
         ("grouped ep4", lambda: scenario_train(c, "grouped ep4", "grouped", ep4)),
         ("refusals", lambda: scenario_refusals(c, "refusals", ep4, dp2)),

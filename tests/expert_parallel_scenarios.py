@@ -39,7 +39,11 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.models import moe
-from shardspec.runtime.expert_parallel import ExpertParallel, ExpertParallelError
+from shardspec.runtime.expert_parallel import (
+    ExpertParallel,
+    ExpertParallelError,
+    ExpertTensorParallel,
+)
 from shardspec.testing import Checks
 
 DIM, FFN, EXPERTS, TOP_K = 16, 8, 8, 2
@@ -177,19 +181,32 @@ def grad_or_zeros(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(local) if g is None else g
 
 
-def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bool = False) -> None:
+def scenario_train(
+    c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bool = False, etp: bool = False
+) -> None:
     """One forward and backward of model ``name`` with the experts expert-parallel over
-    ``mesh["ep"]`` (and, with ``fsdp``, FSDP2 over ``mesh["dp"]`` on top), against a single
-    process on the global batch."""
+    ``mesh["ep"]`` against a single process on the global batch. With ``fsdp``, FSDP2 over
+    ``mesh["dp"]`` on top. With ``etp``, expert tensor parallelism over ``mesh["etp"]`` (a
+    2 x 2 (ep, etp) mesh): the two ranks of an etp group see the same tokens (the slices of
+    ROWS merged in pairs)."""
     rank = dist.get_rank()
     ep_mesh = mesh["ep"]
     ref = build(name)
     model = copy.deepcopy(ref)
-    parallelize_module(model, ep_mesh, {"experts": ExpertParallel()})
+    if etp:
+        parallelize_module(model, mesh["ep", "etp"], {"experts": ExpertTensorParallel()})
+    else:
+        parallelize_module(model, ep_mesh, {"experts": ExpertParallel()})
     if fsdp:
         fully_shard(model.experts, mesh=mesh["dp"])
     x, target = global_batch()
-    lo, hi = sum(ROWS[:rank]), sum(ROWS[: rank + 1])
+    # Each rank's data: a slice of the global batch (data group: the rank, or its ep
+    # coordinate under etp).
+    sizes = [ROWS[0] + ROWS[1], ROWS[2] + ROWS[3]] if etp else list(ROWS)
+    bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
+    data_of = (lambda r: r // 2) if etp else (lambda r: r)
+    lo, hi = bounds[data_of(rank)]
+    copies = 2 if etp else 1  # ranks that compute the same loss
 
     # The skew is real: the suppressed experts get no token, the others some.
     routed = MODELS[name][2](ref, x)
@@ -216,6 +233,7 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bo
     c.check(tag, restored and count == EXPERTS, f"not restored: {count}")
     total = loss.detach().clone()
     dist.all_reduce(total)
+    total /= copies
     c.check(tag, abs(total - loss_ref).item() <= TOL * abs(loss_ref).item(), f"loss {total}")
     assert x_loc.grad is not None and x_ref.grad is not None
     close(c, tag, "input grad", x_loc.grad, x_ref.grad[lo:hi])
@@ -226,7 +244,11 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bo
     for fqn, p in model.named_parameters():
         grad = grad_or_zeros(p).clone()
         want = grad_or_zeros(ref_params[fqn])
-        if fqn.startswith("experts.") and fsdp:  # FSDP2 reduce-scattered it over dp
+        if fqn.startswith("experts.") and etp:  # over (ep, etp), ffn cut per component
+            assert isinstance(p, DTensor) and isinstance(p.grad, DTensor)
+            c.check(tag, torch.equal(p.full_tensor(), ref_params[fqn]), f"{fqn} layout")
+            grad = p.grad.full_tensor()
+        elif fqn.startswith("experts.") and fsdp:  # FSDP2 reduce-scattered it over dp
             c.check(tag, isinstance(p, DTensor) and p.device_mesh.ndim == 2, fqn)
             assert isinstance(p.grad, DTensor)
             grad = p.grad.full_tensor() * mesh["dp"].size()  # FSDP2 averages over dp
@@ -237,6 +259,7 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bo
             want = want[ep_rank * n_local : (ep_rank + 1) * n_local]
         else:  # replicated: the sum over every rank's tokens
             dist.all_reduce(grad)
+            grad /= copies
         close(c, tag, f"{fqn} grad", grad, want)
 
     # Bytes: the floor. This rank sends its routed rows and receives those routed to its
@@ -245,8 +268,7 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bo
     mine = range(ep_rank * n_local, (ep_rank + 1) * n_local)
     sent = int((routed[lo:hi].reshape(-1) >= 0).sum()) * DIM * 4
     received = sum(
-        int(sum((routed[sum(ROWS[:r]) : sum(ROWS[: r + 1])] == e).sum() for e in mine))
-        for r in group
+        int(sum((routed[slice(*bounds[data_of(r)])] == e).sum() for e in mine)) for r in group
     )
     received *= DIM * 4
     if ep == 4:
@@ -259,8 +281,13 @@ def scenario_train(c: Checks, tag: str, name: str, mesh: DeviceMesh, *, fsdp: bo
         ("backward", a2a, sent, received),
         ("backward", a2a, received, sent),
     ]
-    # FSDP2's own all-gathers and reduce-scatters come on top of the all-to-alls.
-    calls = [call for call in counter.calls if not fsdp or call[1] in (a2a, "alltoall_base_")]
+    # FSDP2's own all-gathers and reduce-scatters come on top of the all-to-alls; under etp
+    # one all-reduce of the partial outputs forward, one of the rows' gradients backward.
+    if etp:
+        reduces = [call[:2] for call in counter.calls if call[1] == "allreduce_"]
+        c.check(tag, reduces == [("forward", "allreduce_"), ("backward", "allreduce_")], "")
+    only_a2a = fsdp or etp
+    calls = [call for call in counter.calls if not only_a2a or call[1] in (a2a, "alltoall_base_")]
     backward = sorted(call for call in calls if call[0] == "backward")
     got = [call for call in calls if call[0] == "forward"] + backward
     c.check(tag, got == want_calls[:3] + sorted(want_calls[3:]), f"collectives {got}")
@@ -321,16 +348,20 @@ def same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 
 def scenario_refusals(c: Checks, tag: str, ep_mesh: DeviceMesh, mesh: DeviceMesh) -> None:
-    cases: list[tuple[str, nn.Module, DeviceMesh, str]] = [
-        ("no convention", NotExperts(), ep_mesh, "NotExperts.forward('x',) is not"),
-        ("not stacked", Uneven(), ep_mesh, "not stacked on dimension 0"),
-        ("indivisible", GroupedExperts(4, 4, 6), ep_mesh, "6 experts, not divisible"),
-        ("2-D mesh", GroupedExperts(4, 4, 8), mesh, "pass the ep sub-mesh"),
+    ep, etp = ExpertParallel(), ExpertTensorParallel()
+    cases: list[tuple[str, ExpertParallel, nn.Module, DeviceMesh, str]] = [
+        ("no convention", ep, NotExperts(), ep_mesh, "NotExperts.forward('x',) is not"),
+        ("not stacked", ep, Uneven(), ep_mesh, "not stacked on dimension 0"),
+        ("indivisible", ep, GroupedExperts(4, 4, 6), ep_mesh, "6 experts, not divisible"),
+        ("2-D mesh", ep, GroupedExperts(4, 4, 8), mesh, "pass the sub-mesh, e.g. mesh['ep']"),
+        ("etp 1-D", etp, GroupedExperts(4, 4, 8), ep_mesh, "needs a 2-D mesh (ep, etp)"),
+        ("etp name", etp, Exploding(), mesh, "Exploding.w [8, 16]: expert tensor parallelism"),
+        ("etp ffn", etp, GroupedExperts(4, 3, 8), mesh, "dimension 1 (1 component(s)) does not"),
     ]
-    for what, module, on, needle in cases:
+    for what, style, module, on, needle in cases:
         before = snapshot(module)
         try:
-            ExpertParallel()._apply(module, on)
+            style._apply(module, on)
             c.check(tag, False, f"{what}: accepted")
         except ExpertParallelError as e:
             c.check(tag, needle in str(e), f"{what}: {e}")
@@ -381,6 +412,7 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
     c = Checks()
     ep4 = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
     dp2 = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "ep"))
+    etp = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("ep", "etp"))
     scenarios: list[tuple[str, Callable[[], None]]] = [
         ("example ep4", lambda: scenario_train(c, "example ep4", "example", ep4)),
         ("example ep2", lambda: scenario_train(c, "example ep2", "example", dp2)),
@@ -389,6 +421,8 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
             lambda: scenario_train(c, "example ep2 fsdp", "example", dp2, fsdp=True),
         ),
         ("qwen3 ep4", lambda: scenario_train(c, "qwen3 ep4", "qwen3", ep4)),
+        ("example etp", lambda: scenario_train(c, "example etp", "example", etp, etp=True)),
+        ("qwen3 etp", lambda: scenario_train(c, "qwen3 etp", "qwen3", etp, etp=True)),
         ("grouped ep4", lambda: scenario_train(c, "grouped ep4", "grouped", ep4)),
         ("refusals", lambda: scenario_refusals(c, "refusals", ep4, dp2)),
     ]

@@ -279,45 +279,18 @@ class Experts(nn.Module):
         the group (the same arithmetic as :meth:`forward`, summed in another order). Tokens
         never move; the expert-parallel style with token dispatch
         (``shardspec.runtime.expert_parallel``) is the scalable alternative."""
-        rows_in = _CopyToGroup.apply(rows, group)
-        weights_in = _CopyToGroup.apply(weights, group)
+        # Megatron's copy to / reduce from a model-parallel region (identity forward and
+        # gradients summed over the group; a sum over the group forward, identity backward).
+        from shardspec.runtime.expert_parallel import copy_to_group, reduce_from_group
+
+        rows_in = copy_to_group(rows, group)
+        weights_in = copy_to_group(weights, group)
         w1, w3, w2 = (w.to_local() for w in (self.w1, self.w3, self.w2))
         out = torch.zeros_like(rows)
         for j in range(w1.shape[0]):
             gate = (weights_in * (indices == first + j)).sum(dim=-1)
             out = out + expert_ffn(rows_in, w1[j], w3[j], w2[j]) * gate[:, None]
-        return _ReduceFromGroup.apply(out, group)
-
-
-class _CopyToGroup(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over ``group`` (Megatron's copy into a
-    model-parallel region: every rank's experts read the same tokens)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        torch.distributed.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromGroup(torch.autograd.Function):
-    """Sum over ``group`` forward (each rank holds some experts' outputs); identity
-    backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        x = x.contiguous().clone()
-        torch.distributed.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+        return reduce_from_group(out, group)
 
 
 class LocalExpert(nn.Module):

@@ -46,17 +46,28 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.placement_types import _StridedShard
 
 __all__ = [
     "CONVENTIONS",
+    "FFN_DIMS",
     "ExpertParallel",
     "ExpertParallelError",
     "ExpertParallelModule",
+    "ExpertTensorParallel",
     "convention_of",
+    "copy_to_group",
     "inverse_permutation",
     "local_order",
+    "reduce_from_group",
     "sort_routed",
 ]
 
@@ -170,6 +181,50 @@ def dispatch_and_combine(
     return _all_to_all(out[inverse_permutation(perm)], send_splits, recv_splits, group)
 
 
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; the backward sums the gradient over ``group`` (Megatron's copy to a
+    tensor-parallel region: each rank's slice of the experts reads the same rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    """Sum over ``group`` forward (each rank's ffn slice gives a partial output); identity
+    backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def copy_to_group(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` unchanged; its gradient summed over ``group`` (the ranks of ``group`` read the
+    same ``x``, each for part of the work)."""
+    out: torch.Tensor = _CopyToGroup.apply(x, group)
+    return out
+
+
+def reduce_from_group(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``x`` summed over ``group`` (each rank's partial result); the gradient unchanged."""
+    out: torch.Tensor = _ReduceFromGroup.apply(x, group)
+    return out
+
+
 # ----------------------------------------------------------------------------- the module
 
 
@@ -225,13 +280,17 @@ class ExpertParallelModule(nn.Module):
     _ep_size: int
     _ep_experts: int
     _ep_convention: str
+    _ep_etp_group: Any  # the etp group under expert tensor parallelism, else None
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         own = super().forward  # the experts module's own forward
         n_local = self._ep_experts // self._ep_size
 
         def call_experts(rows: torch.Tensor, *call_args: Any) -> torch.Tensor:
+            etp = self._ep_etp_group
             with _local_view(self, n_local):
+                if etp is not None:
+                    rows = copy_to_group(rows, etp)
                 out: torch.Tensor = own(rows, *call_args)
                 if rows.shape[0] == 0:
                     # No rows for this rank. A forward that then returns a fresh zero tensor
@@ -240,6 +299,8 @@ class ExpertParallelModule(nn.Module):
                     # wait for) and to the weights (a zero gradient, as a single process has).
                     tied = [rows, *self.parameters()]
                     out = out + sum(t.reshape(-1)[:0].sum() for t in tied)
+            if etp is not None:
+                out = reduce_from_group(out, etp)
             return out
 
         bound = inspect.signature(own).bind(*args, **kwargs)
@@ -295,34 +356,118 @@ class ExpertParallel(ParallelStyle):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        experts = check_experts(module, device_mesh)
+        experts = check_experts(module, device_mesh, 1)
         convention = convention_of(module)
 
         def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
             for pname, p in list(mod.named_parameters(recurse=False)):
-                shard = distribute_tensor(p.detach(), mesh, [Shard(0)])
+                shard = distribute_tensor(
+                    p.detach(), mesh, [Shard(0)], src_data_rank=self.src_data_rank
+                )
                 mod.register_parameter(pname, nn.Parameter(shard, p.requires_grad))
 
         distribute_module(module, device_mesh, partition)
-        module.__class__ = _expert_parallel_class(type(module))
+        return _install(module, device_mesh, experts, convention)
+
+
+# The ffn dimension of the stacked tensors that expert tensor parallelism cuts, by parameter
+# name: (dimension, components). A fused tensor's components (gate|up) are cut each.
+FFN_DIMS: dict[str, tuple[int, int]] = {
+    "gate_up_proj": (1, 2),  # transformers: [E, 2F, H], gate then up
+    "up_proj": (1, 1),  # transformers without a gate: [E, F, H]
+    "down_proj": (2, 1),  # transformers: [E, H, F]
+    "w1": (1, 1),  # torchtitan and the example MoE: [E, F, H] (gate)
+    "w3": (1, 1),  # [E, F, H] (up)
+    "w2": (2, 1),  # [E, H, F] (down)
+}
+
+
+class ExpertTensorParallel(ExpertParallel):
+    """:class:`ExpertParallel` with expert tensor parallelism: on a 2-D mesh ``(ep, etp)``
+    (in that order), experts are split over ep as there and each expert's ffn dimension over
+    etp (``ffn_dims``: parameter name -> (dimension, components), :data:`FFN_DIMS` by
+    default; a fused gate|up is cut per component, torch's ``_StridedShard``). The ranks of
+    an etp group must see the same tokens (the MoE's input replicated over etp, as tensor
+    parallelism leaves it): each dispatches them over its ep group, runs its slice of the
+    local experts, and the partial outputs are summed over etp (Megatron's copy to and
+    reduce from a tensor-parallel region). Bias-free experts only: a bias would be added
+    etp times."""
+
+    def __init__(self, ffn_dims: dict[str, tuple[int, int]] | None = None) -> None:
+        super().__init__()
+        self.ffn_dims = dict(FFN_DIMS if ffn_dims is None else ffn_dims)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        experts = check_experts(module, device_mesh, 2)
+        convention = convention_of(module)
+        etp = device_mesh.size(1)
+        cuts = {pname: self._cut(module, pname, p, etp) for pname, p in module.named_parameters()}
+        for pname, (dim, components) in cuts.items():
+            owner, _, leaf = pname.rpartition(".")
+            mod = module.get_submodule(owner)
+            p = mod.get_parameter(leaf)
+            # Rank 0's values (src_data_rank) over ep, then each rank keeps its etp slice.
+            local = distribute_tensor(
+                p.detach(), device_mesh, [Shard(0), Replicate()], src_data_rank=self.src_data_rank
+            ).to_local()
+            pieces = local.chunk(components * etp, dim=dim)
+            rank = device_mesh.get_local_rank(1)
+            local = torch.cat([pieces[c * etp + rank] for c in range(components)], dim=dim)
+            etp_place = (
+                Shard(dim) if components == 1 else _StridedShard(dim, split_factor=components)
+            )
+            shard = DTensor.from_local(
+                local, device_mesh, [Shard(0), etp_place], shape=p.shape, stride=p.stride()
+            )
+            mod.register_parameter(leaf, nn.Parameter(shard, p.requires_grad))
+        _install(module, device_mesh, experts, convention)
         assert isinstance(module, ExpertParallelModule)
-        module._ep_group = device_mesh.get_group(0)
-        module._ep_size = device_mesh.size()
-        module._ep_experts = experts
-        module._ep_convention = convention
+        module._ep_etp_group = device_mesh.get_group(1)
         return module
 
+    def _cut(self, module: nn.Module, pname: str, p: torch.Tensor, etp: int) -> tuple[int, int]:
+        name = type(module).__qualname__
+        leaf = pname.rpartition(".")[2]
+        if leaf not in self.ffn_dims:
+            raise ExpertParallelError(
+                f"{name}.{pname} {list(p.shape)}: expert tensor parallelism does not know its "
+                f"ffn dimension; name it in ffn_dims (known: {sorted(self.ffn_dims)}); biases "
+                "are not supported"
+            )
+        dim, components = self.ffn_dims[leaf]
+        if not 0 < dim < p.dim() or p.shape[dim] % (components * etp) != 0:
+            raise ExpertParallelError(
+                f"{name}.{pname} {list(p.shape)}: its ffn dimension {dim} ({components} "
+                f"component(s)) does not split over etp {etp}"
+            )
+        return dim, components
 
-def check_experts(module: nn.Module, device_mesh: DeviceMesh) -> int:
+
+def _install(module: nn.Module, mesh: DeviceMesh, experts: int, convention: str) -> nn.Module:
+    """Make ``module`` dispatch tokens over ``mesh``'s first dimension (ep)."""
+    module.__class__ = _expert_parallel_class(type(module))
+    assert isinstance(module, ExpertParallelModule)
+    module._ep_group = mesh.get_group(0)
+    module._ep_size = mesh.size(0)
+    module._ep_experts = experts
+    module._ep_convention = convention
+    module._ep_etp_group = None
+    return module
+
+
+def check_experts(module: nn.Module, device_mesh: DeviceMesh, ndim: int) -> int:
     """The number of experts of ``module``, after checking that the style can take it on
-    ``device_mesh``: :class:`ExpertParallelError` otherwise (nothing changed)."""
+    ``device_mesh`` (``ndim`` dimensions: ep, or ep and etp): :class:`ExpertParallelError`
+    otherwise (nothing changed)."""
     name = type(module).__qualname__
     if isinstance(module, ExpertParallelModule):
         raise ExpertParallelError(f"{name} is already expert-parallel")
-    if device_mesh.ndim != 1:
+    if device_mesh.ndim != ndim:
+        want = "a 1-D mesh" if ndim == 1 else "a 2-D mesh (ep, etp)"
+        sub = "mesh['ep']" if ndim == 1 else "mesh['ep', 'etp']"
         raise ExpertParallelError(
-            f"the expert-parallel style needs a 1-D mesh, got {device_mesh.ndim} dimensions "
-            f"{device_mesh.mesh_dim_names}; pass the ep sub-mesh, e.g. mesh['ep']"
+            f"the expert-parallel style needs {want}, got {device_mesh.ndim} dimensions "
+            f"{device_mesh.mesh_dim_names}; pass the sub-mesh, e.g. {sub}"
         )
     params = list(module.named_parameters())
     if not params:
@@ -348,7 +493,7 @@ def check_experts(module: nn.Module, device_mesh: DeviceMesh) -> int:
         raise ExpertParallelError(
             f"{name}.num_experts is {count} but its parameters stack {experts} experts"
         )
-    ep = device_mesh.size()
+    ep = device_mesh.size(0)
     if experts % ep != 0:
         raise ExpertParallelError(
             f"{name} has {experts} experts, not divisible by the expert-parallel mesh size "

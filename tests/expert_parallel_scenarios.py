@@ -227,6 +227,10 @@ def scenario_train(
         loss.backward()
 
     close(c, tag, "output", out[0].detach(), out_ref[0, lo:hi].detach())
+    if not fsdp:  # the module deep-copies (its mesh, not process groups), and runs the same
+        with torch.no_grad():
+            again = copy.deepcopy(model)(x_loc[None])
+        c.check(tag, torch.equal(again, out.detach()), "a deep copy computes otherwise")
     # After the call the module is as it was: its DTensors and its expert count.
     count = getattr(model.experts, "num_experts", EXPERTS)
     restored = all(isinstance(p, DTensor) for p in model.experts.parameters())

@@ -24,17 +24,17 @@ from shardspec.testing import run_ranks
 from tests import expert_parallel_scenarios
 
 # Checks each scenario must make on every rank (a scenario that checks nothing fails):
-# skew 2, output, restored after the call, loss, input grad, each parameter's grad and each
-# expert tensor's placement, rank 3 receiving nothing on ep 4 (under etp: the all-reduces),
-# the collectives and bytes.
+# skew 2; output, restored after the call, a deep copy (not under FSDP2), loss, input grad;
+# each parameter's grad and each expert tensor's placement; rank 3 receiving nothing on
+# ep 4 (under etp: the all-reduces); the collectives and their bytes.
 MIN_CHECKS = {
-    "example ep4": 2 + 4 + 1 + 2 * 3 + 1 + 1,
-    "example ep2": 2 + 4 + 1 + 2 * 3 + 1,
+    "example ep4": 2 + 5 + 1 + 2 * 3 + 1 + 1,
+    "example ep2": 2 + 5 + 1 + 2 * 3 + 1,
     "example ep2 fsdp": 2 + 4 + 1 + 2 * 3 + 1,
-    "qwen3 ep4": 2 + 4 + 1 + 2 * 2 + 1 + 1,
-    "example etp": 2 + 4 + 1 + 2 * 3 + 1 + 1,
-    "qwen3 etp": 2 + 4 + 1 + 2 * 2 + 1 + 1,
-    "grouped ep4": 2 + 4 + 1 + 2 * 3 + 1 + 1,
+    "qwen3 ep4": 2 + 5 + 1 + 2 * 2 + 1 + 1,
+    "example etp": 2 + 5 + 1 + 2 * 3 + 1 + 1,
+    "qwen3 etp": 2 + 5 + 1 + 2 * 2 + 1 + 1,
+    "grouped ep4": 2 + 5 + 1 + 2 * 3 + 1 + 1,
     "refusals": 7 * 2 + 2 * 2 + 4,
 }
 

@@ -276,18 +276,20 @@ class ExpertParallelModule(nn.Module):
     ``FSDPModule``): its forward dispatches the tokens and runs the class's own forward on
     the local experts."""
 
-    _ep_group: Any
+    # The mesh (ep) or (ep, etp): a DeviceMesh, not its process groups, so that the module
+    # deep-copies (a DeviceMesh pickles; a ProcessGroup does not).
+    _ep_mesh: DeviceMesh
     _ep_size: int
     _ep_experts: int
     _ep_convention: str
-    _ep_etp_group: Any  # the etp group under expert tensor parallelism, else None
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         own = super().forward  # the experts module's own forward
         n_local = self._ep_experts // self._ep_size
+        group = self._ep_mesh.get_group(0)
 
         def call_experts(rows: torch.Tensor, *call_args: Any) -> torch.Tensor:
-            etp = self._ep_etp_group
+            etp = self._ep_mesh.get_group(1) if self._ep_mesh.ndim == 2 else None
             with _local_view(self, n_local):
                 if etp is not None:
                     rows = copy_to_group(rows, etp)
@@ -317,7 +319,7 @@ class ExpertParallelModule(nn.Module):
             def run_grouped(rows: torch.Tensor, per_expert: torch.Tensor, _: Any) -> Any:
                 return call_experts(rows, per_expert.to(counts.device, counts.dtype))
 
-            return dispatch_and_combine(x, counts, self._ep_group, self._ep_size, run_grouped)
+            return dispatch_and_combine(x, counts, group, self._ep_size, run_grouped)
 
         top_k_index, top_k_weights = second, list(bound.arguments.values())[2]
         n, k = top_k_index.shape
@@ -327,9 +329,7 @@ class ExpertParallelModule(nn.Module):
             ones = torch.ones(rows.shape[0], 1, dtype=rows.dtype, device=rows.device)
             return call_experts(rows, local_ids[:, None], ones)
 
-        back = dispatch_and_combine(
-            x[order // k], counts, self._ep_group, self._ep_size, run_routed
-        )
+        back = dispatch_and_combine(x[order // k], counts, group, self._ep_size, run_routed)
         # Each slot's expert output, zero for skipped slots, weighted where the token lives.
         slots = back.new_zeros(n * k, x.shape[-1]).index_copy(0, order, back)
         out = (slots.view(n, k, x.shape[-1]) * top_k_weights[..., None]).sum(1)
@@ -420,10 +420,7 @@ class ExpertTensorParallel(ExpertParallel):
                 local, device_mesh, [Shard(0), etp_place], shape=p.shape, stride=p.stride()
             )
             mod.register_parameter(leaf, nn.Parameter(shard, p.requires_grad))
-        _install(module, device_mesh, experts, convention)
-        assert isinstance(module, ExpertParallelModule)
-        module._ep_etp_group = device_mesh.get_group(1)
-        return module
+        return _install(module, device_mesh, experts, convention)
 
     def _cut(self, module: nn.Module, pname: str, p: torch.Tensor, etp: int) -> tuple[int, int]:
         name = type(module).__qualname__
@@ -444,14 +441,14 @@ class ExpertTensorParallel(ExpertParallel):
 
 
 def _install(module: nn.Module, mesh: DeviceMesh, experts: int, convention: str) -> nn.Module:
-    """Make ``module`` dispatch tokens over ``mesh``'s first dimension (ep)."""
+    """Make ``module`` dispatch tokens over ``mesh``'s first dimension (ep) and, on a 2-D
+    mesh, sum its partial outputs over the second (etp)."""
     module.__class__ = _expert_parallel_class(type(module))
     assert isinstance(module, ExpertParallelModule)
-    module._ep_group = mesh.get_group(0)
+    module._ep_mesh = mesh
     module._ep_size = mesh.size(0)
     module._ep_experts = experts
     module._ep_convention = convention
-    module._ep_etp_group = None
     return module
 
 

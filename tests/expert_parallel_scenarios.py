@@ -409,6 +409,66 @@ def scenario_refusals(c: Checks, tag: str, ep_mesh: DeviceMesh, mesh: DeviceMesh
     c.check(tag, shapes == [(2, FFN, DIM), (2, DIM, FFN), (2, FFN, DIM)], f"meta: {shapes}")
 
 
+# ----------------------------------------------------------------------------- any routing
+
+
+def scenario_any_routing(c: Checks, tag: str, ep_mesh: DeviceMesh) -> None:
+    """Hypothesis draws routings (any expert per slot, transformers' skip index included,
+    any batch size per rank down to none) for the experts modules alone (the example's and
+    transformers' Qwen3MoeExperts); the expert-parallel module's output and gradients
+    (rows, routing weights, experts) equal the module's own forward on the global batch.
+    Every rank draws the same examples (derandomized; a failed check is recorded, never
+    raised, so no rank shrinks alone and the collectives stay in step)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    rank, ep = dist.get_rank(), ep_mesh.size()
+    n_local = EXPERTS // ep
+    experts_of = {"example": lambda m: m.experts, "qwen3": lambda m: m.experts}
+
+    @settings(
+        max_examples=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(experts_of)))
+        sizes = [data.draw(st.integers(0, 5)) for _ in range(ep)]
+        n = sum(sizes)
+        flat = data.draw(st.lists(st.integers(0, EXPERTS), min_size=n * TOP_K, max_size=n * TOP_K))
+        seed = data.draw(st.integers(0, 2**16))
+        index = torch.tensor(flat, dtype=torch.int64).reshape(n, TOP_K)
+        gen = torch.Generator().manual_seed(seed)
+        rows, weights = torch.randn(n, DIM, generator=gen), torch.rand(n, TOP_K, generator=gen)
+        ref = experts_of[name](build(name))
+        model = copy.deepcopy(ref)
+        ExpertParallel()._apply(model, ep_mesh)
+        lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+        what = f"{name} sizes {sizes} index {flat} seed {seed}"
+
+        def run(m: nn.Module, a: torch.Tensor, i: torch.Tensor, w: torch.Tensor) -> Any:
+            a, w = a.clone().requires_grad_(), w.clone().requires_grad_()
+            out = m(a, i, w)
+            loss = (out * out).sum()
+            if loss.requires_grad:  # transformers' forward on no rows returns a constant
+                loss.backward()
+            return out.detach(), grad_or_zeros(a), grad_or_zeros(w)
+
+        want = run(ref, rows, index, weights)
+        got = run(model, rows[lo:hi], index[lo:hi], weights[lo:hi])
+        for label, g, w in zip(("output", "rows grad", "weights grad"), got, want, strict=True):
+            close(c, tag, f"{what}: {label}", g, w[lo:hi])
+        ref_params = dict(ref.named_parameters())
+        for fqn, p in model.named_parameters():
+            full = grad_or_zeros(ref_params[fqn])[rank * n_local : (rank + 1) * n_local]
+            close(c, tag, f"{what}: {fqn} grad", grad_or_zeros(p), full)
+
+    check()
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -429,6 +489,7 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
         ("qwen3 etp", lambda: scenario_train(c, "qwen3 etp", "qwen3", etp, etp=True)),
         ("grouped ep4", lambda: scenario_train(c, "grouped ep4", "grouped", ep4)),
         ("refusals", lambda: scenario_refusals(c, "refusals", ep4, dp2)),
+        ("any routing", lambda: scenario_any_routing(c, "any routing", ep4)),
     ]
     for name, fn in scenarios:
         try:

@@ -36,6 +36,7 @@ MIN_CHECKS = {
     "qwen3 etp": 2 + 5 + 1 + 2 * 2 + 1 + 1,
     "grouped ep4": 2 + 5 + 1 + 2 * 3 + 1 + 1,
     "refusals": 7 * 2 + 2 * 2 + 4,
+    "any routing": 30 * (3 + 2),
 }
 
 

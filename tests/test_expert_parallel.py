@@ -90,13 +90,16 @@ def test_sort_routed_refuses_ids_out_of_range() -> None:
 
 
 def test_conventions_from_the_forward_signature() -> None:
-    from transformers import Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
     from examples.models import moe
 
     cfg = Qwen3MoeConfig(hidden_size=8, moe_intermediate_size=4, num_experts=4)
     assert convention_of(Qwen3MoeExperts(cfg)) == "transformers"
+    mixtral = MixtralConfig(hidden_size=8, intermediate_size=4, num_local_experts=4)
+    assert convention_of(MixtralExperts(mixtral)) == "transformers"
     assert convention_of(moe.Experts(moe.MoEConfig())) == "transformers"
     assert convention_of(expert_parallel_scenarios.GroupedExperts(4, 4, 4)) == "grouped"
     with pytest.raises(ExpertParallelError, match=r"Linear.forward\('input',\) is not .*"):

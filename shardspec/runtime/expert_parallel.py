@@ -32,6 +32,9 @@ Two forward conventions are accepted, read from the forward's signature:
 Per step each all-to-all moves exactly the routed rows (tokens x top-k x hidden x dtype
 size, each way) plus the ``E`` int64 counts: the floor. Uneven routing is fine: experts
 without tokens, ranks that send or receive nothing, empty batches (zero-size tensors).
+
+:class:`ExpertTensorParallel` adds expert tensor parallelism on a 2-D ``(ep, etp)`` mesh:
+each expert's ffn dimension is also cut over etp, and the partial outputs are summed there.
 """
 
 from __future__ import annotations

@@ -244,36 +244,53 @@ class Experts(nn.Module):
                 return mesh.get_local_rank(i) * n_local, mesh.get_group(i)
         return None
 
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows ``hidden_states`` [N, dim] routed to experts ``top_k_index`` [N, k] with
+        weights ``top_k_weights`` [N, k] -> [N, dim] (transformers' experts convention; an
+        index equal to the expert count selects nothing).
 
-class _CopyToGroup(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over ``group`` (Megatron's copy into a
-    model-parallel region: every rank's experts read the same tokens)."""
+        Reference maths, not a fast kernel: every expert processes every row and rows not
+        routed to it get weight 0, which keeps all shapes static (so the forward also runs on
+        meta tensors and under ``torch.compile``) and sums the experts in ascending order like
+        Hugging Face.
+        """
+        ep = self.expert_parallel()
+        if ep is not None:
+            return self._expert_parallel(hidden_states, top_k_index, top_k_weights, *ep)
+        out = torch.zeros_like(hidden_states)
+        for e, (w1, w3, w2) in enumerate(self.expert_weights()):
+            # [N]: this expert's routing weight per row, 0 where it was not selected.
+            gate = (top_k_weights * (top_k_index == e)).sum(dim=-1)
+            out = out + expert_ffn(hidden_states, w1, w3, w2) * gate[:, None]
+        return out
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
+    def _expert_parallel(
+        self,
+        rows: torch.Tensor,
+        indices: torch.Tensor,
+        weights: torch.Tensor,
+        first: int,
+        group: Any,
+    ) -> torch.Tensor:
+        """Expert parallelism over a group whose ranks see the same tokens (``style none``):
+        each computes its own experts' weighted outputs, and the partial sums are added over
+        the group (the same arithmetic as :meth:`forward`, summed in another order). Tokens
+        never move; the expert-parallel style with token dispatch
+        (``shardspec.runtime.expert_parallel``) is the scalable alternative."""
+        # Megatron's copy to / reduce from a model-parallel region (identity forward and
+        # gradients summed over the group; a sum over the group forward, identity backward).
+        from shardspec.runtime.expert_parallel import copy_to_group, reduce_from_group
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        torch.distributed.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromGroup(torch.autograd.Function):
-    """Sum over ``group`` forward (each rank holds some experts' outputs); identity
-    backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        x = x.contiguous().clone()
-        torch.distributed.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+        rows_in = copy_to_group(rows, group)
+        weights_in = copy_to_group(weights, group)
+        w1, w3, w2 = (w.to_local() for w in (self.w1, self.w3, self.w2))
+        out = torch.zeros_like(rows)
+        for j in range(w1.shape[0]):
+            gate = (weights_in * (indices == first + j)).sum(dim=-1)
+            out = out + expert_ffn(rows_in, w1[j], w3[j], w2[j]) * gate[:, None]
+        return reduce_from_group(out, group)
 
 
 class LocalExpert(nn.Module):
@@ -287,13 +304,8 @@ class LocalExpert(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routed mixture of SwiGLU experts, as ``Qwen3MoeSparseMoeBlock``.
-
-    This is reference maths, not a fast kernel: every expert processes every token and tokens
-    not routed to an expert get weight 0, which keeps all shapes static (so the forward also
-    runs on meta tensors and under ``torch.compile``) and sums the experts in ascending order
-    like Hugging Face.
-    """
+    """Top-k routed mixture of SwiGLU experts, as ``Qwen3MoeSparseMoeBlock``: route, then
+    call the experts module (:meth:`Experts.forward`, reference maths)."""
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
@@ -324,45 +336,28 @@ class MoE(nn.Module):
         return weights.to(logits.dtype), indices
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.local_experts is not None:
-            if self.ep != 1:
-                raise NotImplementedError(
-                    f"the local-experts MoE holds only {len(self.local_experts)} of the experts "
-                    f"(ep={self.ep}); its forward needs a token dispatch, which this reference "
-                    "model does not implement. Use ep=1 or the stacked experts."
-                )
-            experts = [(e.w1.weight, e.w3.weight, e.w2.weight) for e in self.local_experts]
-        else:
+        """Route, then call the experts: ``self.experts(rows, top_k_index, top_k_weights)``
+        (the call an expert-parallel style dispatches tokens around)."""
+        rows = x.reshape(-1, x.shape[-1])
+        weights, indices = self.route(rows)
+        if self.local_experts is None:
             assert self.experts is not None
-            ep = self.experts.expert_parallel()
-            if ep is not None:
-                return self._expert_parallel(x, *ep)
-            experts = self.experts.expert_weights()
-
-        rows = x.reshape(-1, x.shape[-1])
-        weights, indices = self.route(rows)
+            return self.experts(rows, indices, weights).view_as(x)
+        if self.ep != 1:
+            raise NotImplementedError(
+                f"the local-experts MoE holds only {len(self.local_experts)} of the experts "
+                f"(ep={self.ep}); its forward needs a token dispatch, which this reference "
+                "model does not implement. Use ep=1 or the stacked experts."
+            )
         out = torch.zeros_like(rows)
-        for e, (w1, w3, w2) in enumerate(experts):
-            # [N]: this expert's routing weight per token, 0 where it was not selected.
+        for e, expert in enumerate(self.local_experts):
             gate = (weights * (indices == e)).sum(dim=-1)
-            out = out + expert_ffn(rows, w1, w3, w2) * gate[:, None]
+            out = (
+                out
+                + expert_ffn(rows, expert.w1.weight, expert.w3.weight, expert.w2.weight)
+                * (gate[:, None])
+            )
         return out.view_as(x)
-
-    def _expert_parallel(self, x: torch.Tensor, first: int, group: Any) -> torch.Tensor:
-        """Expert parallelism over a group whose ranks see the same tokens: each computes
-        its own experts' weighted outputs, and the partial sums are added over the group
-        (the same arithmetic as the loop above, summed in another order)."""
-        assert self.experts is not None
-        rows = x.reshape(-1, x.shape[-1])
-        weights, indices = self.route(rows)
-        rows_in = _CopyToGroup.apply(rows, group)
-        weights_in = _CopyToGroup.apply(weights, group)
-        w1, w3, w2 = (w.to_local() for w in (self.experts.w1, self.experts.w3, self.experts.w2))
-        out = torch.zeros_like(rows)
-        for j in range(w1.shape[0]):
-            gate = (weights_in * (indices == first + j)).sum(dim=-1)
-            out = out + expert_ffn(rows_in, w1[j], w3[j], w2[j]) * gate[:, None]
-        return _ReduceFromGroup.apply(out, group).view_as(x)
 
 
 class Block(nn.Module):

@@ -30,6 +30,7 @@ from shardspec.core.layout import (
     rank_table,
     storage_units,
 )
+from shardspec.core.views import Folded
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,8 @@ def fingerprint(entries: Mapping[str, tuple], mesh: Mesh, extra: str = "") -> st
     """A short hash of the state dict's structure (keys, shapes, dtypes, chunks) and mesh."""
     h = hashlib.sha256()
     h.update(repr((mesh.names, mesh.sizes, extra)).encode())
+    if isinstance(mesh, Folded):  # every view's sizes (a spec with views)
+        h.update(repr(mesh.views).encode())
     for key in sorted(entries):
         h.update(repr((key, entries[key])).encode())
     return h.hexdigest()[:16]

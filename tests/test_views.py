@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from shardspec.checks.run import check
@@ -154,3 +154,94 @@ def test_views_helpers() -> None:
     assert shared.shared == ("pp",) and shared.views_of("pp") == ("d", "e")
     with pytest.raises(LayoutError, match="shared axis 'pp'"):
         view_sizes(shared, {"pp": None, "dp": 2, "tp": 2, "ep": 2}, 8)
+
+
+AXES = ["pp", "dp", "fsdp", "tp", "ep", "efsdp"]
+
+
+@st.composite
+def folded_specs(draw: st.DrawFn) -> str:
+    """Specs with views, sound or not: names repeated, unnamed meshes, shared axes in any
+    place and size, fsdp statements, rules naming axes and views of any kind."""
+    lines = ['manifest "m.json"']
+    names = []
+    for _ in range(draw(st.integers(1, 3))):
+        name = draw(st.sampled_from(["dense", "expert", "dense", "v", ""]))
+        axes = draw(st.lists(st.sampled_from(AXES), min_size=1, max_size=3, unique=True))
+        sizes = [draw(st.sampled_from(["*", "1", "2", "4"])) for _ in axes]
+        over = draw(st.sampled_from(["", "", "over 8 ranks ", "over 4 ranks "]))
+        body = "  ".join(f"{a}: {s}" for a, s in zip(axes, sizes, strict=True))
+        lines.append(f"mesh {name + ' ' if name else ''}{over}{{ {body} }}")
+        names.append(name or "dense")
+    for a in draw(st.lists(st.sampled_from(AXES), max_size=3)):
+        lines.append(f"fsdp {a}")
+    for w in ("experts.w", "attn.wq.weight", "router.weight"):
+        items = [f"shard a over {a}" for a in draw(st.lists(st.sampled_from(AXES), max_size=2))]
+        if draw(st.booleans()):
+            items.append(f"view {draw(st.sampled_from([*names, 'nope']))}")
+        if draw(st.booleans()):
+            items.append(f"style {draw(st.sampled_from(['expert_parallel', 'colwise']))}")
+        lines.append(f"param {w} [a, b] {{ {'  '.join(items)} }}")
+    if draw(st.booleans()):
+        lines.append("pipeline pp {\n    split layers.{i}\n}")
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def sound_folded_specs(draw: st.DrawFn) -> str:
+    """Specs with views that compile: a shared prefix of any size, each view's own axes
+    in either order, the experts on the expert view, the router on either view."""
+    shared = draw(st.sampled_from(["", "pp: 2  ", "dp_replicate: 2  "]))
+    tp, ep = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4]))
+    dense = f"fsdp: *  tp: {tp}"
+    expert = draw(st.sampled_from([f"ep: {ep}  efsdp: *", f"efsdp: *  ep: {ep}"]))
+    view = draw(st.sampled_from(["dense", "expert"]))
+    return (
+        f'manifest "m.json"\nmesh dense over {draw(st.sampled_from([8, 16]))} ranks '
+        f"{{ {shared}{dense} }}\nmesh expert {{ {shared}{expert} }}\nfsdp fsdp\nfsdp efsdp\n"
+        "param experts.w [e, b] { shard e over ep  style expert_parallel }\n"
+        "param attn.wq.weight [a, b] { shard a over tp  style colwise output replicate }\n"
+        f"param router.weight [a, b] {{ view {view} }}\n"
+    )
+
+
+MANIFEST = {"attn.wq.weight": [8, 8], "experts.w": [8, 8], "router.weight": [8, 8]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(folded_specs(), sound_folded_specs()))
+def test_any_views_spec_lints_and_compiles_without_a_traceback(text: str) -> None:
+    """Lint and compile answer every spec with views by findings or a module, never a
+    traceback; a module that compiles imports and lays out every parameter at its
+    defaults, each on its view's mesh."""
+    import contextlib
+    import importlib.util
+    import io
+    import tempfile
+
+    from shardspec.cli import main
+    from shardspec.inputs.manifest import dump_manifest
+
+    entries = [
+        {"fqn": f, "kind": "param", "shape": s, "dtype": "float32"} for f, s in MANIFEST.items()
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "s.shard").write_text(text, encoding="utf-8")
+        (root / "m.json").write_text(dump_manifest(entries, "t:m", {}), encoding="utf-8")
+        for argv in (["lint"], ["compile", "-o", str(root / "out")]):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                code = main([*argv, str(root / "s.shard")])
+            assert code in (0, 1, 2) and "Traceback" not in out.getvalue(), out.getvalue()
+            event(f"{argv[0]} exit {code}")
+        for module in sorted((root / "out").glob("*.py")) if (root / "out").exists() else []:
+            loaded = importlib.util.spec_from_file_location(f"views_{module.stem}", module)
+            assert loaded is not None and loaded.loader is not None
+            mod = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(mod)
+            sizes = mod.SPEC.sizes()
+            for fqn in MANIFEST:
+                layout = mod.SPEC.layout(fqn, sizes)
+                mesh = mod.SPEC.mesh_of(fqn, sizes)
+                assert set(layout.axes) <= set(mesh.names)

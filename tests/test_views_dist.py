@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from shardspec.testing import run_ranks
 from tests import views_scenarios
@@ -15,10 +16,26 @@ from tests import views_scenarios
 WORLD = 4
 
 
+def _qwen3(folder: Path) -> None:
+    """A Qwen3-MoE checkpoint with random weights, saved by transformers (several files)."""
+    import transformers
+
+    from examples.models import hf as hfm
+
+    torch.manual_seed(3)
+    m = transformers.Qwen3MoeForCausalLM(hfm.qwen3_moe_config())
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+    m.save_pretrained(folder, max_shard_size="100KB")
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("views")
-    return run_ranks(views_scenarios.run_all, WORLD, str(root), timeout=240)
+    hf_dir = root / "qwen3"
+    _qwen3(hf_dir)
+    return run_ranks(views_scenarios.run_all, WORLD, str(root), str(hf_dir), timeout=240)
 
 
 def _tags(results: list[dict[str, Any]], prefix: str) -> dict[str, int]:
@@ -51,6 +68,13 @@ def test_checkpoints_move_between_folds(results: list[dict[str, Any]]) -> None:
         "load the single view at fold a",
     }
     assert all(n >= 1 + 3 * 30 for n in tags.values()), tags
+
+
+def test_hf_keys_load_into_the_folded_model(results: list[dict[str, Any]]) -> None:
+    """Per-expert HF keys (Qwen3-MoE's, saved by transformers) load into the folded model
+    at ep 2 and ep 4: every mapped parameter is the owner's tensor."""
+    tags = _tags(results, "load_hf ")
+    assert len(tags) == 2 and all(n >= 25 for n in tags.values()), tags
 
 
 def test_the_scenarios_cover_the_folds(tmp_path: Path) -> None:

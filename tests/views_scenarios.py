@@ -156,11 +156,38 @@ def check_checkpoints(checks: Checks, root: str, ref: dict[str, torch.Tensor]) -
     _load_and_compare(checks, "load the single view at fold a", folded, FOLD_A, c, ref)
 
 
-def run_all(rank: int, world: int, root: str) -> dict[str, Any]:
+def check_load_hf(checks: Checks, hf_dir: str) -> None:
+    """Qwen3-MoE's per-expert HF keys load into the folded model at two folds: every
+    parameter the hf block maps equals the model's owner's tensor (transformers' own
+    weights, stacked by hand), on its view's DeviceMesh."""
+    from safetensors.torch import load_file
+
+    from examples.models import hf as hfm
+
+    hf: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(hf_dir)):
+        if name.endswith(".safetensors"):
+            hf |= load_file(os.path.join(hf_dir, name))
+    owner = {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
+    mod = importlib.import_module(FOLDED)
+    for fold in (FOLD_A, FOLD_EP4):
+        tag = f"load_hf at {fold}"
+        model, views = _distributed(mod, fold, OTHER)
+        mod.load_hf(model, hf_dir, mesh=views)
+        mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
+        checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
+        for fqn, p in mapped.items():
+            checks.check(
+                tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
+            )
+
+
+def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
     """Every scenario on this rank: failures and the checks made per tag."""
     checks = Checks()
     ref = _reference()
     check_build_mesh(checks, rank)
     check_distribute(checks, ref)
     check_checkpoints(checks, root, ref)
+    check_load_hf(checks, hf_dir)
     return {"fail": checks.fail, "count": checks.count}

@@ -72,9 +72,19 @@ def test_checkpoints_move_between_folds(results: list[dict[str, Any]]) -> None:
 
 def test_hf_keys_load_into_the_folded_model(results: list[dict[str, Any]]) -> None:
     """Per-expert HF keys (Qwen3-MoE's, saved by transformers) load into the folded model
-    at ep 2 and ep 4: every mapped parameter is the owner's tensor."""
+    at ep 2 and ep 4: every mapped parameter is the owner's tensor, and each rank reads
+    exactly the bytes of the shards it holds (its experts' only)."""
     tags = _tags(results, "load_hf ")
-    assert len(tags) == 2 and all(n >= 25 for n in tags.values()), tags
+    assert len(tags) == 2 and all(n >= 26 for n in tags.values()), tags
+
+
+def test_export_hf_from_the_folded_model_writes_the_owners_files(
+    results: list[dict[str, Any]],
+) -> None:
+    """export_hf from the folded model (ep 2 and ep 4) writes transformers' own tensors
+    again, bitwise, under their own keys (one per expert)."""
+    tags = _tags(results, "export_hf ")
+    assert len(tags) == 2 and all(n >= 1 + 40 for n in tags.values()), tags
 
 
 def test_the_scenarios_cover_the_folds(tmp_path: Path) -> None:

@@ -92,3 +92,25 @@ def test_parallelize_and_verify_refuse_views_before_changing_anything(folded, ca
     after = model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+
+
+def test_checkpoint_tables_read_a_folded_mesh_on_each_layouts_view(folded) -> None:
+    """rank_pieces and replica_groups of a Folded mesh are those of the layout's view (what
+    export_hf's chunk table reads), for every parameter of the example MoE."""
+    from shardspec.core.views import layout_view
+    from shardspec.runtime.canonical import rank_pieces, replica_groups
+
+    spec = folded.SPEC
+    for sizes in (spec.sizes(world=4), spec.sizes(world=4, ep=4, tp=1)):
+        lm = spec.layout_mesh(sizes)
+        for fqn in spec.params:
+            layout = spec.layout(fqn, lm)
+            view = spec.mesh_of(fqn, lm)
+            assert layout_view(layout, lm) == view
+            assert rank_pieces(layout, lm) == rank_pieces(layout, view)
+            assert replica_groups(layout, lm) == replica_groups(layout, view)
+    # experts at ep 4: each rank holds 2 whole experts, no replica
+    lm = spec.layout_mesh(spec.sizes(world=4, ep=4, tp=1))
+    w1 = spec.layout("layers.0.moe.experts.w1", lm)
+    groups = replica_groups(w1, lm)
+    assert groups == (((0,),), ((1,),), ((2,),), ((3,),))

@@ -156,30 +156,50 @@ def check_checkpoints(checks: Checks, root: str, ref: dict[str, torch.Tensor]) -
     _load_and_compare(checks, "load the single view at fold a", folded, FOLD_A, c, ref)
 
 
-def check_load_hf(checks: Checks, hf_dir: str) -> None:
-    """Qwen3-MoE's per-expert HF keys load into the folded model at two folds: every
-    parameter the hf block maps equals the model's owner's tensor (transformers' own
-    weights, stacked by hand), on its view's DeviceMesh."""
+def _safetensors(folder: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out |= load_file(os.path.join(folder, name))
+    return out
+
+
+def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
+    """Qwen3-MoE's per-expert HF keys load into the folded model at two folds: every
+    parameter the hf block maps equals the model's owner's tensor (transformers' own
+    weights, stacked by hand), on its view's DeviceMesh; export_hf writes transformers'
+    own files again, bitwise."""
     from examples.models import hf as hfm
 
-    hf: dict[str, torch.Tensor] = {}
-    for name in sorted(os.listdir(hf_dir)):
-        if name.endswith(".safetensors"):
-            hf |= load_file(os.path.join(hf_dir, name))
+    hf = _safetensors(hf_dir)
     owner = {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
     mod = importlib.import_module(FOLDED)
     for fold in (FOLD_A, FOLD_EP4):
         tag = f"load_hf at {fold}"
         model, views = _distributed(mod, fold, OTHER)
-        mod.load_hf(model, hf_dir, mesh=views)
+        report = mod.load_hf(model, hf_dir, mesh=views)
         mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
+        # each rank reads its own shards' bytes only: its experts' among them
+        local = sum(p.to_local().numel() * p.element_size() for p in mapped.values())
+        checks.check(
+            tag, report.bytes_read == local, f"read {report.bytes_read} bytes, holds {local}"
+        )
         checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
         for fqn, p in mapped.items():
             checks.check(
                 tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
             )
+        # export_hf from the folded model: transformers' own files again, bitwise
+        out = os.path.join(root, f"export-{fold['ep']}")
+        mod.export_hf(model, out, mesh=views)
+        dist.barrier()
+        got = _safetensors(out)
+        tag = f"export_hf at {fold}"
+        checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
+        for key in sorted(set(got) & set(hf)):
+            checks.check(tag, torch.equal(got[key], hf[key]), f"{key} differs from the original")
 
 
 def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
@@ -189,5 +209,5 @@ def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
     check_build_mesh(checks, rank)
     check_distribute(checks, ref)
     check_checkpoints(checks, root, ref)
-    check_load_hf(checks, hf_dir)
+    check_load_hf(checks, root, hf_dir)
     return {"fail": checks.fail, "count": checks.count}

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shardspec.core.layout import LayoutError, LayoutProblem, Mesh, resolve_sizes
+from shardspec.core.layout import LayoutError, LayoutProblem, Mesh, ParamLayout, resolve_sizes
 
 # The view of a spec with one unnamed mesh.
 SINGLE = ""
@@ -130,3 +130,21 @@ def folded(views: Views, sizes: Mapping[str, int]) -> Folded:
     meshes = views.meshes(sizes)
     default = meshes[views.default]
     return Folded(default.names, default.sizes, tuple(meshes.items()))
+
+
+def layout_view(layout: ParamLayout, mesh: Mesh) -> Mesh:
+    """The mesh ``layout`` is on: for a :class:`Folded` mesh, the first view that has every
+    axis the layout names (its dimensions', local, checkpoint-only and stage axes); any
+    other mesh is its own. A layout is on one view (a view's own axes belong to it alone),
+    and one that names only shared axes, or none, has the same rank tables on every view
+    that has them (shared axes are a common prefix of one size)."""
+    if not isinstance(mesh, Folded):
+        return mesh
+    named = {a for d in layout.dims for a in d.axes} | set(layout.local)
+    named |= {a for axes in layout.ckpt for a in axes}
+    if layout.stage_axis is not None:
+        named.add(layout.stage_axis)
+    for _, m in mesh.views:
+        if named <= set(m.names):
+            return m
+    raise LayoutError(f"no view of the mesh has every axis of the layout ({sorted(named)})")

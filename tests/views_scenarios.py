@@ -33,6 +33,7 @@ from examples.models import moe
 from shardspec.core.layout import Mesh
 from shardspec.runtime.dtensor import take
 from shardspec.testing import Checks
+from tests.hf_scenarios import hf_state
 
 SEED, OTHER = 1234, 77
 FOLDED = "generated.deepseek_moe_folded"
@@ -156,16 +157,6 @@ def check_checkpoints(checks: Checks, root: str, ref: dict[str, torch.Tensor]) -
     _load_and_compare(checks, "load the single view at fold a", folded, FOLD_A, c, ref)
 
 
-def _safetensors(folder: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            out |= load_file(os.path.join(folder, name))
-    return out
-
-
 def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
     """Qwen3-MoE's per-expert HF keys load into the folded model at two folds: every
     parameter the hf block maps equals the model's owner's tensor (transformers' own
@@ -173,7 +164,7 @@ def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
     own files again, bitwise."""
     from examples.models import hf as hfm
 
-    hf = _safetensors(hf_dir)
+    hf = hf_state(hf_dir)
     owner = {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
     mod = importlib.import_module(FOLDED)
     for fold in (FOLD_A, FOLD_EP4):
@@ -195,7 +186,7 @@ def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
         out = os.path.join(root, f"export-{fold['ep']}")
         mod.export_hf(model, out, mesh=views)
         dist.barrier()
-        got = _safetensors(out)
+        got = hf_state(out)
         tag = f"export_hf at {fold}"
         checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
         for key in sorted(set(got) & set(hf)):

@@ -6,6 +6,7 @@ tests/test_views_dist.py."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,57 @@ def test_checkpoint_tables_read_a_folded_mesh_on_each_layouts_view(folded) -> No
     w1 = spec.layout("layers.0.moe.experts.w1", lm)
     groups = replica_groups(w1, lm)
     assert groups == (((0,),), ((1,),), ((2,),), ((3,),))
+
+
+PIPELINED = """\
+manifest "m.json"
+mesh dense over 8 ranks { pp: 2  fsdp: *  tp: 2 }
+mesh expert { pp: 2  ep: 2  efsdp: * }
+fsdp fsdp
+fsdp efsdp
+param layers.*.experts.w [e, h] {
+    shard e over ep
+    style expert_parallel
+}
+param layers.*.attn.weight [o, h] {
+    shard o over tp
+    style colwise output replicate
+}
+pipeline pp {
+    split layers.{layer}
+}
+"""
+
+
+def test_views_with_pipeline_stages(tmp_path: Path) -> None:
+    """The pipeline axis, shared by both views, places each parameter on its stage; its
+    layout is on its view's mesh, and ranks of the other stage hold none of it."""
+    from shardspec.api import compile_specs
+    from shardspec.inputs.manifest import dump_manifest
+
+    entries = [
+        {"fqn": f"layers.{i}.{n}", "kind": "param", "shape": [8, 8], "dtype": "float32"}
+        for i in (0, 1)
+        for n in ("experts.w", "attn.weight")
+    ]
+    (tmp_path / "m.json").write_text(dump_manifest(entries, "t:m", {}), encoding="utf-8")
+    (tmp_path / "p.shard").write_text(PIPELINED, encoding="utf-8")
+    out = compile_specs([str(tmp_path / "p.shard")], str(tmp_path / "out"))
+    assert not out.errors, [d.message for d in out.diagnostics]
+    loaded = importlib.util.spec_from_file_location("views_pp", tmp_path / "out" / "p.py")
+    assert loaded is not None and loaded.loader is not None
+    mod = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(mod)
+    spec = mod.SPEC
+    sizes = spec.sizes()
+    assert sizes == {"pp": 2, "fsdp": 2, "tp": 2, "ep": 2, "efsdp": 2}
+    w = spec.layout("layers.1.experts.w", sizes)
+    assert (w.stage_axis, w.stages, w.dims[0].axes) == ("pp", (1,), ("ep", "efsdp"))
+    table = spec.rank_table("layers.1.experts.w", sizes)
+    held = [t.rank for t in table if t.indices[0] and not t.empty]
+    assert held == [4, 5, 6, 7]  # stage 1: pp coordinate 1 in both views
+    a = spec.layout("layers.0.attn.weight", sizes)
+    assert (a.stages, spec.mesh_of("layers.0.attn.weight", sizes).names) == (
+        (0,),
+        ("pp", "fsdp", "tp"),
+    )

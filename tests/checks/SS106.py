@@ -82,6 +82,14 @@ CASES = [
         ],
     },
     {
+        "name": "stacked experts over ep, with expert tensor parallelism over etp",
+        "spec": HEAD.replace("{ ep: 2  efsdp: * }", "{ ep: 2  etp: 2  efsdp: * }")
+        + rules("shard expert over ep\n    shard ffn over etp\n    style expert_parallel"),
+        "manifest": MANIFEST,
+        "modules": MODULES,
+        "expect": [],
+    },
+    {
         "name": "stacked experts over ep",
         "spec": HEAD + rules("shard expert over ep\n    style expert_parallel"),
         "manifest": MANIFEST,

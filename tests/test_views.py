@@ -245,3 +245,24 @@ def test_any_views_spec_lints_and_compiles_without_a_traceback(text: str) -> Non
                 layout = mod.SPEC.layout(fqn, sizes)
                 mesh = mod.SPEC.mesh_of(fqn, sizes)
                 assert set(layout.axes) <= set(mesh.names)
+
+
+def test_explain_heads_take_the_views_fsdp_axis(tmp_path: Path, monkeypatch) -> None:
+    """A rule on the expert view whose heads only that view's FSDP axis cuts: FSDP2
+    gathers them before the forward, so explain (like lint) finds no head cut."""
+    from shardspec.explain.facts import HeadsVerdict
+    from shardspec.inputs.manifest import dump_manifest
+
+    entries = [{"fqn": "proj.weight", "kind": "param", "shape": [8, 8], "dtype": "float32"}]
+    (tmp_path / "m.json").write_text(dump_manifest(entries, "t:m", {}), encoding="utf-8")
+    (tmp_path / "s.shard").write_text(
+        'manifest "m.json"\nmesh dense over 8 ranks { fsdp: *  tp: 2 }\n'
+        "mesh expert { ep: 2  efsdp: * }\nfsdp fsdp\nfsdp efsdp\n"
+        "param proj.weight [out, hidden] {\n    view expert\n    heads out 4\n}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    x = explain_facts("s.shard", "proj.weight", {}, None)
+    assert isinstance(x, Explanation) and x.layout is not None and not x.findings
+    assert x.layout.layout.dims[0].axes == ("efsdp",)
+    assert [h.verdict for h in x.layout.heads] == [HeadsVerdict.UNSPLIT]

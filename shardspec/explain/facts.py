@@ -459,7 +459,7 @@ def heads_facts(
     heads = rule_heads(res)[0].get(rule_index)
     if heads is None:
         return ()
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    fsdp = res.fsdp_of_rule(rule_index)  # its view's
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     out = []
     for d in layout.dims:

@@ -169,3 +169,22 @@ def test_views_with_pipeline_stages(tmp_path: Path) -> None:
         (0,),
         ("pp", "fsdp", "tp"),
     )
+
+
+def test_the_last_views_are_held_weakly(folded) -> None:
+    """last_mesh keeps a MeshViews by weak references to its meshes: the views come back
+    while something (a model's DTensors) holds their meshes, and not after."""
+    import gc
+
+    class FakeMesh:  # weakly referenceable, as a DeviceMesh is
+        pass
+
+    spec = folded.SPEC
+    dense, expert = FakeMesh(), FakeMesh()
+    spec.last_mesh = MeshViews({"dense": dense, "expert": expert})
+    got = spec.last_mesh
+    assert isinstance(got, MeshViews) and got["dense"] is dense and got["expert"] is expert
+    del got, expert
+    gc.collect()
+    assert spec.last_mesh is None
+    spec.last_mesh = None

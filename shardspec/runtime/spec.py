@@ -163,6 +163,22 @@ class MeshViews(Mapping[str, Any]):
         return f"MeshViews({self._meshes!r})"
 
 
+class _WeakViews:
+    """A :class:`MeshViews` held by weak references to its DeviceMeshes (see
+    :attr:`CompiledSpec.last_mesh`)."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, views: MeshViews) -> None:
+        self.refs = {v: weakref.ref(m) for v, m in views.items()}
+
+    def get(self) -> MeshViews | None:
+        meshes = {v: r() for v, r in self.refs.items()}
+        if any(m is None for m in meshes.values()):
+            return None
+        return MeshViews(meshes)
+
+
 class RuntimeModule:
     """``shardspec.runtime.<name>``, imported when one of its names is first used.
 
@@ -284,13 +300,20 @@ class CompiledSpec:
         hold their mesh, so it lives as long as the distributed model; this is None once
         nothing else refers to it. Objects without weak references (a dict of sizes, a
         :class:`shardspec.core.layout.Mesh`) hold no process group and are kept as they are.
+        A :class:`MeshViews` is kept as weak references to its DeviceMeshes, each held by
+        the DTensors on it: it lives as long as its views do.
         """
         ref = self._last_mesh
+        if isinstance(ref, _WeakViews):
+            return ref.get()
         return ref() if isinstance(ref, weakref.ref) else ref
 
     @last_mesh.setter
     def last_mesh(self, mesh: object | None) -> None:
         try:
+            if isinstance(mesh, MeshViews):
+                self._last_mesh = _WeakViews(mesh)
+                return
             self._last_mesh = weakref.ref(mesh) if mesh is not None else None
         except TypeError:  # not weakly referenceable: holds no process group
             self._last_mesh = mesh

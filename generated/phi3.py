@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Placement
 
-require(api=6, compiler="0.1.0")
+require(api=7, compiler="0.1.0")
 
 # The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
 # module's import costs its tables only.

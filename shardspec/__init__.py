@@ -16,4 +16,6 @@ __version__ = "0.1.0"
 #    imported from shardspec.runtime.
 # 6: BUFFERS is a ParamTable of Buffer(rule, shape, dtype) rows and HOOK_KEYS one of Hook rows
 #    (names relative to their key), both folded like PARAMS; pipeline stages place buffers.
-RUNTIME_API = 6
+# 7: specs with views (named meshes): CompiledSpec(views=, view_fsdp=, rule_views=), and
+#    build_mesh() returns MeshViews (view -> DeviceMesh) for them.
+RUNTIME_API = 7

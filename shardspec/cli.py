@@ -246,7 +246,8 @@ def _check_defines(args, paths) -> int | None:
     for p in paths:
         spec, _ = parse_file(p)
         if spec is not None and spec.mesh is not None:
-            axes[p] = [a.name.text for a in spec.mesh.axes]
+            meshes = spec.views or (spec.mesh,)  # every view's axes
+            axes[p] = list(dict.fromkeys(a.name.text for m in meshes for a in m.axes))
     bad = _bad_define(axes, sizes)
     if bad:
         _bad_argument(bad, "-D takes a mesh axis of every spec given, or world")

@@ -66,8 +66,12 @@ def _list(draw: st.DrawFn, item: st.SearchStrategy[str], sep: str = ",") -> list
 @st.composite
 def items(draw: st.DrawFn) -> list[str]:
     kind = draw(
-        st.sampled_from(["shard", "local", "replicate", "fuse", "checkpoint", "style", "heads"])
+        st.sampled_from(
+            ["shard", "local", "replicate", "fuse", "checkpoint", "style", "heads", "view"]
+        )
     )
+    if kind == "view":
+        return ["view", draw(NAMES)]
     if kind == "shard" or (kind == "checkpoint" and draw(st.booleans())):
         axes = [draw(NAMES)] if draw(st.booleans()) else ["(", *_list(draw, NAMES), ")"]
         head = ["checkpoint", "shard"] if kind == "checkpoint" else ["shard"]
@@ -127,8 +131,10 @@ def statements(draw: st.DrawFn) -> list[str]:
     if kind == "manifest":
         return ["manifest", draw(st.sampled_from(['"m.json"', '"a { b } # c"', '""', '"x']))]
     if kind == "mesh":
+        named = [draw(NAMES)] if draw(st.booleans()) else []  # a view
         return [
             "mesh",
+            *named,
             "over",
             "8",
             "ranks",

@@ -381,8 +381,8 @@ def test_hints_list_the_expected_tokens() -> None:
     assert d.hint.endswith("expected ':'")
     d = syntax_error("param a [x] { bogus }")
     assert (
-        "expected 'checkpoint', 'fuse', 'heads', 'local', 'replicate', 'shard', 'style' or '}'"
-        in d.hint
+        "expected 'checkpoint', 'fuse', 'heads', 'local', 'replicate', 'shard', 'style', "
+        "'view' or '}'" in d.hint
     )
     d = syntax_error("param a [x] { fuse x as }")
     assert d.hint == "expected a name or a whole number"

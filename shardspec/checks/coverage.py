@@ -306,10 +306,10 @@ def check_buffers(res: Resolved) -> list[Diagnostic]:
         axes = tuple(a for d in m.layout.dims for a in d.axes if a not in m.layout.local)
         if axes:
             found[m.winner].append((fqn, axes))
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     out = []
     for index, hits in sorted(found.items()):
         rule = res.spec.rules[index]
+        fsdp = res.fsdp_of_rule(index)
         fqn, axes = hits[0]
         stated = {a.text for s in rule.shards for a in s.axes}
         by_default = fsdp in axes and fsdp not in stated

@@ -146,11 +146,17 @@ def check_local_sizes(res: Resolved) -> list[Diagnostic]:
     out = []
     args = res.manifest.factory_args
     for rule in res.spec.rules:
+        mesh = res.mesh_of_rule(rule.index)
         for a in rule.local:
             built = args.get(a.text)
             # Only whole numbers record a size (a flag or a name says nothing about it).
-            if isinstance(built, int) and not isinstance(built, bool) and a.text in res.mesh.names:
-                size = res.mesh.size(a.text)
+            if (
+                isinstance(built, int)
+                and not isinstance(built, bool)
+                and mesh is not None
+                and a.text in mesh.names
+            ):
+                size = mesh.size(a.text)
                 if built != size:
                     out.append(
                         diag(
@@ -169,12 +175,12 @@ def check_shards(res: Resolved) -> list[Diagnostic]:
     """SS023, SS024, SS030, SS031: uneven, empty, non-contiguous and unrepresentable shards;
     SS034, SS035: shards that cut heads, head sizes that do not fit."""
     heads, out = rule_heads(res)
-    mesh = res.mesh
-    if mesh is None:
+    if res.mesh is None:
         return out
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     for (index, layout), fqns in sorted(_groups(res).items(), key=lambda kv: (kv[0][0], kv[1])):
         rule = res.spec.rules[index]
+        mesh, fsdp = res.mesh_of_rule(index), res.fsdp_of_rule(index)
+        assert mesh is not None
         cuts, found = _check_heads(rule, layout, mesh, fqns, heads.get(index), fsdp)
         out.extend(found)
         out.extend(_check_one(rule, layout, mesh, fqns, cuts, fsdp))
@@ -514,13 +520,13 @@ def rule_styles(res: Resolved) -> dict[int, tuple[str, str, str | None, str | No
     "?" or "", the module kind, the sharded dimension's name)."""
     from shardspec.core.styles import derive
 
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     out: dict[int, tuple[str, str, str | None, str | None]] = {}
     for fqn, m in res.matches.items():
         if m.winner is None or m.layout is None or m.winner in out:
             continue
         if m.entry.kind != "param":
             continue
+        fsdp = res.fsdp_of_rule(m.winner)
         dims = m.layout.tensor_dims()
         sharded = [
             i
@@ -599,10 +605,10 @@ def _linear_pair(res: Resolved, fqn: str) -> bool:
 def check_linear_bias(res: Resolved) -> list[Diagnostic]:
     """SS032: a Linear's bias must be cut as its weight's out dimension over the
     model-parallel axes (column-parallel), or not at all (row-parallel)."""
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     rules = {r.index: r for r in res.spec.rules}
 
     def mp_axes(m, dim: int) -> tuple[str, ...]:
+        fsdp = res.fsdp_of_rule(m.winner)
         d = m.layout.tensor_dims()[dim]
         return tuple(a for a in d.axes if a != fsdp and a not in m.layout.local)
 

@@ -322,7 +322,9 @@ def _check_tie_layouts(res: Resolved, p: ir.Pipeline) -> list[Diagnostic]:
         sm = res.matches.get(t.source.text)
         if am is None or sm is None or am.layout is None or sm.layout is None:
             continue
-        where = _differs(am.layout, sm.layout, res.mesh)
+        mesh = res.mesh_for(sm)
+        assert mesh is not None
+        where = _differs(am.layout, sm.layout, mesh)
         if where is None:
             continue
         rule = res.spec.rules[am.winner] if am.winner is not None else None

@@ -9,6 +9,7 @@ from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.structure import STRUCTURE_CHECKS
 from shardspec.checks.tensor_parallel import TENSOR_PARALLEL_CHECKS
+from shardspec.checks.views import VIEW_RESOLVED_CHECKS, VIEW_SPEC_CHECKS, check_view_sizes
 from shardspec.findings.codes import BY_CODE, RETIRED, diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
@@ -29,7 +30,7 @@ def check(
     """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
     diags: list[Diagnostic] = []
     broken: set[int] = set()
-    for c in (*STRUCTURE_CHECKS, check_heads_items):
+    for c in (*VIEW_SPEC_CHECKS, *STRUCTURE_CHECKS, check_heads_items):
         diags.extend(c(spec, broken))
     diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:
@@ -57,8 +58,11 @@ def check(
                 "-D takes a mesh axis of the spec, or world",
             )
         )
+    elif spec.views and not any(d.code in ("SS010", "SS101") for d in diags):
+        diags.extend(check_view_sizes(res))
     elif (
         res.mesh_error
+        and not spec.views
         and spec.mesh is not None
         and not any(d.code == "SS010" for d in diags)
         and not (manifest is None and _only_world_missing(spec, world))
@@ -74,7 +78,12 @@ def check(
             )
         )
     if manifest is not None:
-        for resolved_check in (*COVERAGE_CHECKS, *LAYOUT_CHECKS, *TENSOR_PARALLEL_CHECKS):
+        for resolved_check in (
+            *COVERAGE_CHECKS,
+            *LAYOUT_CHECKS,
+            *TENSOR_PARALLEL_CHECKS,
+            *VIEW_RESOLVED_CHECKS,
+        ):
             diags.extend(resolved_check(res))
         diags.extend(check_stages(res))
         if spec.hf is not None:

@@ -16,7 +16,8 @@ from shardspec.frontend import ir
 
 
 def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
-    """SS010: a mesh exists, and its axes are distinct, sized at least 1, one `*` at most.
+    """SS010: a mesh exists, and its axes (each view's) are distinct, sized at least 1, one
+    `*` at most.
 
     Sizes against the world size are checked once the mesh is resolved (see ``run``).
     """
@@ -31,9 +32,16 @@ def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
             )
         )
         return out
-    counts = Counter(a.name.text for a in spec.mesh.axes)
+    for mesh in spec.views or (spec.mesh,):
+        out.extend(_check_one_mesh(mesh))
+    return out
+
+
+def _check_one_mesh(mesh: ir.MeshDecl) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    counts = Counter(a.name.text for a in mesh.axes)
     seen: set[str] = set()
-    for a in spec.mesh.axes:
+    for a in mesh.axes:
         if counts[a.name.text] > 1 and a.name.text in seen:
             out.append(
                 diag(
@@ -50,7 +58,7 @@ def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     "SS010", f"mesh axis {a.name.text!r} has size 0", a.span, "sizes are at least 1"
                 )
             )
-    rest = [a for a in spec.mesh.axes if a.size is None]
+    rest = [a for a in mesh.axes if a.size is None]
     for a in rest[1:]:
         out.append(
             diag(
@@ -60,12 +68,12 @@ def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 f"only one axis can be `*`; {rest[0].name.text!r} already is",
             )
         )
-    if not spec.mesh.axes:
+    if not mesh.axes:
         out.append(
             diag(
                 "SS010",
                 "the mesh has no axes",
-                spec.mesh.span,
+                mesh.span,
                 "declare at least one axis, e.g. `dp_shard: *`",
             )
         )
@@ -78,22 +86,24 @@ def _unknown_axis(a: ir.Name, axes: list[str]) -> Diagnostic:
 
 
 def _axes(spec: ir.Spec) -> list[str]:
-    return [a.name.text for a in spec.mesh.axes] if spec.mesh else []
+    """Every mesh axis: the mesh's, or every view's (a shared axis once)."""
+    meshes = spec.views if spec.views else (spec.mesh,) if spec.mesh else ()
+    return list(dict.fromkeys(a.name.text for m in meshes for a in m.axes))
 
 
 def check_fsdp(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
-    """SS011: the FSDP axis is a mesh axis."""
+    """SS011: the FSDP axis (each view's) is a mesh axis."""
     axes = _axes(spec)
-    if spec.fsdp is not None and spec.mesh is not None and spec.fsdp.text not in axes:
-        return [
-            diag(
-                "SS011",
-                f"fsdp axis {spec.fsdp.text!r} is not a mesh axis",
-                spec.fsdp.span,
-                did_you_mean(spec.fsdp.text, axes),
-            )
-        ]
-    return []
+    return [
+        diag(
+            "SS011",
+            f"fsdp axis {f.text!r} is not a mesh axis",
+            f.span,
+            did_you_mean(f.text, axes),
+        )
+        for f in spec.fsdps
+        if spec.mesh is not None and f.text not in axes
+    ]
 
 
 _PATTERN_SYNTAX = (
@@ -402,13 +412,15 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
     """``checkpoint shard DIM over AXIS``: only over axes the parameter is replicated on at
     run time (the FSDP default counts), never a local axis or a name-indexed dimension."""
     from shardspec.resolve.params import rule_spec
+    from shardspec.resolve.views import rule_fsdp
 
     out: list[Diagnostic] = []
     axes = _axes(spec)
-    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axes else None
+    fsdps = rule_fsdp(spec)
     for rule in spec.rules:
         if not rule.checkpoint_shards:
             continue
+        fsdp = fsdps.get(rule.index)
         bad = len(out)
         dims = [d.text for d in rule.dims]
         if rule.checkpoint_replicate is not None:
@@ -494,14 +506,15 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
 def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS029: a `style` line names known styles and layouts, once per rule, and fits the
     rule's placements (colwise/rowwise: one dimension over a model-parallel axis)."""
-    from shardspec.core.styles import KINDS, LAYOUTS, mp_dims
+    from shardspec.core.styles import EXPERT_PARALLEL, KINDS, LAYOUTS, mp_dims
     from shardspec.resolve.params import rule_spec
+    from shardspec.resolve.views import rule_fsdp
 
     out: list[Diagnostic] = []
-    axes = _axes(spec)
-    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axes else None
+    fsdps = rule_fsdp(spec)
     for rule in spec.rules:
         st = rule.style
+        fsdp = fsdps.get(rule.index)
         if st is None:
             continue
         for extra in rule.extra_styles:
@@ -522,7 +535,7 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         for what, name in (("input", st.input), ("output", st.output)):
             if name is None:
                 continue
-            if kind in ("sequence_parallel", "none"):
+            if kind in ("sequence_parallel", "none", EXPERT_PARALLEL):
                 out.append(
                     diag(
                         "SS029",
@@ -540,8 +553,8 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         did_you_mean(name.text, list(LAYOUTS), listed_as="layouts"),
                     )
                 )
-        if kind == "none" or not rule.dims_given:
-            continue
+        if kind in ("none", EXPERT_PARALLEL) or not rule.dims_given:
+            continue  # (expert_parallel: SS106)
         try:
             runtime = rule_spec(rule, fsdp)
         except PatternError:

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from shardspec.core.layout import Mesh
 from shardspec.core.styles import (
     EMBEDDING,
     LINEAR,
@@ -88,7 +87,6 @@ def _modules(res: Resolved) -> dict[str, _Module]:
     """Every module holding a placed parameter, with its role per model-parallel axis.
     Modules whose parameters share rules, layouts and kinds (every layer's) share roles,
     worked out once."""
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
     params: dict[str, dict[str, Match]] = defaultdict(dict)
     for fqn, m in res.matches.items():
         if m.layout is not None and m.winner is not None and m.ignored_by is None:
@@ -102,7 +100,7 @@ def _modules(res: Resolved) -> dict[str, _Module]:
         first = weight or next(iter(leaves.values()))
         key = tuple([(leaf, m.winner, id(m.layout), m.entry.module) for leaf, m in leaves.items()])
         if key not in known:
-            known[key] = _roles(res, leaves, fsdp)
+            known[key] = _roles(res, leaves, res.fsdp_of_rule(first.winner))
         roles, dtensor = known[key]
         kind = weight.entry.module if weight is not None else None
         out[owner] = _Module(owner, kind, first.winner, roles, dtensor)  # type: ignore[arg-type]
@@ -182,12 +180,12 @@ def _are(mods: list[_Module]) -> str:
     return "is" if len(mods) == 1 else "are"
 
 
-def _verdicts(mods: list[_Module], mesh: Mesh) -> list[tuple[str, str]]:
+def _verdicts(mods: list[_Module], sizes: dict[str, int]) -> list[tuple[str, str]]:
     """(axis, PRODUCER or CONSUMER) for each model-parallel axis of size > 1 over which a
     block's cut output reaches no rowwise module (PRODUCER) or a rowwise module reads
     input nobody cut (CONSUMER)."""
     out = []
-    for axis in sorted({a for m in mods for a in m.roles if mesh.size(a) > 1}):
+    for axis in sorted({a for m in mods for a in m.roles if sizes[a] > 1}):
         roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
         if any(r == EXEMPT for _, r in roles):
             continue
@@ -205,13 +203,13 @@ def check_unpaired_cuts(res: Resolved) -> list[Diagnostic]:
     output stays cut and rowwise modules that read cut input come together."""
     if res.mesh is None:
         return []
-    mesh = res.mesh
+    sizes = res.axis_sizes
     rules = res.spec.rules
     if not any(m.entry.module in (LINEAR, EMBEDDING) for m in res.matches.values()):
         return []  # no module kinds recorded (an older manifest), or no Linear at all
     modules = _modules(res)
     if not any(
-        mesh.size(a) > 1 and r in (PRODUCER, CONSUMER)
+        sizes[a] > 1 and r in (PRODUCER, CONSUMER)
         for m in modules.values()
         for a, r in m.roles.items()
     ):
@@ -224,14 +222,14 @@ def check_unpaired_cuts(res: Resolved) -> list[Diagnostic]:
     for block, mods in blocks.items():
         alike = tuple((m.rule, m.kind, id(m.roles), m.dtensor) for m in mods)
         if alike not in verdicts:
-            verdicts[alike] = _verdicts(mods, mesh)
+            verdicts[alike] = _verdicts(mods, sizes)
         for axis, kind in verdicts[alike]:
             key = (axis, kind, tuple(sorted((m.rule, m.roles.get(axis, "")) for m in mods)))
             counts[key] += 1
             found[key] = min(found.get(key, block), block)
     out = []
     for key, block in found.items():
-        axis, n = key[0], mesh.size(key[0])
+        axis, n = key[0], sizes[key[0]]
         mods = sorted(blocks[block], key=lambda m: m.name)
         roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
         producers = [m for m, r in roles if r == PRODUCER]
@@ -288,8 +286,7 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
     axis of size > 1, unless a pipeline puts its two names on different stages."""
     if res.mesh is None or res.manifest is None:
         return []
-    mesh = res.mesh
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    sizes = res.axis_sizes
     out = []
     reported: set[tuple[int | None, ...]] = set()
     for entry in res.manifest.params:
@@ -305,7 +302,7 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
             m = res.matches.get(name)
             if m is None or m.layout is None or m.winner is None or m.ignored_by is not None:
                 continue
-            axes = sorted(a for a in _mp_axes(m, fsdp) if mesh.size(a) > 1)
+            axes = sorted(a for a in _mp_axes(m, res.fsdp_of_rule(m.winner)) if sizes[a] > 1)
             if axes:
                 cut.append((m, axes))
         if not cut:
@@ -315,13 +312,13 @@ def check_tied_sharded(res: Resolved) -> list[Diagnostic]:
             continue
         reported.add(key)
         m, axes = cut[0]
-        sizes = ", ".join(f"{a} (size {mesh.size(a)})" for a in axes)
+        shown = ", ".join(f"{a} (size {sizes[a]})" for a in axes)
         assert m.winner is not None
         out.append(
             diag(
                 "SS037",
                 f"{alias} is tied to {source} (one tensor used by two modules), and "
-                f"{m.entry.fqn} is sharded over {sizes}: torch's styles cut the weight for "
+                f"{m.entry.fqn} is sharded over {shown}: torch's styles cut the weight for "
                 "each module apart, which parts the tie, so parallelize refuses the model",
                 res.spec.rules[m.winner].pattern.span,
                 f"keep the tied weight replicated over {', '.join(axes)} (`replicate "
@@ -343,7 +340,7 @@ def refused_style(res: Resolved, m: Match) -> tuple[str, bool, str] | None:
         return None
     if _owner(m.entry.fqn)[1] != "weight" or m.entry.module not in (LINEAR, EMBEDDING):
         return None
-    style, stated = _style(res, m, res.spec.fsdp.text if res.spec.fsdp else None)
+    style, stated = _style(res, m, res.fsdp_of_rule(m.winner))
     if style is None:
         return None
     return style, stated is not None, why_not_torch(m.entry.cls or forward, forward, style)

@@ -407,7 +407,7 @@ def effective_overrides(
     last. An override equal to the declared value changes nothing and is left out."""
     spec = res.spec
     assert spec.mesh is not None
-    declared = {a.name.text: a.size for a in spec.mesh.axes}
+    declared = _declared_sizes(spec)
     out = [
         (name, size)
         for name, size in ((n, (overrides or {}).get(n)) for n in declared)
@@ -416,6 +416,31 @@ def effective_overrides(
     if world is not None and world != spec.mesh.world:
         out.append(("world", world))
     return out
+
+
+def _declared_sizes(spec) -> dict[str, int | None]:
+    """Every axis's declared size (None: the rest), in declaration order: the mesh's, or
+    every view's (a shared axis once)."""
+    out: dict[str, int | None] = {}
+    for mesh in [m for m in spec.views if m.name is not None] or [spec.mesh]:
+        for a in mesh.axes:
+            out.setdefault(a.name.text, a.size)
+    return out
+
+
+def _views_context(res: Resolved) -> dict[str, str] | None:
+    """VIEWS, VIEW_FSDP and RULE_VIEWS of a spec with views (None: one mesh)."""
+    views = res.views
+    if not res.spec.views or views is None:
+        return None
+    return {
+        "axes": assign("VIEWS: dict[str, tuple[str, ...]]", dict(views.axes)),
+        "fsdp": assign("VIEW_FSDP: dict[str, str | None]", dict(views.fsdp)),
+        "rules": assign(
+            "RULE_VIEWS: tuple[str, ...]",
+            tuple(res.rule_views[r.index] for r in res.spec.rules),
+        ),
+    }
 
 
 def compile_command(spec_path: str, defines: list[tuple[str, int]]) -> str:
@@ -478,7 +503,6 @@ def render_module(
     spec_path = printable(spec_path)
     spec = res.spec
     assert spec.mesh is not None
-    fsdp = spec.fsdp.text if spec.fsdp else None
     all_params = res.params
     first_layout: dict[int, object] = {}
     for _fqn, m in res.stored:  # a rule may place buffers only
@@ -489,14 +513,15 @@ def render_module(
             first_layout.setdefault(m.winner, m.layout)
     rules = []
     for rule in spec.rules:
-        rs = res.rule_specs.get(rule.index) or rule_spec(rule, fsdp)
+        rs = res.rule_specs.get(rule.index) or rule_spec(rule, res.fsdp_of_rule(rule.index))
         placements: list[str] = []
-        if res.mesh is not None:
+        mesh = res.mesh_of_rule(rule.index)
+        if mesh is not None:
             pp = res.pipeline.axis if res.pipeline is not None and res.stages is not None else None
-            names = [n for n in res.mesh.names if n not in rs.local and n != pp]
+            names = [n for n in mesh.names if n not in rs.local and n != pp]
             layout_ = first_layout.get(rule.index)
             if layout_ is not None:
-                ps = dtensor_placements(layout_, res.mesh)  # type: ignore[arg-type]
+                ps = dtensor_placements(layout_, mesh)  # type: ignore[arg-type]
                 items = [f"{n}={p}" for n, p in zip(names, ps, strict=True)]
                 last = f"{items[-1]})" if items else ")"
                 placements = ["->", *(f"{x}," for x in items[:-1]), last]
@@ -508,7 +533,7 @@ def render_module(
         params = _params_context(all_params)
     defines = effective_overrides(res, overrides, world)
     given = dict(defines)
-    mesh_sizes = {a.name.text: given.get(a.name.text, a.size) for a in spec.mesh.axes}
+    mesh_sizes = {a: given.get(a, size) for a, size in _declared_sizes(spec).items()}
     default_world = given.get("world", spec.mesh.world)
     if res.mesh is not None:
         default_world = res.mesh.world
@@ -552,7 +577,9 @@ def render_module(
         "axes": assign("AXES: tuple[str, ...]", tuple(mesh_sizes)),
         "default_sizes": assign("DEFAULT_SIZES: dict[str, int | None]", mesh_sizes),
         "world": assign("DEFAULT_WORLD: int | None", default_world),
-        "fsdp": assign("FSDP_AXIS: str | None", fsdp),
+        "fsdp": assign("FSDP_AXIS: str | None", res.fsdp_of_rule(None)),
+        "views": _views_context(res),
+        "mesh_type": "MeshViews" if _views_context(res) else "DeviceMesh",
         "rules": rules,
         "ignore": assign("IGNORE: tuple[str, ...]", tuple(ig.pattern.text for ig in spec.ignores)),
         "name_indexed_counts": assign(
@@ -579,6 +606,8 @@ def _runtime_imports(ctx: dict) -> str:
         names += ctx["hf"]["imports"].split(", ")
     if ctx["pipeline"] is not None:
         names.append("PipelineSpec")
+    if ctx["views"] is not None:
+        names.append("MeshViews")
     names = [*sorted(names), "require"]
     one = ", ".join(names)
     if len(f"from shardspec.runtime import {one}") <= LINE:

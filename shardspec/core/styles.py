@@ -19,7 +19,13 @@ inherited, the class whose ``forward`` it runs (:func:`forward_class`).
 
 from __future__ import annotations
 
-KINDS = ("colwise", "rowwise", "sequence_parallel", "none")
+# `expert_parallel`: a stacked-experts module (every parameter `[expert, ...]`, dim 0 cut
+# over the EP axis) whose forward dispatches tokens to the ranks that own their experts
+# (all-to-all); the runtime's expert-parallel style runs it.
+EXPERT_PARALLEL = "expert_parallel"
+KINDS = ("colwise", "rowwise", "sequence_parallel", "none", EXPERT_PARALLEL)
+# Styles that cut a module's activations over a tensor-parallel axis.
+TENSOR_PARALLEL_KINDS = ("colwise", "rowwise", "sequence_parallel")
 LAYOUTS = ("replicate", "sequence", "features")
 # Module kinds a manifest records (the class name for any other module).
 LINEAR, EMBEDDING = "linear", "embedding"

@@ -233,6 +233,30 @@ class HFFacts:
 
 
 @dataclass(frozen=True)
+class ViewsFacts:
+    """A folded spec's views: each view's mesh, the parameter's view, and the coordinate of
+    each shown rank in every view (rank r has r's row-major coordinate in each)."""
+
+    meshes: tuple[tuple[str, Mesh, str | None], ...]  # (view, its mesh, its fsdp axis)
+    view: str | None  # the parameter's (None: no rule places it: the default view)
+    coords: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...]  # rank, coordinate per view
+
+
+def views_facts(res: Resolved, m: Match, ranks: range | None) -> ViewsFacts | None:
+    """The views of a spec that has named meshes, for explain (None: one unnamed mesh)."""
+    if not res.spec.views or res.views is None or not res.view_meshes:
+        return None
+    meshes = tuple((v, res.view_meshes[v], res.views.fsdp_of(v)) for v in res.views.names)
+    world = meshes[0][1].world
+    shown = range(min(ROWS, world)) if ranks is None else range(ranks.start, min(ranks.stop, world))
+    coords = tuple(
+        (r, tuple(mesh.coord_of(r) for _, mesh, _ in meshes)) for r in itertools.islice(shown, ROWS)
+    )
+    view = res.rule_views.get(m.winner) if m.winner is not None else res.views.default
+    return ViewsFacts(meshes, view, coords)
+
+
+@dataclass(frozen=True)
 class Explanation:
     """Everything explain shows about parameter ``fqn`` of spec ``spec_path``. ``alias``:
     the name asked for, when it is a pipeline tie's alias of ``fqn``. Sections past the
@@ -245,6 +269,7 @@ class Explanation:
     ignored: Ignored | None = None
     rules: RuleChoice | None = None
     no_layout: str | None = None  # why there is no layout
+    views: ViewsFacts | None = None  # a spec with named meshes (views)
     layout: LayoutFacts | None = None
     stage: Stage | None = None
     table: RankTable | None = None
@@ -292,14 +317,16 @@ def explain_facts(
         return x
     if m.candidates:  # (a buffer no rule matches is whole on every rank)
         x = replace(x, rules=rule_choice(res, m))
-    if m.layout is None or res.mesh is None:
+    mesh = res.mesh_for(m)
+    if m.layout is None or mesh is None:
         return replace(x, no_layout=str(m.layout_error or res.mesh_error))
     return replace(
         x,
-        layout=layout_facts(res, m, res.mesh, m.layout),
-        stage=stage_facts(res, name, res.mesh, m.layout),
-        table=rank_table(m, res.mesh, m.layout, ranks),
-        hf=hf_facts(res, name, m, res.mesh, m.layout),
+        views=views_facts(res, m, ranks),
+        layout=layout_facts(res, m, mesh, m.layout),
+        stage=stage_facts(res, name, mesh, m.layout),
+        table=rank_table(m, mesh, m.layout, ranks),
+        hf=hf_facts(res, name, m, mesh, m.layout),
         findings=tuple(d for d in outcome.diagnostics if d.is_error),
     )
 
@@ -432,7 +459,7 @@ def heads_facts(
     heads = rule_heads(res)[0].get(rule_index)
     if heads is None:
         return ()
-    fsdp = res.spec.fsdp.text if res.spec.fsdp else None
+    fsdp = res.fsdp_of_rule(rule_index)  # its view's
     sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
     out = []
     for d in layout.dims:

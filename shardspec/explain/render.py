@@ -18,6 +18,7 @@ from shardspec.explain.facts import (
     Stage,
     Style,
     StyleSource,
+    ViewsFacts,
 )
 from shardspec.findings.diagnostics import attach_sources, render_all_text
 
@@ -31,8 +32,13 @@ def render_text(x: Explanation | Refusal) -> str:
         lines += _rule_lines(x.spec_path, x.rules)
     if x.no_layout is not None:
         lines.append(f"  no layout: {x.no_layout}")
+    if x.views is not None:
+        lines += _views_lines(x.views)
     if x.layout is not None:
-        lines += _layout_lines(x.spec_path, x.layout, buffer=x.buffer)
+        layout = _layout_lines(x.spec_path, x.layout, buffer=x.buffer)
+        if x.views is not None:  # the mesh is the parameter's view's
+            layout[0] = layout[0].replace("  mesh:", f"  mesh (view {x.views.view}):", 1)
+        lines += layout
         if x.stage is not None:
             lines.append(_stage_line(x.stage))
         if x.table is not None:
@@ -87,6 +93,26 @@ def _rule_lines(shown: str, rules: RuleChoice) -> list[str]:
             f"  why: it has {rules.criterion} than `{rules.runner_up}` (precedence never "
             "depends on file order)"
         )
+    return lines
+
+
+def _views_lines(v: ViewsFacts) -> list[str]:
+    """Every view's mesh (the parameter's marked), and the shown ranks' coordinates in
+    each: rank r has r's row-major coordinate in every view."""
+    lines = ["  views (one world; rank r has r's row-major coordinate in each):"]
+    for name, mesh, fsdp in v.meshes:
+        sizes = ", ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.sizes, strict=True))
+        mark = "   <- this parameter's view" if name == v.view else ""
+        lines.append(f"    {name}: {sizes}" + (f"; fsdp {fsdp}" if fsdp else "") + mark)
+    width = max(len(name) for name, _, _ in v.meshes)
+    cols = [max(width, 2 * len(mesh.names) + 1) for _, mesh, _ in v.meshes]
+    head = "  ".join(f"{name:<{w}}" for (name, _, _), w in zip(v.meshes, cols, strict=True))
+    lines.append(f"    {'rank':>4}  {head}")
+    for rank, coords in v.coords:
+        row = "  ".join(
+            f"{'(' + ','.join(map(str, c)) + ')':<{w}}" for c, w in zip(coords, cols, strict=True)
+        )
+        lines.append(f"    {rank:>4}  {row}".rstrip())
     return lines
 
 

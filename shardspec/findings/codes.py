@@ -860,6 +860,125 @@ CHECKS: tuple[Check, ...] = (
         "    style colwise output replicate\n}",
         True,
     ),
+    # --- views (several factorizations of one world) and expert parallelism -------------
+    Check(
+        "SS100",
+        "mesh-views",
+        E,
+        "An unnamed mesh beside named meshes (views), or two views of one name.",
+        "A spec has one unnamed mesh, or views only: a rule with no axis goes to the default "
+        "view (the first declared), which an unnamed mesh beside views would make unclear.",
+        "mesh { dp_shard: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }",
+        "mesh dense { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }",
+    ),
+    Check(
+        "SS101",
+        "view-world",
+        E,
+        "Views that do not factor the same world: stated world sizes or axis sizes that "
+        "multiply to different numbers of ranks.",
+        "Every view is a factorization of the same ranks (rank r has r's row-major "
+        "coordinate in each); a view of another size would place parameters on ranks "
+        "that do not exist, or leave ranks out.",
+        "mesh dense over 8 ranks { fsdp: *  tp: 2 }\nmesh expert over 4 ranks { efsdp: *  ep: 2 }",
+        "mesh dense over 8 ranks { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }",
+    ),
+    Check(
+        "SS102",
+        "shared-axes",
+        E,
+        "An axis named in two views that is not part of their common outermost prefix, "
+        "in one order with one size.",
+        "A shared axis (pp, dp_replicate) must give every rank the same coordinate in every "
+        "view; that holds only for a prefix of outermost axes with equal sizes. Any other "
+        "repeated name would be two different axes under one name.",
+        "mesh dense { fsdp: *  dp_replicate: 2 }\nmesh expert { dp_replicate: 2  ep: * }",
+        "mesh dense { dp_replicate: 2  fsdp: * }\nmesh expert { dp_replicate: 2  ep: * }",
+    ),
+    Check(
+        "SS103",
+        "view-fsdp",
+        E,
+        "An FSDP axis missing from a view, given twice for one view, or on an axis views share.",
+        "FSDP2 shards each view's parameters over that view's own data axis (torchtitan's "
+        "fsdp and efsdp); a view without one would keep its parameters whole on every rank "
+        "while the other view's are sharded.",
+        "mesh dense { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }\nfsdp fsdp",
+        "mesh dense { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }\nfsdp fsdp\nfsdp efsdp",
+    ),
+    Check(
+        "SS104",
+        "rule-view",
+        E,
+        "A rule whose view is unclear: it names axes of two views, states a view its axes "
+        "contradict, or names a view that does not exist.",
+        "A parameter lives on one view: its layout and DeviceMesh are that view's. A rule "
+        "that names no axis goes to the default view (the first declared) unless `view "
+        "NAME` says otherwise.",
+        "param layers.*.moe.experts.w1 [expert, ffn, hidden] {\n    shard expert over ep\n"
+        "    shard ffn over tp\n}",
+        "param layers.*.moe.experts.w1 [expert, ffn, hidden] {\n    shard expert over ep\n"
+        "    style expert_parallel\n}",
+    ),
+    Check(
+        "SS105",
+        "pipeline-view",
+        E,
+        "The pipeline axis is not an axis of every view.",
+        "A pipeline stage holds its dense and its expert parameters on the same ranks: the "
+        "stage axis must be shared by every view, outermost.",
+        "mesh dense { pp: 2  fsdp: * }\nmesh expert { ep: * }\npipeline pp { split layers.{i} }",
+        "mesh dense { pp: 2  fsdp: * }\nmesh expert { pp: 2  ep: * }\n"
+        "pipeline pp { split layers.{i} }",
+    ),
+    Check(
+        "SS106",
+        "expert-parallel-style",
+        E,
+        "`style expert_parallel` on a parameter that is no stacked expert weight: its first "
+        "dimension not cut over one EP axis, an EP axis that is the FSDP axis or shared, "
+        "parameters of one module with different styles, EP axes or expert counts, or an "
+        "expert count the EP axis does not divide.",
+        "The expert-parallel style dispatches tokens to the ranks that own their experts: "
+        "every weight of the module must be `[expert, ...]` with whole experts per EP rank, "
+        "cut the same way.",
+        "param layers.*.moe.experts.w{1,2,3} [expert, ffn, hidden] {\n"
+        "    shard ffn over ep\n    style expert_parallel\n}",
+        "param layers.*.moe.experts.w{1,2,3} [expert, ffn, hidden] {\n"
+        "    shard expert over ep\n    style expert_parallel\n}",
+        True,
+    ),
+    Check(
+        "SS107",
+        "expert-on-tensor-parallel",
+        E,
+        "The EP axis of an expert-parallel rule is also cut over by colwise, rowwise or "
+        "sequence-parallel rules.",
+        "Ranks of a tensor-parallel group hold the same tokens cut by features; dispatching "
+        "experts over them would send each token's features to different experts. Declare "
+        "an expert view whose EP axis folds over the same ranks instead.",
+        "mesh { dp: *  tp: 2 }\nparam experts.w [expert, ffn] {\n    shard expert over tp\n"
+        "    style expert_parallel\n}\nparam attn.wq.weight [out, hidden] { shard out over tp }",
+        "mesh dense { dp: *  tp: 2 }\nmesh expert { edp: *  ep: 2 }\n"
+        "param experts.w [expert, ffn] {\n    shard expert over ep\n"
+        "    style expert_parallel\n}",
+        True,
+    ),
+    Check(
+        "SS108",
+        "expert-group-tokens",
+        E,
+        "Two ranks of one EP group hold the same tokens in another view: they differ there "
+        "only in axes that tensor-parallel rules cut over, and that view is not sequence-"
+        "parallel.",
+        "Expert parallelism exchanges each rank's own tokens. Ranks that hold the same "
+        "tokens would send every token twice and sum its experts' gradients twice. ep may "
+        "take ranks of a tensor-parallel axis only where the MoE's input is cut by sequence "
+        "over it (torchtitan's sequence-parallel norms).",
+        "mesh dense { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }   # ep pairs tp ranks",
+        "mesh dense { fsdp: *  tp: 2 }\nmesh expert { ep: 2  efsdp: * }   # ep pairs fsdp ranks",
+        True,
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

@@ -37,6 +37,7 @@ from shardspec.frontend.parse import (
     _Replicate,
     _ReplicateAll,
     _ToIR,
+    _View,
     lark_statements,
     rule_node,
 )
@@ -83,6 +84,7 @@ _PLACES = {
     "checkpoint (,": "param p {checkpoint shard a over (b,",
     "style": "param p {style ",
     "style option": "param p {style a input ",
+    "view": "param p {view ",
 }
 
 
@@ -128,7 +130,7 @@ _BLANK = re.compile(r"[ \t\f\r\n]*")
 # What can hide a '}' in a block: a string, a comment, a pattern's braces.
 _BLOCK_STOP = re.compile(r'["#{}]')
 _GROUP = re.compile(r"\{[A-Za-z0-9_,*]+\}")
-_ITEMS = frozenset(("shard", "local", "replicate", "fuse", "checkpoint", "style", "heads"))
+_ITEMS = frozenset(("shard", "local", "replicate", "fuse", "checkpoint", "style", "heads", "view"))
 
 
 def fast_statements(text: str, source: ir.Source) -> list[object] | None:
@@ -342,6 +344,8 @@ class _Reader:
             return _CheckpointShard((shard,))
         if kw == "style":
             return self.style(start)
+        if kw == "view":
+            return _View((self.name("view"),))
         return self.heads()
 
     def axis_list(self, item: str) -> tuple[ir.Name, ...]:

@@ -128,8 +128,12 @@ class AxisDecl(Node):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class MeshDecl(Node):
+    """``mesh [NAME] [over N ranks] { AXIS: SIZE ... }``; a named mesh is a *view*, one of
+    several factorizations of the same ranks."""
+
     axes: tuple[AxisDecl, ...]
     world: int | None = None
+    name: Name | None = None  # None: the spec's one unnamed mesh
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -207,6 +211,9 @@ class Rule(Node):
     heads: tuple[HeadSize, ...] = ()
     # a second `style` in one rule (an error)
     extra_styles: tuple[StyleItem, ...] = ()
+    # `view NAME`: the view (named mesh) that places the parameter; later ones (an error)
+    view: Name | None = None
+    extra_views: tuple[Name, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -340,8 +347,13 @@ class Spec:
     sha256: str
     manifest: str | None = None
     manifest_span: Span | None = None
+    # The default mesh: the unnamed one, or else the first view (named mesh) declared.
     mesh: MeshDecl | None = None
-    fsdp: Name | None = None
+    fsdp: Name | None = None  # the first `fsdp AXIS`
+    # Named meshes (views) in file order, and every `fsdp AXIS` in file order (a spec with
+    # views may give one per view).
+    views: tuple[MeshDecl, ...] = ()
+    fsdps: tuple[Name, ...] = ()
     rules: tuple[Rule, ...] = ()
     ignores: tuple[IgnoreRule, ...] = ()
     hf: HFBlock | None = None

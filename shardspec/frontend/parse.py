@@ -195,6 +195,10 @@ class _Heads(_Line):
     """``heads DIM SIZE, ...`` (head sizes)."""
 
 
+class _View(_Line):
+    """``view NAME`` in a rule (the name)."""
+
+
 class _CheckpointShard(_Line):
     """``checkpoint shard DIM over AXIS`` (one shard item)."""
 
@@ -279,6 +283,7 @@ _RULE_LISTS: dict[type, str] = {
     _CheckpointShard: "checkpoint_shards",
     _CheckpointReplicate: "checkpoint_replicate",
     ir.StyleItem: "styles",
+    _View: "views",
 }
 _HF_LISTS: dict[type, str] = {
     ir.HFMapItem: "maps",
@@ -322,10 +327,8 @@ def _once(stmt: object) -> tuple[str, Span, dict[str, object]] | None:
     match stmt:
         case _Manifest():
             return "manifest", stmt.span, {"manifest": stmt.path, "manifest_span": stmt.path_span}
-        case ir.MeshDecl():
+        case ir.MeshDecl() if stmt.name is None:
             return "mesh", stmt.span, {"mesh": stmt}
-        case _Fsdp():
-            return "fsdp", stmt.span, {"fsdp": stmt.axis}
         case ir.HFBlock():
             return "hf", stmt.span, {"hf": stmt}
         case ir.Pipeline():
@@ -396,7 +399,8 @@ class _ToIR:
     def mesh_stmt(self, meta, children):
         world = next((c for c in children if isinstance(c, int)), None)
         axes = tuple(c for c in children if isinstance(c, ir.AxisDecl))
-        return ir.MeshDecl(**self._at(meta), axes=axes, world=world)
+        name = next((self._name(c) for c in children if isinstance(c, Token)), None)
+        return ir.MeshDecl(**self._at(meta), axes=axes, world=world, name=name)
 
     def fsdp_stmt(self, meta, children):
         return _Fsdp(self._name(children[0]), self._span(meta))
@@ -413,6 +417,9 @@ class _ToIR:
     def shard_item(self, meta, children):
         dim, axes = children
         return ir.ShardItem(**self._at(meta), dim=self._name(dim), axes=axes)
+
+    def view_item(self, meta, children):
+        return _View((self._name(children[0]),))
 
     def local_item(self, meta, children):
         return _Local(tuple(self._name(t) for t in children))
@@ -605,6 +612,7 @@ def rule_node(
     replicate_all = isinstance(body, _ReplicateAll)
     items = _sort(() if isinstance(body, _ReplicateAll) else body, _RULE_LISTS)
     styles = items.pop("styles")
+    views = items.pop("views")
     checkpoint_replicate = items.pop("checkpoint_replicate")
     return ir.Rule(
         **place,
@@ -616,6 +624,8 @@ def rule_node(
         checkpoint_replicate=checkpoint_replicate[0] if checkpoint_replicate else None,
         style=styles[0] if styles else None,
         extra_styles=styles[1:],
+        view=views[0] if views else None,
+        extra_views=views[1:],
         **items,
     )
 
@@ -687,7 +697,18 @@ def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec
     fields: dict[str, Any] = {}
     others = []
     seen: dict[str, Span] = {}
+    views: list[ir.MeshDecl] = []
+    fsdps: list[_Fsdp] = []
+    meshes: list[ir.MeshDecl] = []
     for stmt in statements:
+        if isinstance(stmt, ir.MeshDecl):
+            meshes.append(stmt)
+            if stmt.name is not None:
+                views.append(stmt)
+                continue
+        if isinstance(stmt, _Fsdp):
+            fsdps.append(stmt)
+            continue
         once = _once(stmt)
         if once is None:
             others.append(stmt)
@@ -705,6 +726,25 @@ def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec
             continue
         seen[keyword] = span
         fields.update(values)
+    # `fsdp AXIS` once per view (checks/views.py matches them to views); once without views.
+    for f in fsdps[1:] if not views else ():
+        diags.append(
+            diag(
+                "SS005",
+                "`fsdp` appears more than once",
+                f.span,
+                f"the first one is at line {fsdps[0].span.line}; keep one",
+            )
+        )
+    diags.sort(key=lambda d: (d.span.line, d.span.col))
+    if fsdps:
+        fields["fsdp"] = fsdps[0].axis
+        fields["fsdps"] = tuple(f.axis for f in fsdps) if views else (fsdps[0].axis,)
+    if views:
+        # The default view is the first named mesh; an unnamed one beside views (SS100)
+        # stays among them, nameless, for the checks to point at.
+        fields["views"] = tuple(meshes)
+        fields["mesh"] = views[0]
     fields.update(_sort(others, _SPEC_LISTS))
     fields["suppressions"] = _suppressions(path, text)
     spec = ir.Spec(path=path, source=text, sha256=_sha256(text), **fields)

@@ -421,7 +421,9 @@ def _rule_line(w: _Where) -> str:
     guess = closest(w.word.lower(), _BODY_ITEMS)
     if guess:
         return f"did you mean `{guess}`?"
-    return "a rule's body holds shard, fuse, heads, local, replicate, checkpoint and style lines"
+    return (
+        "a rule's body holds shard, fuse, heads, local, replicate, checkpoint, style and view lines"
+    )
 
 
 _HINTS: tuple[Callable[[_Where], str], ...] = (

@@ -26,9 +26,11 @@ from shardspec.core.layout import (
 from shardspec.core.patterns import Glob, PatternError, compile_glob
 from shardspec.core.patterns import shared as one
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, plan
+from shardspec.core.views import SINGLE, Views, view_sizes
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
+from shardspec.resolve.views import rule_view, views_of
 
 # What a Match holds when nothing matched: shared by every match, never changed.
 _NO_CAPTURES: dict[str, str] = {}
@@ -75,10 +77,41 @@ class Resolved:
     pipeline: PipelineSpec | None = None
     stages: StagePlan | None = None
     stage_error: StageError | None = None  # why the parameters could not be placed
+    # Views (named meshes): each view's mesh, and each rule's view (one implicit view,
+    # ``SINGLE``, for a spec with one unnamed mesh). ``mesh`` is the default view's.
+    views: Views | None = None
+    view_meshes: dict[str, Mesh] = field(default_factory=dict)
+    rule_views: dict[int, str] = field(default_factory=dict)
     # Pipeline ties (`tie ALIAS = SOURCE`): per alias whose source is a parameter, the rules
     # that match the alias's own name and, where one wins, its layout on the source's shape
     # (the alias's stage must hold the source's layout; the rule gives the module's style).
     tie_matches: dict[str, Match] = field(default_factory=dict)
+
+    def mesh_of_rule(self, rule: int | None) -> Mesh | None:
+        """The mesh of rule ``rule``'s view (None: the default view's; a buffer that no
+        rule places lives there too)."""
+        if rule is None or self.views is None or len(self.views.names) == 1:
+            return self.mesh
+        return self.view_meshes.get(self.rule_views.get(rule, self.views.default))
+
+    def mesh_for(self, m: Match) -> Mesh | None:
+        """The mesh that ``m``'s layout is on: its winning rule's view's."""
+        return self.mesh_of_rule(m.winner)
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        """Every view's axis sizes, by axis name (a shared axis once)."""
+        out: dict[str, int] = {}
+        for mesh in self.view_meshes.values():
+            out.update(zip(mesh.names, mesh.sizes, strict=True))
+        return out
+
+    def fsdp_of_rule(self, rule: int | None) -> str | None:
+        """The FSDP axis of rule ``rule``'s view."""
+        if self.views is None:
+            return None
+        view = self.rule_views.get(rule, self.views.default) if rule is not None else None
+        return self.views.fsdp_of(view if view is not None else self.views.default)
 
     @property
     def params(self) -> list[tuple[str, Match]]:
@@ -111,6 +144,64 @@ class MeshError(ValueError):
         self.code, self.hint = code, hint
 
 
+def meshes_of(
+    spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
+) -> dict[str, Mesh]:
+    """Every view's mesh with compile-time overrides applied (by axis name; a shared axis
+    once): the one mesh of a spec without views under ``SINGLE``. Raises
+    :class:`MeshError`."""
+    views = views_of(spec)
+    if views is None or spec.mesh is None or spec.mesh.name is None:
+        return {SINGLE: mesh_of(spec, overrides, world)}
+    names = views.all_axes
+    declared: dict[str, int | None] = {}
+    named = [m for m in spec.views if m.name is not None]
+    for m in named:
+        for a in m.axes:
+            declared.setdefault(a.name.text, a.size)
+        if len({a.name.text for a in m.axes}) != len(m.axes):
+            raise MeshError(f"view {m.name.text!r} declares an axis twice")  # type: ignore[union-attr]
+    declared.update(_overrides(overrides, names, "no view has"))
+    w = world if world is not None else next((m.world for m in named if m.world), None)
+    try:
+        sizes = view_sizes(views, declared, w)
+    except LayoutError as e:
+        raise MeshError(str(e), hint=e.hint) from None
+    meshes = views.meshes(sizes)
+    for mesh in meshes.values():
+        _sized(mesh.names, mesh.sizes)
+    return meshes
+
+
+def _overrides(
+    overrides: dict[str, int] | None, names: tuple[str, ...], who: str
+) -> dict[str, int]:
+    """``overrides``, each naming one of ``names``; raises SS004's :class:`MeshError` for
+    one that names no axis."""
+    for name, value in (overrides or {}).items():
+        if name not in names:
+            raise MeshError(
+                f"-D {name}={value}: {who} axis {name!r} (axes: {', '.join(names)})",
+                "SS004",
+                "-D takes a mesh axis of the spec, or world",
+            )
+    return dict(overrides or {})
+
+
+def _sized(names: tuple[str, ...], resolved: tuple[int, ...]) -> None:
+    """Raise :class:`MeshError` for an empty axis or a world beyond ``MAX_WORLD``."""
+    if any(s < 1 for s in resolved):
+        raise MeshError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
+    if math.prod(resolved) > MAX_WORLD:
+        raise MeshError(
+            f"mesh {dict(zip(names, resolved, strict=True))} has {math.prod(resolved)} ranks; "
+            f"lint and compile check meshes of up to {MAX_WORLD} ranks",
+            "SS010",
+            f"lint it at a world of at most {MAX_WORLD} ranks (-D world=N) with the same "
+            "model-parallel sizes",
+        )
+
+
 def mesh_of(
     spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
 ) -> Mesh:
@@ -123,29 +214,14 @@ def mesh_of(
     if len(set(names)) != len(names):
         raise MeshError("the mesh declares an axis twice")
     sizes: list[int | None] = [a.size for a in spec.mesh.axes]
-    for name, value in (overrides or {}).items():
-        if name not in names:
-            raise MeshError(
-                f"-D {name}={value}: the mesh has no axis {name!r} (axes: {', '.join(names)})",
-                "SS004",
-                "-D takes a mesh axis of the spec, or world",
-            )
+    for name, value in _overrides(overrides, names, "the mesh has no").items():
         sizes[names.index(name)] = value
     w = world if world is not None else spec.mesh.world
     try:
         resolved = resolve_sizes(names, sizes, w)
     except LayoutError as e:
         raise MeshError(str(e), hint=e.hint) from None
-    if any(s < 1 for s in resolved):
-        raise MeshError(f"mesh {dict(zip(names, resolved, strict=True))} has an empty axis")
-    if math.prod(resolved) > MAX_WORLD:
-        raise MeshError(
-            f"mesh {dict(zip(names, resolved, strict=True))} has {math.prod(resolved)} ranks; "
-            f"lint and compile check meshes of up to {MAX_WORLD} ranks",
-            "SS010",
-            f"lint it at a world of at most {MAX_WORLD} ranks (-D world=N) with the same "
-            "model-parallel sizes",
-        )
+    _sized(names, resolved)
     return Mesh(names, resolved)
 
 
@@ -219,19 +295,22 @@ def resolve(
     layout.
     """
     mesh: Mesh | None = None
+    meshes: dict[str, Mesh] = {}
     mesh_error = None
     mesh_error_code = "SS010"
     mesh_error_hint = ""
+    views = views_of(spec)
     try:
-        mesh = mesh_of(spec, overrides, world)
+        meshes = meshes_of(spec, overrides, world)
+        assert views is not None
+        mesh = meshes[views.default]
     except MeshError as e:
         mesh_error = str(e)
         mesh_error_code = e.code
         mesh_error_hint = e.hint
-    axis_names = {a.name.text for a in spec.mesh.axes} if spec.mesh else set()
     # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no
-    # layout refers to an axis without a size.
-    fsdp = spec.fsdp.text if spec.fsdp and spec.fsdp.text in axis_names else None
+    # layout refers to an axis without a size. Each rule takes its view's FSDP axis.
+    rule_views = {r.index: rule_view(views, r) for r in spec.rules} if views else {}
     globs: dict[int, Glob] = {}
     specs: dict[int, RuleSpec] = {}
     for rule in spec.rules:
@@ -240,6 +319,7 @@ def resolve(
         except PatternError:
             continue
         if rule.index not in broken:
+            fsdp = views.fsdp_of(rule_views[rule.index]) if views else None
             specs[rule.index] = rule_spec(rule, fsdp)
     ignore_globs: dict[int, Glob] = {}
     for i, ig in enumerate(spec.ignores):
@@ -260,13 +340,16 @@ def resolve(
         frozenset(broken),
         mesh_error_code,
         mesh_error_hint=mesh_error_hint,
+        views=views,
+        view_meshes=meshes,
+        rule_views=rule_views,
     )
     if manifest is None:
         return res
     _match_all(res)
     _match_ties(res)
     if mesh is not None:
-        _layouts(res, mesh)
+        _layouts(res)
     _place_stages(res)
     return res
 
@@ -389,8 +472,7 @@ def _match_one(res: Resolved, entry: Entry, rules=None, ignores=None, shared=Non
     return m
 
 
-def _layouts(res: Resolved, mesh: Mesh) -> None:
-    sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
+def _layouts(res: Resolved) -> None:
     # Count the modules behind each name-indexed dim: distinct capture values per rule.
     values: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for m in res.matches.values():
@@ -414,6 +496,9 @@ def _layouts(res: Resolved, mesh: Mesh) -> None:
                 rs, counts = WHOLE, None
             else:
                 rs, counts = res.rule_specs[m.winner], res.name_indexed_counts.get(m.winner)
+            mesh = res.mesh_of_rule(m.winner)
+            assert mesh is not None
+            sizes = dict(zip(mesh.names, mesh.sizes, strict=True))
             try:
                 got = build_layout(rs, m.entry.shape, sizes, counts)
             except LayoutError as e:

@@ -30,6 +30,7 @@ from shardspec.core.layout import (
     rank_table,
     storage_units,
 )
+from shardspec.core.views import Folded, layout_view
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,9 @@ class _Piece:
 @lru_cache(maxsize=4096)
 def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ...]:
     """For every rank (in rank order), its storage pieces of a parameter with ``layout``
-    (none on a rank of another pipeline stage)."""
+    (none on a rank of another pipeline stage). A Folded mesh (a spec with views) is read
+    on the layout's view: rank numbers are the same in every view."""
+    mesh = layout_view(layout, mesh)
     table = rank_table(layout, mesh)
     units = storage_units(layout)
     out: list[tuple[_Piece, ...]] = []
@@ -286,6 +289,8 @@ def fingerprint(entries: Mapping[str, tuple], mesh: Mesh, extra: str = "") -> st
     """A short hash of the state dict's structure (keys, shapes, dtypes, chunks) and mesh."""
     h = hashlib.sha256()
     h.update(repr((mesh.names, mesh.sizes, extra)).encode())
+    if isinstance(mesh, Folded):  # every view's sizes (a spec with views)
+        h.update(repr(mesh.views).encode())
     for key in sorted(entries):
         h.update(repr((key, entries[key])).encode())
     return h.hexdigest()[:16]

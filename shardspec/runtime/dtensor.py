@@ -23,7 +23,7 @@ from shardspec.core.layout import (
     module_shape,
     ranges_len,
 )
-from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.runtime.spec import CompiledSpec, MeshViews, SpecError
 
 
 def to_torch(p: core.Placement) -> Placement:
@@ -88,10 +88,15 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh:
+def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh | MeshViews:
     """A DeviceMesh with the spec's named axes. Sizes default to the spec's; the rest axis
     takes what is left of the world size. Initializes the default process group (NCCL on
-    GPUs, gloo on CPU) from the usual environment variables if nothing did yet."""
+    GPUs, gloo on CPU) from the usual environment variables if nothing did yet.
+
+    A spec with views gets one DeviceMesh per view (:class:`MeshViews`), all over the same
+    ranks: a 1-D mesh over the world, unflattened per view with torch's
+    ``DeviceMesh._unflatten`` (as torchtitan builds its dense and sparse meshes from its
+    world mesh), so rank r has r's row-major coordinate in every view."""
     dev = device_type()
     if dev == "cuda":
         # Pick this rank's GPU before NCCL starts, so its communicators use the right one.
@@ -105,9 +110,35 @@ def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev == "cuda" else "gloo")
     resolved = spec.sizes(world=dist.get_world_size(), **sizes)
+    if spec.views is not None:
+        views = view_meshes(spec, dev, resolved)
+        spec.last_mesh = views
+        return views
     mesh = init_device_mesh(dev, tuple(resolved.values()), mesh_dim_names=spec.axes)
     spec.last_mesh = mesh
     return mesh
+
+
+def view_meshes(spec: CompiledSpec, dev: str, sizes: dict[str, int]) -> MeshViews:
+    """Every view's DeviceMesh at ``sizes`` (every axis's), unflattened from one 1-D mesh
+    over the world."""
+    assert spec.views is not None
+    world_name = "world"
+    while world_name in spec.axes:
+        world_name += "_"
+    world = init_device_mesh(dev, (dist.get_world_size(),), mesh_dim_names=(world_name,))
+    meshes = {}
+    for view, axes in spec.views.axes:
+        meshes[view] = world._unflatten(0, tuple(sizes[a] for a in axes), axes)
+    return MeshViews(meshes, world)
+
+
+def _view_device_mesh(spec: CompiledSpec, mesh: object, lm: Mesh, fqn: str) -> DeviceMesh:
+    """The DeviceMesh of ``fqn``'s view (``mesh`` itself without views)."""
+    if spec.views is None:
+        return mesh  # type: ignore[return-value]
+    view = spec.view_of_rule(spec._rule_of(fqn))
+    return mesh[view]  # type: ignore[index]
 
 
 def submesh(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
@@ -157,7 +188,7 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh | MeshViews) -> nn.Module:
     """Convert ``model``'s parameters to DTensors on the spec's layout, in place.
 
     Works for a full model (each rank cuts its shard locally, no communication), a
@@ -167,10 +198,11 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
     every mesh axis is local to them, are left alone. Tied parameters (one tensor under
     several names) stay tied, and their names must agree on the layout. Every parameter is
     planned and converted before any is replaced, so an error leaves the model untouched.
+    A spec with views takes :class:`MeshViews` (``build_mesh()``'s): each parameter becomes
+    a DTensor on its view's DeviceMesh.
     """
     lmesh = spec.layout_mesh(mesh)
-    coord = mesh.get_coordinate()
-    if coord is None:
+    if mesh.get_coordinate() is None:
         raise SpecError("this rank is not part of the mesh")
     spec.last_mesh = mesh
     named = list(model.named_parameters(remove_duplicate=False))
@@ -222,22 +254,26 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> nn.Mod
         )
         raise SpecError("cannot distribute:\n  " + "\n  ".join(errors), code, problem=problem)
     new: dict[int, nn.Parameter] = {}
-    meshes: dict[tuple[str, ...], DeviceMesh] = {}
-    for key, (_fqn, p, layout) in plans.items():
-        names = dtensor_mesh(layout, lmesh).names
+    meshes: dict[tuple[int, tuple[str, ...]], DeviceMesh] = {}
+    for key, (fqn, p, layout) in plans.items():
+        vmesh = spec.mesh_of(fqn, lmesh)  # its view's (lmesh itself without views)
+        dmesh = _view_device_mesh(spec, mesh, lmesh, fqn)
+        names = dtensor_mesh(layout, vmesh).names
         if not names:
             continue  # every axis is local to it: the module already holds its only copy
-        if names not in meshes:
-            meshes[names] = submesh(mesh, names)
-        sub = meshes[names]
-        local = shard_for_rank(layout, lmesh, coord, p.detach())
-        if not local.is_meta and mesh.device_type != local.device.type:
-            local = local.to(mesh.device_type)
-        gshape = module_shape(layout, lmesh)
+        if (id(dmesh), names) not in meshes:
+            meshes[(id(dmesh), names)] = submesh(dmesh, names)
+        sub = meshes[(id(dmesh), names)]
+        coord = dmesh.get_coordinate()
+        assert coord is not None
+        local = shard_for_rank(layout, vmesh, coord, p.detach())
+        if not local.is_meta and dmesh.device_type != local.device.type:
+            local = local.to(dmesh.device_type)
+        gshape = module_shape(layout, vmesh)
         dt = DTensor.from_local(
             local,
             sub,
-            [to_torch(x) for x in dtensor_placements(layout, lmesh)],
+            [to_torch(x) for x in dtensor_placements(layout, vmesh)],
             run_check=False,
             shape=torch.Size(gshape),
             stride=_contiguous_stride(gshape),
@@ -256,12 +292,13 @@ def expected_local(spec: CompiledSpec, fqn: str, mesh: DeviceMesh, shape=None):
     """(local shape, placements) the compiled layout gives this rank, for verification."""
     lmesh = spec.layout_mesh(mesh)
     layout = spec.layout(fqn, lmesh, shape)
-    coord = mesh.get_coordinate()
+    vmesh = spec.mesh_of(fqn, lmesh)
+    coord = _view_device_mesh(spec, mesh, lmesh, fqn).get_coordinate()
     if coord is None:
         raise SpecError(f"{fqn}: this rank is not in the mesh it is verified on")
-    view = _dtensor_view(layout, lmesh, coord)
+    view = _dtensor_view(layout, vmesh, coord)
     return tuple(ranges_len(r) for r in view), tuple(
-        to_torch(x) for x in dtensor_placements(layout, lmesh)
+        to_torch(x) for x in dtensor_placements(layout, vmesh)
     )
 
 

@@ -221,8 +221,22 @@ def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> 
     return bool(torch.equal(group.cpu(), dmesh.mesh.cpu()))
 
 
+def refuse_views(spec: CompiledSpec, what: str) -> None:
+    """Raise before anything changes: ``what`` does not take a spec with views yet."""
+    if spec.views is not None:
+        raise SpecError(
+            f"{what} does not take spec {spec.name!r} yet: it has views "
+            f"({', '.join(spec.views.names)}), and {what} runs one mesh",
+            None,
+            "distribute(model, build_mesh()) places every parameter on its view's DeviceMesh, "
+            "and save/load move checkpoints between folds; parallelize and verify on views "
+            "come next (issue 21)",
+        )
+
+
 def mismatches(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> list[str]:
     """Every parameter of ``model`` whose layout differs from the spec's, one line each."""
+    refuse_views(spec, "verify")
     lmesh = spec.layout_mesh(mesh)
     if mesh.get_coordinate() is None:
         raise SpecError("this rank is not part of the mesh")
@@ -590,6 +604,7 @@ def parallelize(
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
+    refuse_views(spec, "parallelize")
     lmesh = spec.layout_mesh(mesh)
     if mesh.get_coordinate() is None:
         raise SpecError("this rank is not part of the mesh")
@@ -733,6 +748,7 @@ def tp_plan(spec: CompiledSpec, mesh: DeviceMesh, model: nn.Module | None = None
     With ``model``: exact module FQNs. Without: one entry per module pattern of the spec's
     rules (``*`` per segment, as ``parallelize_module`` matches), which needs rules whose
     module part is such a pattern."""
+    refuse_views(spec, "tp_plan")
     lmesh = spec.layout_mesh(mesh)
     if model is not None:
         plans, _ = plan_params(spec, model, lmesh, mesh)
@@ -817,6 +833,7 @@ def shard_placement_fn(
     """The ``shard_placement_fn`` for ``fully_shard``: the dimension the spec shards over
     its fsdp axis, per parameter. Call it after tensor parallelism (it keys on the
     parameters the model holds now)."""
+    refuse_views(spec, "shard_placement_fn")
     lmesh = spec.layout_mesh(mesh)
     plans, _ = plan_params(spec, model, lmesh, mesh)
     return make_shard_placement_fn(model, fsdp_dims(spec, plans))
@@ -825,6 +842,7 @@ def shard_placement_fn(
 def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
     """Parameters the spec replicates over its fsdp axis: ``fully_shard(...,
     ignored_params=...)``; their gradients need averaging over that axis."""
+    refuse_views(spec, "fsdp_ignored")
     lmesh = spec.layout_mesh(mesh)
     plans, _ = plan_params(spec, model, lmesh, mesh)
     params = dict(model.named_parameters())

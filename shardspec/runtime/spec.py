@@ -38,6 +38,7 @@ from shardspec.core.paramtable import ParamTable, absolute_name, relative_name
 from shardspec.core.patterns import compile_glob
 from shardspec.core.stages import PipelineSpec, StageError, StagePlan, StageProblem
 from shardspec.core.stages import plan as stage_plan
+from shardspec.core.views import Folded, Views, folded, view_sizes
 
 
 class SpecError(LayoutError):
@@ -133,6 +134,51 @@ def require(api: int, compiler: str) -> None:
         )
 
 
+class MeshViews(Mapping[str, Any]):
+    """What ``build_mesh()`` returns for a spec with views: view name -> torch
+    ``DeviceMesh``, every one over the same ranks (rank r has r's row-major coordinate in
+    each), unflattened from one 1-D mesh over the world (``world``) with torch's
+    ``DeviceMesh._unflatten``, as torchtitan builds its dense and sparse meshes. Pass it
+    where a single-mesh spec takes its DeviceMesh (``distribute``, ``placements``,
+    ``save``, ``load``); ``views["expert"]`` is a view's own DeviceMesh."""
+
+    def __init__(self, meshes: Mapping[str, Any], world: Any = None) -> None:
+        self._meshes = dict(meshes)
+        self.world = world
+
+    def __getitem__(self, view: str) -> Any:
+        return self._meshes[view]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._meshes)
+
+    def __len__(self) -> int:
+        return len(self._meshes)
+
+    def get_coordinate(self) -> list[int] | None:
+        """This rank's coordinate in the default (first) view."""
+        return next(iter(self._meshes.values())).get_coordinate()
+
+    def __repr__(self) -> str:
+        return f"MeshViews({self._meshes!r})"
+
+
+class _WeakViews:
+    """A :class:`MeshViews` held by weak references to its DeviceMeshes (see
+    :attr:`CompiledSpec.last_mesh`)."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, views: MeshViews) -> None:
+        self.refs = {v: weakref.ref(m) for v, m in views.items()}
+
+    def get(self) -> MeshViews | None:
+        meshes = {v: r() for v, r in self.refs.items()}
+        if any(m is None for m in meshes.values()):
+            return None
+        return MeshViews(meshes)
+
+
 class RuntimeModule:
     """``shardspec.runtime.<name>``, imported when one of its names is first used.
 
@@ -174,8 +220,19 @@ class CompiledSpec:
         pipeline: PipelineSpec | None = None,
         buffers: Mapping[str, Buffer] | Iterable[str] = (),
         hook_keys: ParamTable[Hook] | Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
+        views: Mapping[str, tuple[str, ...]] | None = None,
+        view_fsdp: Mapping[str, str | None] | None = None,
+        rule_views: tuple[str, ...] = (),
     ) -> None:
         self.name = name
+        # Views (named meshes over the same ranks): each view's axes and fsdp axis, and
+        # each rule's view. None: one mesh, ``axes``.
+        self.views: Views | None = (
+            Views(tuple(views.items()), tuple((v, (view_fsdp or {}).get(v)) for v in views))
+            if views
+            else None
+        )
+        self.rule_views = rule_views
         self.axes = axes
         self.default_sizes = dict(sizes)
         self.default_world = world
@@ -243,19 +300,27 @@ class CompiledSpec:
         hold their mesh, so it lives as long as the distributed model; this is None once
         nothing else refers to it. Objects without weak references (a dict of sizes, a
         :class:`shardspec.core.layout.Mesh`) hold no process group and are kept as they are.
+        A :class:`MeshViews` is kept as weak references to its DeviceMeshes, each held by
+        the DTensors on it: it lives as long as its views do.
         """
         ref = self._last_mesh
+        if isinstance(ref, _WeakViews):
+            return ref.get()
         return ref() if isinstance(ref, weakref.ref) else ref
 
     @last_mesh.setter
     def last_mesh(self, mesh: object | None) -> None:
         try:
+            if isinstance(mesh, MeshViews):
+                self._last_mesh = _WeakViews(mesh)
+                return
             self._last_mesh = weakref.ref(mesh) if mesh is not None else None
         except TypeError:  # not weakly referenceable: holds no process group
             self._last_mesh = mesh
 
     def sizes(self, world: int | None = None, **overrides: int) -> dict[str, int]:
-        """Axis sizes: defaults, ``overrides``, the rest axis filled from ``world``."""
+        """Axis sizes: defaults, ``overrides``, the rest axis filled from ``world``. With
+        views: every view's axes (a shared one once), each view's rest axis from the world."""
         unknown = sorted(set(overrides) - set(self.axes))
         if unknown:
             raise SpecError(
@@ -265,6 +330,8 @@ class CompiledSpec:
         merged = [overrides.get(a, self.default_sizes[a]) for a in self.axes]
         w = world if world is not None else self.default_world
         try:
+            if self.views is not None:
+                return view_sizes(self.views, dict(zip(self.axes, merged, strict=True)), w)
             resolved = resolve_sizes(self.axes, merged, w)
         except SpecError:
             raise
@@ -273,7 +340,12 @@ class CompiledSpec:
         return dict(zip(self.axes, resolved, strict=True))
 
     def layout_mesh(self, mesh: object) -> Mesh:
-        """A :class:`shardspec.core.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes."""
+        """A :class:`shardspec.core.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes.
+        With views: a :class:`~shardspec.core.views.Folded` mesh (every view's) for
+        ``build_mesh()``'s :class:`MeshViews`, a mapping view -> DeviceMesh or Mesh, or a
+        dict of every axis's size."""
+        if self.views is not None:
+            return self._folded(mesh)
         if isinstance(mesh, Mesh):
             lm = mesh
         elif isinstance(mesh, Mapping):
@@ -289,6 +361,107 @@ class CompiledSpec:
                 "inner); build it with build_mesh()"
             )
         return lm
+
+    def _folded(self, mesh: object) -> Folded:
+        """The Folded mesh of a spec with views, from what a caller passes."""
+        views = self.views
+        assert views is not None
+        if isinstance(mesh, Folded):
+            got = mesh
+        elif isinstance(mesh, Mapping) and all(isinstance(v, int) for v in mesh.values()):
+            unknown = sorted(set(mesh) - set(self.axes))
+            if unknown:
+                raise SpecError(f"unknown mesh axis {', '.join(map(repr, unknown))}")
+            merged = {a: mesh.get(a, self.default_sizes[a]) for a in self.axes}
+            world = None if set(mesh) == set(self.axes) else self.default_world
+            try:
+                got = folded(views, view_sizes(views, merged, world))
+            except LayoutError as e:
+                raise SpecError(str(e), None, e.hint, e.problem) from None
+        elif isinstance(mesh, Mapping):
+            meshes = {}
+            for view, m in mesh.items():
+                names = getattr(m, "mesh_dim_names", None) if not isinstance(m, Mesh) else m.names
+                if names is None:
+                    raise SpecError(
+                        f"view {view!r}'s DeviceMesh has no mesh_dim_names; build the views "
+                        "with build_mesh()"
+                    )
+                sizes = m.sizes if isinstance(m, Mesh) else tuple(int(s) for s in m.shape)
+                meshes[view] = Mesh(tuple(names), tuple(sizes))
+            default = meshes.get(views.default)
+            got = Folded(
+                default.names if default else (),
+                default.sizes if default else (),
+                tuple(meshes.items()),
+            )
+        else:
+            raise SpecError(
+                f"spec {self.name!r} has views ({', '.join(views.names)}): pass build_mesh()'s "
+                "views (a mapping view name -> DeviceMesh), not one mesh",
+                None,
+                "build them with build_mesh(), or as {view: DeviceMesh} over the same ranks",
+            )
+        names = tuple(v for v, _ in got.views)
+        if names != views.names:
+            raise SpecError(
+                f"the meshes are for views {', '.join(names) or '(none)'}, but spec "
+                f"{self.name!r} has views {', '.join(views.names)}; build them with build_mesh()"
+            )
+        worlds = set()
+        for view, m in got.views:
+            if m.names != views.axes_of(view):
+                raise SpecError(
+                    f"view {view!r}'s mesh has axes {m.names}, not the spec's "
+                    f"{views.axes_of(view)} (outer to inner); build it with build_mesh()"
+                )
+            worlds.add(m.world)
+        shared = got.axis_sizes
+        for _, m in got.views:
+            for a, n in zip(m.names, m.sizes, strict=True):
+                if shared[a] != n:
+                    raise SpecError(f"views size shared axis {a!r} {shared[a]} and {n}")
+        if len(worlds) > 1:
+            raise SpecError(
+                f"the views' meshes are over {sorted(worlds)} ranks: every view factors one world"
+            )
+        return got
+
+    def view_of_rule(self, rule: int | None) -> str | None:
+        """The view that places rule ``rule`` (None: the spec has no views; a buffer that
+        no rule places is on the default view)."""
+        if self.views is None:
+            return None
+        if rule is None or rule >= len(self.rule_views):
+            return self.views.default
+        return self.rule_views[rule]
+
+    def view_mesh(self, lm: Mesh, rule: int | None) -> Mesh:
+        """The mesh rule ``rule``'s parameters are laid out on: its view's in a Folded
+        mesh, else ``lm`` itself."""
+        view = self.view_of_rule(rule)
+        return lm.view(view) if isinstance(lm, Folded) and view is not None else lm
+
+    def mesh_of(self, fqn: str, mesh: object) -> Mesh:
+        """The mesh ``fqn``'s layout is on: its rule's view's (the mesh itself without
+        views)."""
+        lm = self.layout_mesh(mesh)
+        if self.views is None:
+            return lm
+        return self.view_mesh(lm, self._rule_of(fqn))
+
+    def _rule_of(self, fqn: str) -> int | None:
+        if self.stores_buffer(fqn):
+            return self.buffers[fqn].rule
+        if self.params is not None and fqn in self.params:
+            return self.params[fqn].rule
+        found = self._winner(fqn)
+        return found[0] if found is not None else None
+
+    def _axis_sizes(self, lm: Mesh) -> dict[str, int]:
+        if isinstance(lm, Folded):
+            return lm.axis_sizes
+        return dict(zip(lm.names, lm.sizes, strict=True))
 
     def is_module(self, name: str) -> bool:
         """Whether ``name`` is a module that holds parameters of the manifest, or a module
@@ -464,8 +637,8 @@ class CompiledSpec:
         if self.params is None:
             return None
         if self.built_sizes:
-            lm = self.layout_mesh(mesh)
-            if any(lm.size(a) != n for a, n in self.built_sizes.items() if a in lm.names):
+            sizes = self._axis_sizes(self.layout_mesh(mesh))
+            if any(sizes[a] != n for a, n in self.built_sizes.items() if a in sizes):
                 return None
         return self.params
 
@@ -483,7 +656,6 @@ class CompiledSpec:
         module tensor's shape) is required.
         """
         lm = self.layout_mesh(mesh)
-        sizes = dict(zip(lm.names, lm.sizes, strict=True))
         table = self.table(lm)
         if self.stores_buffer(fqn):
             return self.buffer_layout(fqn, lm, shape, name_indexed_counts)
@@ -509,21 +681,23 @@ class CompiledSpec:
             rule, _ = self.match(fqn)
             module_shape = tuple(shape)
             counts = dict(name_indexed_counts) if name_indexed_counts is not None else None
+        vm = self.view_mesh(lm, rule)  # (lm itself without views)
+        sizes = dict(zip(vm.names, vm.sizes, strict=True))
         try:
             layout = build_layout(self.rules[rule], module_shape, sizes, counts)
         except LayoutError as e:  # name the parameter; distribute collects SpecErrors
             raise SpecError(f"parameter {fqn!r}: {e}", None, e.hint, e.problem) from None
         layout = self._on_stages(fqn, layout, lm)
-        bad = representable(layout, lm)
+        bad = representable(layout, vm)
         if bad is not None:
             raise SpecError(
                 f"parameter {fqn!r}: no DTensor placements describe its layout on mesh "
-                f"{dict(zip(lm.names, lm.sizes, strict=True))} (rank {lm.rank_of(bad)} differs)",
+                f"{dict(zip(vm.names, vm.sizes, strict=True))} (rank {vm.rank_of(bad)} differs)",
                 "SS031",
             )
-        problem = torch_problem(layout, lm)
+        problem = torch_problem(layout, vm)
         if problem is not None:
-            message, hint = torch_problem_text(layout, lm, problem)
+            message, hint = torch_problem_text(layout, vm, problem)
             raise SpecError(f"parameter {fqn!r}: {message}", "SS031", hint)
         return layout
 
@@ -544,8 +718,9 @@ class CompiledSpec:
         buffers whole). A rule may hold it as a local shard (``local``), never shard it
         over an axis at run time: lint refuses that (SS087), and so does this."""
         lm = self.layout_mesh(mesh)
-        sizes = dict(zip(lm.names, lm.sizes, strict=True))
         entry = self.buffers[fqn]
+        vm = self.view_mesh(lm, entry.rule)
+        sizes = dict(zip(vm.names, vm.sizes, strict=True))
         if shape is None and self.table(lm) is not None and entry.shape is not None:
             shape = entry.shape  # the manifest's module tensor shape
         if shape is None:
@@ -591,11 +766,11 @@ class CompiledSpec:
     def rank_table(self, fqn: str, mesh: object, shape: Iterable[int] | None = None):
         """Every rank's global indices of ``fqn`` (see :func:`shardspec.core.layout.rank_table`)."""
         lm = self.layout_mesh(mesh)
-        return rank_table(self.layout(fqn, lm, shape), lm)
+        return rank_table(self.layout(fqn, lm, shape), self.mesh_of(fqn, lm))
 
     def abstract_placements(self, fqn: str, mesh: object, shape=None) -> tuple[Placement, ...]:
         lm = self.layout_mesh(mesh)
-        return dtensor_placements(self.layout(fqn, lm, shape), lm)
+        return dtensor_placements(self.layout(fqn, lm, shape), self.mesh_of(fqn, lm))
 
     def name_indexed_counts_of(self, names: Iterable[str]) -> dict[str, dict[str, int]]:
         """Without a manifest: modules per name-indexed dim, counted from the model's names."""

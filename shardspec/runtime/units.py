@@ -336,7 +336,7 @@ def _structural(
     params: list[tuple[str, Expected, tuple[tuple[str, Unit], ...]]] = []
     structure: dict[str, tuple] = {}
     chunks = []
-    single: dict[tuple[ParamLayout, int], int] = {}
+    single: dict[tuple[ParamLayout, Mesh, int], int] = {}
     counts = count_name_indexed(spec, names, flat)
     unnamed: list[str] = []  # tensors that hold no parameter's name
     found: set[str] = set()  # the parameter names in the keys, as this rank's model has them
@@ -369,12 +369,15 @@ def _structural(
             structure[key] = _describe(value)
             continue
         layout = spec.layout(fqn, mesh, names.shape_for_layout(fqn, value), counts.get(fqn))
+        # The mesh of the parameter's view (``mesh`` itself without views): rank numbers
+        # are the same in every view, so its per-rank tables index this plan's ranks.
+        pmesh = spec.mesh_of(fqn, mesh)
         declared = layout  # what the fingerprint describes, for saving and loading alike
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())
-        pieces = rank_pieces(layout, mesh)
+        pieces = rank_pieces(layout, pmesh)
         spans = names.name_indexed_spans(fqn, layout)  # once per parameter, not per piece
-        if shape != module_shape(layout, mesh):
+        if shape != module_shape(layout, pmesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
             vstart = pieces[rank][0].name_indexed_start if pieces[rank] else ()
             new_key = key[:a] + names.canonical(fqn, layout, vstart, spans) + key[b:]
@@ -387,13 +390,13 @@ def _structural(
             structure[key] = _describe(value)  # the caller's key: the same on every rank
             continue
         expected = Expected(
-            tuple(to_torch(p) for p in dtensor_placements(layout, mesh)),
-            dtensor_placements(layout, mesh),
-            dtensor_mesh(layout, mesh),
+            tuple(to_torch(p) for p in dtensor_placements(layout, pmesh)),
+            dtensor_placements(layout, pmesh),
+            dtensor_mesh(layout, pmesh),
             shape,
         )
         tensor = _local_of(value, expected, key)
-        groups = replica_groups(layout, mesh)
+        groups = replica_groups(layout, pmesh)
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
         structure[key] = ("param", shape, str(tensor.dtype), declared)
@@ -430,7 +433,7 @@ def _structural(
                     plan.keys.add(skey)
                     if saving and not any(s == 0 for s in piece.sizes):
                         nbytes = math.prod(piece.sizes) * itemsize
-                        replicas = stage_writers(layout, mesh, groups[r][k])
+                        replicas = stage_writers(layout, pmesh, groups[r][k])
                         chunks.append(((skey, piece.offsets), replicas, nbytes))
             continue
         # Every rank of the stage stores the same keys: the parameter's name, or one per
@@ -441,19 +444,19 @@ def _structural(
             plan.keys.add(stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:])
         if not saving:
             continue  # a load reads every chunk it holds: no writers to choose
-        if unreplicated(layout, mesh):
+        if unreplicated(layout, pmesh):
             # One holder per chunk: no writer to choose. Count its bytes per rank by
             # layout (O(world) per distinct layout, not per parameter).
-            single[(layout, itemsize)] = single.get((layout, itemsize), 0) + 1
+            single[(layout, pmesh, itemsize)] = single.get((layout, pmesh, itemsize), 0) + 1
             continue
         # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
-        for comp, offsets, replicas, n in chunk_table(layout, mesh):
+        for comp, offsets, replicas, n in chunk_table(layout, pmesh):
             skey = stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:]
-            chunks.append(((skey, offsets), stage_writers(layout, mesh, replicas), n * itemsize))
+            chunks.append(((skey, offsets), stage_writers(layout, pmesh, replicas), n * itemsize))
     if saving:
         base = [0] * mesh.world
-        for (layout, itemsize), count in single.items():
-            for r, n in enumerate(rank_elements(layout, mesh)):
+        for (layout, lm, itemsize), count in single.items():
+            for r, n in enumerate(rank_elements(layout, lm)):
                 base[r] += n * itemsize * count
         plan.writer = assign_writers(chunks, mesh.world, base)
     plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)

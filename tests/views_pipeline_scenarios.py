@@ -1,0 +1,212 @@
+"""Multi-rank scenarios for ``tests/test_views_pipeline.py``: pipeline stages on a folded
+spec (views that share the pipeline axis), on 4 gloo ranks in one spawn.
+
+The spec (:data:`PP_FOLDED`, compiled by the test) is the example MoE
+(examples/models/moe.py) with a dense view (pp 2, fsdp 2) and an expert view (pp 2, ep 2,
+efsdp 1) over the same 4 ranks, a pipeline over its two layers.
+
+* ``stages``: each rank's stage is its coordinate on the shared pp axis (rank // 2 in both
+  views); ``pipeline_group`` is torch's pp group of that shape, and the stage functions
+  take the views as a single-mesh spec takes its DeviceMesh.
+* ``split``: ``split_stage`` cuts the whole model to the rank's stage and ``distribute``
+  places each kept parameter on its view's DeviceMesh: every local shard and full tensor
+  is the single-process model's, bitwise.
+* Checkpoints between the pipelined fold and the unpipelined folds of
+  specs/deepseek_moe_folded.shard: saved from the stage models at pp 2, loaded at dense
+  (fsdp 2, tp 2) x expert (ep 2, efsdp 2) and at ep 4; and saved at ep 2 x efsdp 2, loaded
+  into the stage models. Each load starts from other values and must give the
+  single-process model's tensors bitwise.
+* ``ties``: the same spec for the MoE with its head tied to its embedding (as transformers
+  ties them): ``broadcast_tied`` copies the embedding over the last stage's perturbed copy
+  and ``reduce_tied_grads`` sums the two stages' gradients, given the views.
+
+Scenarios record failures (:class:`shardspec.testing.Checks`) rather than raise, so one
+rank's failed check never leaves the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from examples.models import moe
+from shardspec.testing import Checks
+from tests import views_scenarios as vs
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+# The rules of specs/deepseek_moe_folded.shard without tp, and a pipeline over the layers.
+PP_FOLDED = """\
+manifest "{manifest}"
+mesh dense over 4 ranks {{
+    pp: 2
+    fsdp: *
+}}
+mesh expert {{
+    pp: 2
+    ep: 2
+    efsdp: *
+}}
+fsdp fsdp
+fsdp efsdp
+ignore **._extra_state
+pipeline pp {{
+    first embed
+    split layers.{{layer}}
+    last hc_head, norm, head{tie}
+}}
+param layers.*.moe.experts.w{{1,3}} [expert, ffn, hidden] {{
+    shard expert over ep
+    style expert_parallel
+}}
+param layers.*.moe.experts.w2 [expert, hidden, ffn] {{
+    shard expert over ep
+    style expert_parallel
+}}
+param layers.*.moe.router.weight [expert, hidden] {{
+    view dense
+}}
+param layers.*.attn.w{{q,k,v,o}}.weight [out, in] {{}}
+param embed.weight [vocab, hidden] {{}}
+param **.*norm.weight [dim] {{}}
+param *head.* [vocab, hidden] {{}}
+param hc_head.* replicate
+"""
+TIE = "\n    tie head.weight = embed.weight"
+
+
+def spec_text(manifest: str, tied: bool = False) -> str:
+    """The pipelined folded spec over ``manifest`` (the tied model's with ``tied``)."""
+    return PP_FOLDED.format(manifest=manifest, tie=TIE if tied else "")
+
+
+def tied_moe() -> nn.Module:
+    """The tiny MoE with its head's weight *being* its embedding's (transformers' way)."""
+    model = moe.tiny()
+    assert model.head is not None
+    model.head.weight = model.embed.weight
+    return model
+
+
+def load_module(path: str) -> Any:
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stage_model(mod: Any, views: Any, seed: int, tied: bool = False) -> nn.Module:
+    model = tied_moe() if tied else moe.tiny()
+    moe.init_weights(model, seed)
+    mod.split_stage(model, views)
+    mod.distribute(model, views)
+    return model
+
+
+def check_stages(checks: Checks, mod: Any, rank: int) -> None:
+    """A rank's stage, the pipeline group and the stage tables, given the views."""
+    views = mod.build_mesh()
+    tag = "stages"
+    stage = mod.stage_of(views)
+    checks.check(tag, stage == rank // 2, f"stage {stage}, not {rank // 2}")
+    for view in views:
+        coord = views[view].get_coordinate()
+        checks.check(tag, coord[0] == stage, f"view {view}: pp coordinate {coord}")
+    torch_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "rest"))
+    got = dist.get_process_group_ranks(mod.pipeline_group(views))
+    want = dist.get_process_group_ranks(torch_mesh.get_group("pp"))
+    checks.check(tag, got == want == [rank % 2, rank % 2 + 2], f"pp group {got} != {want}")
+    checks.check(tag, mod.num_stages(views) == 2, f"{mod.num_stages(views)} stages")
+    layers = mod.stage_layers(views)
+    checks.check(tag, layers == [str(stage)], f"stage {stage} holds layers {layers}")
+    names = set(mod.stage_params(views))
+    head = {"embed.weight"} if stage == 0 else {"norm.weight", "head.weight", "hc_head.fn"}
+    checks.check(tag, head <= names, f"stage {stage} lacks {sorted(head - names)}")
+
+
+def check_split(checks: Checks, mod: Any, ref: dict[str, torch.Tensor]) -> None:
+    """split_stage then distribute: each kept parameter on its view, the reference's."""
+    views = mod.build_mesh()
+    model = _stage_model(mod, views, vs.SEED)
+    names = [n for n, _ in model.named_parameters()]
+    want = sorted(mod.stage_params(views))
+    checks.check("split", sorted(names) == want, f"holds {sorted(names)}, not {want}")
+    vs.compare(checks, "split", mod, model, views, ref)
+    w1 = model.get_parameter(f"layers.{mod.stage_of(views)}.moe.experts.w1")
+    checks.check(
+        "split",
+        tuple(w1.device_mesh.mesh_dim_names) == ("ep", "efsdp"),
+        f"experts on {w1.device_mesh.mesh_dim_names}",
+    )
+
+
+def _load_stages(checks: Checks, tag: str, mod: Any, path: str, ref: dict) -> None:
+    views = mod.build_mesh()
+    model = _stage_model(mod, views, vs.OTHER)
+    name, first = next(iter(model.named_parameters()))
+    checks.check(tag, not torch.equal(first.full_tensor(), ref[name]), "starts equal")
+    mod.load({"model": model.state_dict()}, path, mesh=views)
+    vs.compare(checks, tag, mod, model, views, ref)
+
+
+def check_checkpoints(checks: Checks, mod: Any, root: str, ref: dict) -> None:
+    """Stage models at pp 2 <-> the folds of specs/deepseek_moe_folded.shard at pp 1."""
+    folded = importlib.import_module(vs.FOLDED)
+    a = os.path.join(root, "pp2")
+    views = mod.build_mesh()
+    model = _stage_model(mod, views, vs.SEED)
+    mod.save({"model": model.state_dict()}, a, mesh=views)
+    del model, views
+    vs._load_and_compare(checks, "load pp 2 at ep 2 x efsdp 2, tp 2", folded, vs.FOLD_A, a, ref)
+    vs._load_and_compare(checks, "load pp 2 at ep 4", folded, vs.FOLD_EP4, a, ref)
+    b = os.path.join(root, "fold-a")
+    vs._save(folded, vs.FOLD_A, b)
+    _load_stages(checks, "load ep 2 x efsdp 2, tp 2 at pp 2", mod, b, ref)
+
+
+def check_ties(checks: Checks, mod: Any) -> None:
+    """broadcast_tied and reduce_tied_grads across the two stages, given the views."""
+    views = mod.build_mesh()
+    stage = mod.stage_of(views)
+    model = _stage_model(mod, views, vs.SEED, tied=True)
+    ref = tied_moe()
+    moe.init_weights(ref, vs.SEED)
+    source = ref.embed.weight.detach()
+    name = "embed.weight" if stage == 0 else "head.weight"
+    p = model.get_parameter(name)
+    assert isinstance(p, DTensor)
+    with torch.no_grad():
+        if stage == 1:  # the last stage's copy drifts
+            p.to_local().add_(1.0)
+    mod.broadcast_tied(model, views)
+    checks.check("ties", torch.equal(p.full_tensor(), source), f"{name} is not the source's")
+    # gradients: stage s holds (s + 1) * ones; the sum over the stages is 3 * ones
+    p.grad = DTensor.from_local(
+        torch.full_like(p.to_local(), float(stage + 1)), p.device_mesh, p.placements
+    )
+    mod.reduce_tied_grads(model, views)
+    got = p.grad.full_tensor()
+    checks.check("ties", torch.equal(got, torch.full_like(got, 3.0)), f"{name}.grad not summed")
+
+
+def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> dict[str, Any]:
+    """Every scenario on this rank: failures and the checks made per tag."""
+    checks = Checks()
+    mod = load_module(module)
+    ref = vs._reference()
+    check_stages(checks, mod, rank)
+    check_split(checks, mod, ref)
+    check_checkpoints(checks, mod, root, ref)
+    check_ties(checks, load_module(tied_module))
+    return {"fail": checks.fail, "count": checks.count}

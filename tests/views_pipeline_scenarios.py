@@ -5,6 +5,8 @@ The spec (:data:`PP_FOLDED`, compiled by the test) is the example MoE
 (examples/models/moe.py) with a dense view (pp 2, fsdp 2) and an expert view (pp 2, ep 2,
 efsdp 1) over the same 4 ranks, a pipeline over its two layers.
 
+* ``groups``: ``build_mesh`` makes one process group per axis, the shared pp axis's once
+  (the same group in both views), each view's DeviceMesh torch's of its shape.
 * ``stages``: each rank's stage is its coordinate on the shared pp axis (rank // 2 in both
   views); ``pipeline_group`` is torch's pp group of that shape, and the stage functions
   take the views as a single-mesh spec takes its DeviceMesh.
@@ -135,6 +137,36 @@ def check_stages(checks: Checks, mod: Any, rank: int) -> None:
     checks.check(tag, head <= names, f"stage {stage} lacks {sorted(head - names)}")
 
 
+def groups_made(build: Any) -> tuple[Any, int, int]:
+    """``build()``'s result, the ``new_group`` calls it made (every rank makes every
+    group) and the groups this rank joined."""
+    from torch.distributed import distributed_c10d as c10d
+
+    calls, joined = c10d._world.group_count, len(c10d._world.pg_map)
+    out = build()
+    return out, c10d._world.group_count - calls, len(c10d._world.pg_map) - joined
+
+
+def check_groups(checks: Checks, mod: Any, rank: int) -> None:
+    """build_mesh makes one process group per axis, a shared axis's once: the pp group is
+    the same group in both views (it was one per view: two groups of the same ranks). Four
+    axes here (pp, fsdp, ep, efsdp): this rank joins 4 groups; the new_group calls are the
+    subgroups of pp, fsdp (which is ep: the expert view unflattens it), ep and efsdp (size 1:
+    a group per rank): 2 + 2 + 2 + 4."""
+    tag = "groups"
+    views, calls, joined = groups_made(mod.build_mesh)
+    vs.check_views_are_torchs(checks, "pp views", mod, views, {}, rank)
+    dense, expert = views["dense"], views["expert"]
+    checks.check(tag, dense.get_group("pp") is expert.get_group("pp"), "two pp groups")
+    checks.check(tag, joined == 4, f"joined {joined} groups, not 4 (one per axis)")
+    checks.check(tag, calls == 10, f"{calls} new_group calls, not 10")
+    # A spec whose views share no axis: each view's axes, as before (fsdp 2, tp 2, ep 2,
+    # efsdp 2: 4 groups joined, 8 new_group calls).
+    folded = importlib.import_module(vs.FOLDED)
+    _, calls, joined = groups_made(lambda: folded.build_mesh(**vs.FOLD_A))
+    checks.check(tag, (joined, calls) == (4, 8), f"folded: {joined} joined, {calls} calls")
+
+
 def check_split(checks: Checks, mod: Any, ref: dict[str, torch.Tensor]) -> None:
     """split_stage then distribute: each kept parameter on its view, the reference's."""
     views = mod.build_mesh()
@@ -205,6 +237,7 @@ def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> 
     checks = Checks()
     mod = load_module(module)
     ref = vs._reference()
+    check_groups(checks, mod, rank)
     check_stages(checks, mod, rank)
     check_split(checks, mod, ref)
     check_checkpoints(checks, mod, root, ref)

@@ -59,23 +59,31 @@ def check_build_mesh(checks: Checks, rank: int) -> None:
     mod = importlib.import_module(FOLDED)
     for fold in (FOLD_A, FOLD_EP4, FOLD_TP4):
         views = mod.build_mesh(**fold)
-        sizes = mod.SPEC.sizes(world=dist.get_world_size(), **fold)
-        for view, axes in mod.VIEWS.items():
-            dm = views[view]
-            shape = tuple(sizes[a] for a in axes)
-            tag = f"build_mesh {fold} {view}"
-            checks.check(tag, tuple(dm.mesh_dim_names) == axes, f"names {dm.mesh_dim_names}")
-            checks.check(tag, tuple(dm.shape) == shape, f"shape {tuple(dm.shape)} != {shape}")
-            want = Mesh(axes, shape).coord_of(rank)
-            got = tuple(dm.get_coordinate() or ())
-            checks.check(tag, got == want, f"coordinate {got} != {want}")
-            torch_mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
-            checks.check(tag, torch.equal(dm.mesh, torch_mesh.mesh), f"{dm.mesh}")
-            for a in axes:
-                got = dist.get_process_group_ranks(dm.get_group(a))
-                expect = dist.get_process_group_ranks(torch_mesh.get_group(a))
-                checks.check(tag, got == expect, f"axis {a}: ranks {got} != {expect}")
+        check_views_are_torchs(checks, f"build_mesh {fold}", mod, views, fold, rank)
         checks.check("views coordinate", views.get_coordinate() is not None, "no coordinate")
+
+
+def check_views_are_torchs(
+    checks: Checks, tag: str, mod: Any, views: Any, fold: dict[str, int], rank: int
+) -> None:
+    """Every view of ``views`` (``mod.build_mesh(**fold)``'s) against ``init_device_mesh``'s
+    mesh of its shape: names, shape, this rank's coordinate, ranks and each axis's group."""
+    sizes = mod.SPEC.sizes(world=dist.get_world_size(), **fold)
+    for view, axes in mod.VIEWS.items():
+        dm = views[view]
+        shape = tuple(sizes[a] for a in axes)
+        vtag = f"{tag} {view}"
+        checks.check(vtag, tuple(dm.mesh_dim_names) == axes, f"names {dm.mesh_dim_names}")
+        checks.check(vtag, tuple(dm.shape) == shape, f"shape {tuple(dm.shape)} != {shape}")
+        want = Mesh(axes, shape).coord_of(rank)
+        got = tuple(dm.get_coordinate() or ())
+        checks.check(vtag, got == want, f"coordinate {got} != {want}")
+        torch_mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
+        checks.check(vtag, torch.equal(dm.mesh, torch_mesh.mesh), f"{dm.mesh}")
+        for a in axes:
+            got = dist.get_process_group_ranks(dm.get_group(a))
+            expect = dist.get_process_group_ranks(torch_mesh.get_group(a))
+            checks.check(vtag, got == expect, f"axis {a}: ranks {got} != {expect}")
 
 
 def _distributed(mod: Any, fold: dict[str, int] | None, seed: int) -> tuple[nn.Module, Any]:

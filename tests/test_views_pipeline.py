@@ -65,11 +65,15 @@ class FakeMesh:
         return (self.mesh_dim_names, axis)  # a stand-in naming the mesh and axis
 
 
-def _views(rank: int) -> MeshViews:
-    """The views of a 4-rank world at dense (pp 2, fsdp 2), expert (pp 2, ep 2, efsdp 1)."""
+def _views(rank: int, tied: bool = False) -> MeshViews:
+    """The views of a 4-rank world at dense (pp 2, fsdp 2; the tied spec's with tp 1),
+    expert (pp 2, ep 2, efsdp 1)."""
+    tp = ("tp",) if tied else ()
     return MeshViews(
         {
-            "dense": FakeMesh(("pp", "fsdp"), (2, 2), [rank // 2, rank % 2]),
+            "dense": FakeMesh(
+                ("pp", "fsdp", *tp), (2, 2, *(1,) * len(tp)), [rank // 2, rank % 2, *(0,) * len(tp)]
+            ),
             "expert": FakeMesh(("pp", "ep", "efsdp"), (2, 2, 1), [rank // 2, rank % 2, 0]),
         }
     )
@@ -103,7 +107,7 @@ def test_the_tied_spec_ties_across_the_stages(modules: tuple[str, str]) -> None:
     mod = vps.load_module(modules[1])
     for rank, want in ((0, "embed.weight"), (3, "head.weight")):
         model = vps.tied_moe()
-        mod.split_stage(model, _views(rank))
+        mod.split_stage(model, _views(rank, tied=True))
         assert want in dict(model.named_parameters())
 
 
@@ -144,6 +148,9 @@ MIN_CHECKS = {
     "load pp 2 at ep 4": 1 + 3 * 30,
     "load ep 2 x efsdp 2, tp 2 at pp 2": 1 + 3 * 13,
     "ties": 2,
+    "groups, no single own axis": 2,
+    "tied views dense": 4 + 3,
+    "tied views expert": 4 + 3,
 }
 
 

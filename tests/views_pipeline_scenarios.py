@@ -51,7 +51,7 @@ PP_FOLDED = """\
 manifest "{manifest}"
 mesh dense over 4 ranks {{
     pp: 2
-    fsdp: *
+    fsdp: *{dense_tp}
 }}
 mesh expert {{
     pp: 2
@@ -84,11 +84,16 @@ param *head.* [vocab, hidden] {{}}
 param hc_head.* replicate
 """
 TIE = "\n    tie head.weight = embed.weight"
+DENSE_TP = "\n    tp: 1"
 
 
 def spec_text(manifest: str, tied: bool = False) -> str:
-    """The pipelined folded spec over ``manifest`` (the tied model's with ``tied``)."""
-    return PP_FOLDED.format(manifest=manifest, tie=TIE if tied else "")
+    """The pipelined folded spec over ``manifest``; with ``tied``, the tied model's, whose
+    dense view also has a tp axis (of size 1: no view's own axes are then one axis, the
+    other way build_mesh shares the pp group)."""
+    return PP_FOLDED.format(
+        manifest=manifest, tie=TIE if tied else "", dense_tp=DENSE_TP if tied else ""
+    )
 
 
 def tied_moe() -> nn.Module:
@@ -167,6 +172,19 @@ def check_groups(checks: Checks, mod: Any, rank: int) -> None:
     checks.check(tag, (joined, calls) == (4, 8), f"folded: {joined} joined, {calls} calls")
 
 
+def check_groups_without_a_single_axis(checks: Checks, mod: Any, rank: int) -> None:
+    """The tied spec's views, dense (pp 2, fsdp 2, tp 1) and expert (pp 2, ep 2, efsdp 1):
+    no view's own axes are one axis, so the world is unflattened into pp and a rest that
+    each view unflattens. The pp group is still one; the rest's is one more (6 joined:
+    pp, rest, fsdp, tp, ep, efsdp), as many as one pp group per view would make."""
+    tag = "groups, no single own axis"
+    views, _, joined = groups_made(mod.build_mesh)
+    vs.check_views_are_torchs(checks, "tied views", mod, views, {}, rank)
+    dense, expert = views["dense"], views["expert"]
+    checks.check(tag, dense.get_group("pp") is expert.get_group("pp"), "two pp groups")
+    checks.check(tag, joined == 6, f"joined {joined} groups, not 6")
+
+
 def check_split(checks: Checks, mod: Any, ref: dict[str, torch.Tensor]) -> None:
     """split_stage then distribute: each kept parameter on its view, the reference's."""
     views = mod.build_mesh()
@@ -241,5 +259,7 @@ def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> 
     check_stages(checks, mod, rank)
     check_split(checks, mod, ref)
     check_checkpoints(checks, mod, root, ref)
-    check_ties(checks, load_module(tied_module))
+    tied = load_module(tied_module)
+    check_groups_without_a_single_axis(checks, tied, rank)
+    check_ties(checks, tied)
     return {"fail": checks.fail, "count": checks.count}

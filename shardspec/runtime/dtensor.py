@@ -128,8 +128,11 @@ def view_meshes(spec: CompiledSpec, dev: str, sizes: dict[str, int]) -> MeshView
     one size, SS102) get one process group each, not one per view: the world is unflattened
     once into them and the rest, and each view unflattens the rest into its own axes
     (torch's ``_unflatten`` keeps the groups of the dimensions it does not split). A view
-    whose own axes are one axis is that mesh itself, the rest named after the axis; a view
-    with no axes of its own is the slice of the shared ones."""
+    whose own axes are one axis is that mesh itself, the rest named after the axis; where
+    no view's own axes are one axis, the rest's group is one more that no view uses (so
+    one shared axis and two such views make as many groups as before, the shared one
+    still once). With three views or more, an axis only some of them share gets a group
+    per view."""
     assert spec.views is not None
     world_name = "world"
     while world_name in spec.axes:
@@ -152,10 +155,9 @@ def view_meshes(spec: CompiledSpec, dev: str, sizes: dict[str, int]) -> MeshView
     base = world._unflatten(0, (*(sizes[a] for a in shared), rest), (*shared, rest_name))
     meshes = {}
     for view, axes in own.items():
+        # (every view has an axis of its own: its fsdp axis, never a shared one, SS103)
         if view == single:
             meshes[view] = base
-        elif not axes:  # every rank on the shared axes: the rest is of size 1
-            meshes[view] = base[shared]
         else:
             meshes[view] = base._unflatten(rest_name, tuple(sizes[a] for a in axes), axes)
     return MeshViews(meshes, world)

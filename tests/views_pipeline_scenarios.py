@@ -6,7 +6,8 @@ The spec (:data:`PP_FOLDED`, compiled by the test) is the example MoE
 efsdp 1) over the same 4 ranks, a pipeline over its two layers.
 
 * ``groups``: ``build_mesh`` makes one process group per axis, the shared pp axis's once
-  (the same group in both views), each view's DeviceMesh torch's of its shape.
+  (the same group in both views), each view's DeviceMesh torch's of its shape; counted
+  with and without a view whose own axes are one axis (:func:`check_group_counts`).
 * ``stages``: each rank's stage is its coordinate on the shared pp axis (rank // 2 in both
   views); ``pipeline_group`` is torch's pp group of that shape, and the stage functions
   take the views as a single-mesh spec takes its DeviceMesh.
@@ -152,37 +153,37 @@ def groups_made(build: Any) -> tuple[Any, int, int]:
     return out, c10d._world.group_count - calls, len(c10d._world.pg_map) - joined
 
 
-def check_groups(checks: Checks, mod: Any, rank: int) -> None:
-    """build_mesh makes one process group per axis, a shared axis's once: the pp group is
-    the same group in both views (it was one per view: two groups of the same ranks). Four
-    axes here (pp, fsdp, ep, efsdp): this rank joins 4 groups; the new_group calls are the
-    subgroups of pp, fsdp (which is ep: the expert view unflattens it), ep and efsdp (size 1:
-    a group per rank): 2 + 2 + 2 + 4."""
-    tag = "groups"
+def check_groups(
+    checks: Checks, tag: str, mod: Any, rank: int, joined_want: int, calls_want: int
+) -> None:
+    """build_mesh of ``mod``'s views: torch's meshes, the pp group one group for both
+    views, ``joined_want`` groups joined by this rank, ``calls_want`` new_group calls."""
     views, calls, joined = groups_made(mod.build_mesh)
-    vs.check_views_are_torchs(checks, "pp views", mod, views, {}, rank)
+    vs.check_views_are_torchs(checks, f"{tag} views", mod, views, {}, rank)
     dense, expert = views["dense"], views["expert"]
     checks.check(tag, dense.get_group("pp") is expert.get_group("pp"), "two pp groups")
-    checks.check(tag, joined == 4, f"joined {joined} groups, not 4 (one per axis)")
-    checks.check(tag, calls == 10, f"{calls} new_group calls, not 10")
-    # A spec whose views share no axis: each view's axes, as before (fsdp 2, tp 2, ep 2,
-    # efsdp 2: 4 groups joined, 8 new_group calls).
+    checks.check(tag, joined == joined_want, f"joined {joined} groups, not {joined_want}")
+    checks.check(tag, calls == calls_want, f"{calls} new_group calls, not {calls_want}")
+
+
+def check_group_counts(checks: Checks, mod: Any, tied: Any, rank: int) -> None:
+    """build_mesh makes one process group per axis, a shared axis's once (it was one per
+    view: two groups of the same ranks).
+
+    * ``mod``'s views, dense (pp 2, fsdp 2) and expert (pp 2, ep 2, efsdp 1): four axes,
+      4 groups joined; the new_group calls are the subgroups of pp, fsdp (the world's rest,
+      which the expert view unflattens), ep and efsdp (size 1: a group per rank):
+      2 + 2 + 2 + 4. Before: 5 joined, 12 calls.
+    * ``tied``'s, dense (pp 2, fsdp 2, tp 1) and expert (pp 2, ep 2, efsdp 1): no view's
+      own axes are one axis, so the rest has a group of its own: 6 joined (pp, rest, fsdp,
+      tp, ep, efsdp) and 2 + 2 + 2 + 4 + 2 + 4 calls, as many as one pp group per view.
+    * A spec whose views share no axis (specs/deepseek_moe_folded.shard at fsdp 2, tp 2,
+      ep 2, efsdp 2): each view's axes, as before: 4 joined, 8 calls."""
+    check_groups(checks, "groups", mod, rank, 4, 10)
+    check_groups(checks, "groups, no single own axis", tied, rank, 6, 16)
     folded = importlib.import_module(vs.FOLDED)
     _, calls, joined = groups_made(lambda: folded.build_mesh(**vs.FOLD_A))
-    checks.check(tag, (joined, calls) == (4, 8), f"folded: {joined} joined, {calls} calls")
-
-
-def check_groups_without_a_single_axis(checks: Checks, mod: Any, rank: int) -> None:
-    """The tied spec's views, dense (pp 2, fsdp 2, tp 1) and expert (pp 2, ep 2, efsdp 1):
-    no view's own axes are one axis, so the world is unflattened into pp and a rest that
-    each view unflattens. The pp group is still one; the rest's is one more (6 joined:
-    pp, rest, fsdp, tp, ep, efsdp), as many as one pp group per view would make."""
-    tag = "groups, no single own axis"
-    views, _, joined = groups_made(mod.build_mesh)
-    vs.check_views_are_torchs(checks, "tied views", mod, views, {}, rank)
-    dense, expert = views["dense"], views["expert"]
-    checks.check(tag, dense.get_group("pp") is expert.get_group("pp"), "two pp groups")
-    checks.check(tag, joined == 6, f"joined {joined} groups, not 6")
+    checks.check("groups", (joined, calls) == (4, 8), f"folded: {joined} joined, {calls} calls")
 
 
 def check_split(checks: Checks, mod: Any, ref: dict[str, torch.Tensor]) -> None:
@@ -255,11 +256,10 @@ def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> 
     checks = Checks()
     mod = load_module(module)
     ref = vs._reference()
-    check_groups(checks, mod, rank)
+    tied = load_module(tied_module)
+    check_group_counts(checks, mod, tied, rank)
     check_stages(checks, mod, rank)
     check_split(checks, mod, ref)
     check_checkpoints(checks, mod, root, ref)
-    tied = load_module(tied_module)
-    check_groups_without_a_single_axis(checks, tied, rank)
     check_ties(checks, tied)
     return {"fail": checks.fail, "count": checks.count}

@@ -127,8 +127,12 @@ WORLD = 4
 
 @pytest.fixture(scope="module")
 def results(modules: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    from tests.test_views_dist import _qwen3
+
     root = tmp_path_factory.mktemp("pp_views")
-    return run_ranks(vps.run_all, WORLD, str(root), *modules, timeout=240)
+    hf_dir = root / "qwen3"
+    _qwen3(hf_dir)
+    return run_ranks(vps.run_all, WORLD, str(root), str(hf_dir), *modules, timeout=240)
 
 
 @pytest.mark.dist
@@ -148,6 +152,8 @@ MIN_CHECKS = {
     "load pp 2 at ep 4": 1 + 3 * 30,
     "load ep 2 x efsdp 2, tp 2 at pp 2": 1 + 3 * 13,
     "ties": 2,
+    "load_hf at pp 2": 2 + 13,  # bytes read, names, then each mapped parameter held
+    "export_hf at pp 2": 1 + 40,
     "groups, no single own axis": 3,
     "groups, no single own axis views dense": 4 + 3,
     "groups, no single own axis views expert": 4 + 3,

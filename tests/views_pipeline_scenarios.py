@@ -19,6 +19,9 @@ efsdp 1) over the same 4 ranks, a pipeline over its two layers.
   (fsdp 2, tp 2) x expert (ep 2, efsdp 2) and at ep 4; and saved at ep 2 x efsdp 2, loaded
   into the stage models. Each load starts from other values and must give the
   single-process model's tensors bitwise.
+* ``hf``: Qwen3-MoE's per-expert HF keys (saved by transformers) load into the stage models,
+  each rank reading exactly its shards' bytes; export_hf from them writes transformers'
+  files again, bitwise.
 * ``ties``: the same spec for the MoE with its head tied to its embedding (as transformers
   ties them): ``broadcast_tied`` copies the embedding over the last stage's perturbed copy
   and ``reduce_tied_grads`` sums the two stages' gradients, given the views.
@@ -78,7 +81,8 @@ param layers.*.moe.experts.w2 [expert, hidden, ffn] {{
 param layers.*.moe.router.weight [expert, hidden] {{
     view dense
 }}
-param layers.*.attn.w{{q,k,v,o}}.weight [out, in] {{}}
+param layers.*.attn.w{{q,k,v}}.weight [out, hidden] {{}}
+param layers.*.attn.wo.weight [hidden, heads] {{}}
 param embed.weight [vocab, hidden] {{}}
 param **.*norm.weight [dim] {{}}
 param *head.* [vocab, hidden] {{}}
@@ -89,12 +93,18 @@ DENSE_TP = "\n    tp: 1"
 
 
 def spec_text(manifest: str, tied: bool = False) -> str:
-    """The pipelined folded spec over ``manifest``; with ``tied``, the tied model's, whose
-    dense view also has a tp axis (of size 1: no view's own axes are then one axis, the
-    other way build_mesh shares the pp group)."""
-    return PP_FOLDED.format(
+    """The pipelined folded spec over ``manifest``, with the hf block of
+    specs/deepseek_moe_folded.shard (Qwen3-MoE's keys); with ``tied``, the tied model's,
+    without an hf block, whose dense view also has a tp axis (of size 1: no view's own
+    axes are then one axis, the other way build_mesh shares the pp group)."""
+    text = PP_FOLDED.format(
         manifest=manifest, tie=TIE if tied else "", dense_tp=DENSE_TP if tied else ""
     )
+    if tied:
+        return text
+    folded = (SPECS / "deepseek_moe_folded.shard").read_text(encoding="utf-8")
+    block = folded[folded.index('\nhf "deepseek_moe.hf.json" {') :]
+    return text + block.replace('"deepseek_moe.hf.json"', f'"{SPECS / "deepseek_moe.hf.json"}"')
 
 
 def tied_moe() -> nn.Module:
@@ -226,6 +236,18 @@ def check_checkpoints(checks: Checks, mod: Any, root: str, ref: dict) -> None:
     _load_stages(checks, "load ep 2 x efsdp 2, tp 2 at pp 2", mod, b, ref)
 
 
+def check_hf(checks: Checks, mod: Any, root: str, hf_dir: str) -> None:
+    """Qwen3-MoE's per-expert keys (saved by transformers) load into the stage models at
+    pp 2, each rank reading only its stage's and its experts' bytes, every mapped
+    parameter the owner's tensor; export_hf from the stage models writes transformers' own
+    files again, bitwise."""
+    hf, owner = vs.hf_and_owner(hf_dir)
+    views = mod.build_mesh()
+    model = _stage_model(mod, views, vs.OTHER)
+    out = os.path.join(root, "export-pp2")
+    vs.check_hf_round_trip(checks, "at pp 2", mod, model, views, hf_dir, hf, owner, out)
+
+
 def check_ties(checks: Checks, mod: Any) -> None:
     """broadcast_tied and reduce_tied_grads across the two stages, given the views."""
     views = mod.build_mesh()
@@ -251,7 +273,9 @@ def check_ties(checks: Checks, mod: Any) -> None:
     checks.check("ties", torch.equal(got, torch.full_like(got, 3.0)), f"{name}.grad not summed")
 
 
-def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> dict[str, Any]:
+def run_all(
+    rank: int, world: int, root: str, hf_dir: str, module: str, tied_module: str
+) -> dict[str, Any]:
     """Every scenario on this rank: failures and the checks made per tag."""
     checks = Checks()
     mod = load_module(module)
@@ -261,5 +285,6 @@ def run_all(rank: int, world: int, root: str, module: str, tied_module: str) -> 
     check_stages(checks, mod, rank)
     check_split(checks, mod, ref)
     check_checkpoints(checks, mod, root, ref)
+    check_hf(checks, mod, root, hf_dir)
     check_ties(checks, tied)
     return {"fail": checks.fail, "count": checks.count}

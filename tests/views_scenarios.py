@@ -170,35 +170,55 @@ def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
     parameter the hf block maps equals the model's owner's tensor (transformers' own
     weights, stacked by hand), on its view's DeviceMesh; export_hf writes transformers'
     own files again, bitwise."""
+    hf, owner = hf_and_owner(hf_dir)
+    mod = importlib.import_module(FOLDED)
+    for fold in (FOLD_A, FOLD_EP4):
+        model, views = _distributed(mod, fold, OTHER)
+        out = os.path.join(root, f"export-{fold['ep']}")
+        check_hf_round_trip(checks, f"at {fold}", mod, model, views, hf_dir, hf, owner, out)
+
+
+def hf_and_owner(hf_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The HF checkpoint's tensors, and the example MoE's parameters from them (the
+    owner's weights, stacked by hand)."""
     from examples.models import hf as hfm
 
     hf = hf_state(hf_dir)
-    owner = {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
-    mod = importlib.import_module(FOLDED)
-    for fold in (FOLD_A, FOLD_EP4):
-        tag = f"load_hf at {fold}"
-        model, views = _distributed(mod, fold, OTHER)
-        report = mod.load_hf(model, hf_dir, mesh=views)
-        mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
-        # each rank reads its own shards' bytes only: its experts' among them
-        local = sum(p.to_local().numel() * p.element_size() for p in mapped.values())
+    return hf, {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
+
+
+def check_hf_round_trip(
+    checks: Checks,
+    where: str,
+    mod: Any,
+    model: nn.Module,
+    views: Any,
+    hf_dir: str,
+    hf: dict[str, torch.Tensor],
+    owner: dict[str, torch.Tensor],
+    out: str,
+) -> None:
+    """load_hf into ``model`` (distributed on ``views``): every mapped parameter it holds is
+    the owner's tensor, and this rank reads exactly its shards' bytes; then export_hf
+    writes the checkpoint's own tensors again, bitwise."""
+    tag = f"load_hf {where}"
+    report = mod.load_hf(model, hf_dir, mesh=views)
+    mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
+    # each rank reads its own shards' bytes only: its experts' among them
+    local = sum(p.to_local().numel() * p.element_size() for p in mapped.values())
+    checks.check(tag, report.bytes_read == local, f"read {report.bytes_read} bytes, holds {local}")
+    checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
+    for fqn, p in mapped.items():
         checks.check(
-            tag, report.bytes_read == local, f"read {report.bytes_read} bytes, holds {local}"
+            tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
         )
-        checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
-        for fqn, p in mapped.items():
-            checks.check(
-                tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
-            )
-        # export_hf from the folded model: transformers' own files again, bitwise
-        out = os.path.join(root, f"export-{fold['ep']}")
-        mod.export_hf(model, out, mesh=views)
-        dist.barrier()
-        got = hf_state(out)
-        tag = f"export_hf at {fold}"
-        checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
-        for key in sorted(set(got) & set(hf)):
-            checks.check(tag, torch.equal(got[key], hf[key]), f"{key} differs from the original")
+    mod.export_hf(model, out, mesh=views)
+    dist.barrier()
+    got = hf_state(out)
+    tag = f"export_hf {where}"
+    checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
+    for key in sorted(set(got) & set(hf)):
+        checks.check(tag, torch.equal(got[key], hf[key]), f"{key} differs from the original")
 
 
 def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:

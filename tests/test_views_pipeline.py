@@ -79,13 +79,15 @@ def _views(rank: int, tied: bool = False) -> MeshViews:
     )
 
 
+@pytest.mark.parametrize("as_dict", [False, True], ids=["MeshViews", "dict"])
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
-def test_split_stage_takes_the_views(modules: tuple[str, str], rank: int) -> None:
-    """The stage is the shared pp axis's coordinate; split_stage cuts the whole model to it
-    (it raised on the views before: they are no DeviceMesh), keeping the reference's
-    tensors, and the stage tables answer for the views."""
+def test_split_stage_takes_the_views(modules: tuple[str, str], rank: int, as_dict: bool) -> None:
+    """The stage is the shared pp axis's coordinate; split_stage cuts the whole model to it,
+    keeping the reference's tensors; the stage tables answer for the views, and
+    pipeline_group is the first view's (it raised on the views before: they are no
+    DeviceMesh). A plain mapping view -> DeviceMesh serves as build_mesh()'s MeshViews."""
     mod = vps.load_module(modules[0])
-    views = _views(rank)
+    views: Any = dict(_views(rank)) if as_dict else _views(rank)
     stage = rank // 2
     assert mod.stage_of(views) == stage and mod.num_stages(views) == 2
     assert mod.pipeline_group(views) == (("pp", "fsdp"), "pp")  # the first view's pp group

@@ -14,6 +14,7 @@ the stage, the pipeline group and the tie groups are read on the first view's De
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -21,17 +22,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from shardspec.core.stages import StagePlan, layer_of
 from shardspec.runtime.spec import CompiledSpec, MeshViews, SpecError
 
-# A spec's mesh at train time: one DeviceMesh, or build_mesh()'s views of a folded spec.
-AnyMesh = DeviceMesh | MeshViews
+# A spec's mesh at train time: one DeviceMesh, or a folded spec's views (build_mesh()'s
+# MeshViews, or a mapping view -> DeviceMesh in the spec's order of views).
+AnyMesh = DeviceMesh | MeshViews | Mapping[str, DeviceMesh]
 
 
 def stage_mesh(mesh: AnyMesh) -> DeviceMesh:
-    """The DeviceMesh whose pipeline axis gives the stages: ``mesh`` itself, or for a
-    folded spec's :class:`MeshViews` its first view. Every view has the pipeline axis,
-    among the shared axes that come first with the same sizes in every view (SS102,
-    SS105), so a rank's stage, its pipeline group and its peers on other stages are the
-    same whichever view is read."""
-    if isinstance(mesh, MeshViews):
+    """The DeviceMesh whose pipeline axis gives the stages: ``mesh`` itself, or of a
+    folded spec's views the first (the spec's default view; the stage functions check
+    the views against the spec first). Every view has the pipeline axis, among the shared
+    axes that come first with the same sizes in every view (SS102, SS105), so a rank's
+    stage, its pipeline group and its peers on other stages are the same whichever view is
+    read."""
+    if isinstance(mesh, Mapping):
         return next(iter(mesh.values()))
     return mesh
 
@@ -46,7 +49,10 @@ def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
 def stage_of(spec: CompiledSpec, mesh: AnyMesh) -> int:
     """This rank's pipeline stage: its coordinate on the pipeline axis."""
     _plan(spec, mesh)
-    stage = spec.stage_of(mesh)
+    coord = stage_mesh(mesh).get_coordinate()
+    if coord is None:
+        raise SpecError("this rank is not part of the mesh")
+    stage = spec.stage_of(mesh, coord)
     assert stage is not None
     return stage
 

@@ -59,23 +59,31 @@ def check_build_mesh(checks: Checks, rank: int) -> None:
     mod = importlib.import_module(FOLDED)
     for fold in (FOLD_A, FOLD_EP4, FOLD_TP4):
         views = mod.build_mesh(**fold)
-        sizes = mod.SPEC.sizes(world=dist.get_world_size(), **fold)
-        for view, axes in mod.VIEWS.items():
-            dm = views[view]
-            shape = tuple(sizes[a] for a in axes)
-            tag = f"build_mesh {fold} {view}"
-            checks.check(tag, tuple(dm.mesh_dim_names) == axes, f"names {dm.mesh_dim_names}")
-            checks.check(tag, tuple(dm.shape) == shape, f"shape {tuple(dm.shape)} != {shape}")
-            want = Mesh(axes, shape).coord_of(rank)
-            got = tuple(dm.get_coordinate() or ())
-            checks.check(tag, got == want, f"coordinate {got} != {want}")
-            torch_mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
-            checks.check(tag, torch.equal(dm.mesh, torch_mesh.mesh), f"{dm.mesh}")
-            for a in axes:
-                got = dist.get_process_group_ranks(dm.get_group(a))
-                expect = dist.get_process_group_ranks(torch_mesh.get_group(a))
-                checks.check(tag, got == expect, f"axis {a}: ranks {got} != {expect}")
+        check_views_are_torchs(checks, f"build_mesh {fold}", mod, views, fold, rank)
         checks.check("views coordinate", views.get_coordinate() is not None, "no coordinate")
+
+
+def check_views_are_torchs(
+    checks: Checks, tag: str, mod: Any, views: Any, fold: dict[str, int], rank: int
+) -> None:
+    """Every view of ``views`` (``mod.build_mesh(**fold)``'s) against ``init_device_mesh``'s
+    mesh of its shape: names, shape, this rank's coordinate, ranks and each axis's group."""
+    sizes = mod.SPEC.sizes(world=dist.get_world_size(), **fold)
+    for view, axes in mod.VIEWS.items():
+        dm = views[view]
+        shape = tuple(sizes[a] for a in axes)
+        vtag = f"{tag} {view}"
+        checks.check(vtag, tuple(dm.mesh_dim_names) == axes, f"names {dm.mesh_dim_names}")
+        checks.check(vtag, tuple(dm.shape) == shape, f"shape {tuple(dm.shape)} != {shape}")
+        want = Mesh(axes, shape).coord_of(rank)
+        got = tuple(dm.get_coordinate() or ())
+        checks.check(vtag, got == want, f"coordinate {got} != {want}")
+        torch_mesh = init_device_mesh("cpu", shape, mesh_dim_names=axes)
+        checks.check(vtag, torch.equal(dm.mesh, torch_mesh.mesh), f"{dm.mesh}")
+        for a in axes:
+            got = dist.get_process_group_ranks(dm.get_group(a))
+            expect = dist.get_process_group_ranks(torch_mesh.get_group(a))
+            checks.check(vtag, got == expect, f"axis {a}: ranks {got} != {expect}")
 
 
 def _distributed(mod: Any, fold: dict[str, int] | None, seed: int) -> tuple[nn.Module, Any]:
@@ -162,35 +170,55 @@ def check_load_hf(checks: Checks, root: str, hf_dir: str) -> None:
     parameter the hf block maps equals the model's owner's tensor (transformers' own
     weights, stacked by hand), on its view's DeviceMesh; export_hf writes transformers'
     own files again, bitwise."""
+    hf, owner = hf_and_owner(hf_dir)
+    mod = importlib.import_module(FOLDED)
+    for fold in (FOLD_A, FOLD_EP4):
+        model, views = _distributed(mod, fold, OTHER)
+        out = os.path.join(root, f"export-{fold['ep']}")
+        check_hf_round_trip(checks, f"at {fold}", mod, model, views, hf_dir, hf, owner, out)
+
+
+def hf_and_owner(hf_dir: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The HF checkpoint's tensors, and the example MoE's parameters from them (the
+    owner's weights, stacked by hand)."""
     from examples.models import hf as hfm
 
     hf = hf_state(hf_dir)
-    owner = {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
-    mod = importlib.import_module(FOLDED)
-    for fold in (FOLD_A, FOLD_EP4):
-        tag = f"load_hf at {fold}"
-        model, views = _distributed(mod, fold, OTHER)
-        report = mod.load_hf(model, hf_dir, mesh=views)
-        mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
-        # each rank reads its own shards' bytes only: its experts' among them
-        local = sum(p.to_local().numel() * p.element_size() for p in mapped.values())
+    return hf, {k: v.float() for k, v in hfm.moe_from_hf(hf, moe.MoEConfig()).items()}
+
+
+def check_hf_round_trip(
+    checks: Checks,
+    where: str,
+    mod: Any,
+    model: nn.Module,
+    views: Any,
+    hf_dir: str,
+    hf: dict[str, torch.Tensor],
+    owner: dict[str, torch.Tensor],
+    out: str,
+) -> None:
+    """load_hf into ``model`` (distributed on ``views``): every mapped parameter it holds is
+    the owner's tensor, and this rank reads exactly its shards' bytes; then export_hf
+    writes the checkpoint's own tensors again, bitwise."""
+    tag = f"load_hf {where}"
+    report = mod.load_hf(model, hf_dir, mesh=views)
+    mapped = {k: p for k, p in model.named_parameters() if not k.startswith("hc_head.")}
+    # each rank reads its own shards' bytes only: its experts' among them
+    local = sum(p.to_local().numel() * p.element_size() for p in mapped.values())
+    checks.check(tag, report.bytes_read == local, f"read {report.bytes_read} bytes, holds {local}")
+    checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
+    for fqn, p in mapped.items():
         checks.check(
-            tag, report.bytes_read == local, f"read {report.bytes_read} bytes, holds {local}"
+            tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
         )
-        checks.check(tag, set(mapped) <= set(owner), f"unmapped {sorted(set(mapped) - set(owner))}")
-        for fqn, p in mapped.items():
-            checks.check(
-                tag, torch.equal(p.full_tensor(), owner[fqn]), f"{fqn}: not the owner's tensor"
-            )
-        # export_hf from the folded model: transformers' own files again, bitwise
-        out = os.path.join(root, f"export-{fold['ep']}")
-        mod.export_hf(model, out, mesh=views)
-        dist.barrier()
-        got = hf_state(out)
-        tag = f"export_hf at {fold}"
-        checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
-        for key in sorted(set(got) & set(hf)):
-            checks.check(tag, torch.equal(got[key], hf[key]), f"{key} differs from the original")
+    mod.export_hf(model, out, mesh=views)
+    dist.barrier()
+    got = hf_state(out)
+    tag = f"export_hf {where}"
+    checks.check(tag, set(got) == set(hf), f"keys differ: {sorted(set(got) ^ set(hf))[:4]}")
+    for key in sorted(set(got) & set(hf)):
+        checks.check(tag, torch.equal(got[key], hf[key]), f"{key} differs from the original")
 
 
 def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from shardspec.core.hfmap import (
     HFMap,
     MapRule,
     _glob_regex,
+    _RuleIndex,
+    _template_regex,
     dtype_kind,
     fused_of,
     hf_dim,
@@ -579,8 +581,14 @@ def check_hf_units(
                 "the transforms must apply to the unit's shape (and so invert on export)",
             )
         )
+    # Units of parameters that could not be placed (the mesh or their rule broken: that
+    # finding is the cause) are unknown: lines that may produce them, and keys those lines
+    # read, are not reported as unused or unexpected.
+    unplaced = _unplaced(res)
+    unsure = _lines_for(hfmap, unplaced)
+    unsure_lines = {good[j] for j in unsure}
     for i, m in enumerate(hf.maps):
-        if i not in bad and i not in acc.used:
+        if i not in bad and i not in acc.used and i not in unsure_lines:
             out.append(
                 diag(
                     "SS078",
@@ -594,7 +602,9 @@ def check_hf_units(
         if glob_problem(g.pattern.text) is not None:
             continue
         only = HFMap(keeps=(g.pattern.text,))
-        if not any(only.kept(n) for n in by_name):
+        if not any(only.kept(n) for n in by_name) and not any(
+            only.kept(f) or only.kept(f + ".") for f in unplaced
+        ):
             out.append(
                 diag(
                     "SS078",
@@ -606,9 +616,40 @@ def check_hf_units(
     unknown = _check_config_names(res, hf)
     out += unknown
     if hf_manifest is not None:
-        out += _check_keys(res, hfmap, hf_manifest, acc, by_name)
+        out += _check_keys(res, hfmap, hf_manifest, acc, by_name, unsure)
         named = [c for c in hf.configs if not any(d.span == c.name.span for d in unknown)]
         out += _check_config_values(res, named, hf_manifest)
+    return out
+
+
+def _unplaced(res: Resolved) -> list[str]:
+    """The manifest's parameters and persistent buffers (not ignored) without a layout:
+    the mesh could not be sized, or the rule that would place them is broken (another
+    finding says so). Their storage units are unknown."""
+    return sorted(
+        fqn
+        for fqn, m in res.matches.items()
+        if m.layout is None and m.ignored_by is None and m.entry.kind in ("param", "buffer")
+    )
+
+
+def _lines_for(hfmap: HFMap, fqns: list[str]) -> set[int]:
+    """The map lines (indices into ``hfmap.rules``) whose target may name a unit of one of
+    ``fqns``: the parameter itself (``<fqn>``, stacked ``<fqn>[e]``) or a component of it
+    (``<fqn>.<component>``). One index lookup per name."""
+    if not fqns or not hfmap.rules:
+        return set()
+    targets = [r.target for r in hfmap.rules]
+    parents = [t.rpartition(".")[0] for t in targets]
+    out: set[int] = set()
+    for templates in (targets, parents):
+        index = _RuleIndex(templates)
+        regexes = [_template_regex(t) if t else None for t in templates]
+        for fqn in fqns:
+            for i in index.candidates(fqn):
+                rx = regexes[i]
+                if i not in out and rx is not None and rx.match(fqn):
+                    out.add(i)
     return out
 
 
@@ -727,7 +768,12 @@ def _template_of(name: str) -> str:
 
 
 def _check_keys(
-    res: Resolved, hfmap: HFMap, hfm: HFManifest, acc: _Acc, units: dict[str, _Group]
+    res: Resolved,
+    hfmap: HFMap,
+    hfm: HFManifest,
+    acc: _Acc,
+    units: dict[str, _Group],
+    unsure: set[int] = frozenset(),  # type: ignore[assignment]
 ) -> list[Diagnostic]:
     hf = res.spec.hf
     assert hf is not None
@@ -807,7 +853,7 @@ def _check_keys(
     for key in rest:
         if hfmap.tie_of(key) is not None or hfmap.dropped(key):
             continue
-        if _consumed(hfmap, key, units, bases):
+        if _consumed(hfmap, key, units, bases, unsure):
             continue
         unexpected[_group_key(key)].append(key)
     groups = sorted(unexpected.values(), key=lambda ks: ks[0])
@@ -960,10 +1006,19 @@ def _first(table: dict, kind: object, key: str, shown: str) -> None:
         cur[2] += 1
 
 
-def _consumed(hfmap: HFMap, key: str, units: dict[str, _Group], bases: dict[str, _Group]) -> bool:
+def _consumed(
+    hfmap: HFMap,
+    key: str,
+    units: dict[str, _Group],
+    bases: dict[str, _Group],
+    unsure: set[int] = frozenset(),  # type: ignore[assignment]
+) -> bool:
     """A rule reads ``key`` for a real unit (with a stack index inside its first dim), or
-    for the components of a fused parameter (``bases``, by the parameter's name)."""
-    for _, unit, index in hfmap.consumers(key):
+    for the components of a fused parameter (``bases``, by the parameter's name); or a rule
+    in ``unsure`` reads it (for a parameter that could not be placed: units unknown)."""
+    for i, unit, index in hfmap.consumers(key):
+        if i in unsure:
+            return True
         u = units.get(unit) or bases.get(unit)
         if u is None:
             continue

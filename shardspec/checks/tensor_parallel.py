@@ -15,6 +15,8 @@ module feeds which. A block is right over an axis when its modules are all repli
 it, or colwise modules feed rowwise ones. Modules that hold local shards over the axis
 (Megatron style), run their own forward (``style none``) or are neither Linear nor
 Embedding take part in ways lint cannot see: their block is not checked over that axis.
+With views, a module takes part only in the verdicts over its own view's axes: one on the
+expert view is no reader of the dense view's tp cut.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class _Module:
     rule: int
     roles: dict[str, str]  # axis -> role (absent: replicated)
     dtensor: bool = False  # a producer whose output stays a DTensor
+    view_axes: frozenset[str] | None = None  # its rule's view's axes (None: no views)
+
+    def on(self, axis: str) -> bool:
+        """Whether the module is laid out on a mesh with ``axis``: with views, a module on
+        another view neither cuts nor reads the axis's cut (it can be sharded only over
+        its own view's axes), so it takes no part in the axis's verdict."""
+        return self.view_axes is None or axis in self.view_axes
 
 
 def _owner(fqn: str) -> tuple[str, str]:
@@ -95,6 +104,11 @@ def _modules(res: Resolved) -> dict[str, _Module]:
                 params[owner][leaf] = m
     out: dict[str, _Module] = {}
     known: dict[tuple, tuple[dict[str, str], bool]] = {}
+    view_axes = (
+        {v: frozenset(axes) for v, axes in res.views.axes}
+        if res.views is not None and len(res.views.names) > 1
+        else {}
+    )
     for owner, leaves in params.items():
         weight = leaves.get("weight")
         first = weight or next(iter(leaves.values()))
@@ -103,7 +117,14 @@ def _modules(res: Resolved) -> dict[str, _Module]:
             known[key] = _roles(res, leaves, res.fsdp_of_rule(first.winner))
         roles, dtensor = known[key]
         kind = weight.entry.module if weight is not None else None
-        out[owner] = _Module(owner, kind, first.winner, roles, dtensor)  # type: ignore[arg-type]
+        out[owner] = _Module(
+            owner,
+            kind,
+            first.winner,  # type: ignore[arg-type]
+            roles,
+            dtensor,
+            view_axes.get(res.rule_views.get(first.winner)) if view_axes else None,  # type: ignore[arg-type]
+        )
     return out
 
 
@@ -186,7 +207,7 @@ def _verdicts(mods: list[_Module], sizes: dict[str, int]) -> list[tuple[str, str
     input nobody cut (CONSUMER)."""
     out = []
     for axis in sorted({a for m in mods for a in m.roles if sizes[a] > 1}):
-        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
+        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods if m.on(axis)]
         if any(r == EXEMPT for _, r in roles):
             continue
         producers = [m for m, r in roles if r == PRODUCER]
@@ -231,7 +252,7 @@ def check_unpaired_cuts(res: Resolved) -> list[Diagnostic]:
     for key, block in found.items():
         axis, n = key[0], sizes[key[0]]
         mods = sorted(blocks[block], key=lambda m: m.name)
-        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods]
+        roles = [(m, m.roles.get(axis, REPLICATED)) for m in mods if m.on(axis)]
         producers = [m for m, r in roles if r == PRODUCER]
         consumers = [m for m, r in roles if r == CONSUMER]
         whole = [m for m, r in roles if r == REPLICATED and m.kind in (LINEAR, EMBEDDING)]

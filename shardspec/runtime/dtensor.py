@@ -3,6 +3,7 @@ DTensor layout, with torch's own DeviceMesh and DTensor."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -121,16 +122,54 @@ def build_mesh(spec: CompiledSpec, **sizes: int) -> DeviceMesh | MeshViews:
 
 def view_meshes(spec: CompiledSpec, dev: str, sizes: dict[str, int]) -> MeshViews:
     """Every view's DeviceMesh at ``sizes`` (every axis's), unflattened from one 1-D mesh
-    over the world."""
+    over the world.
+
+    The axes every view begins with (``pp``, ``dp_replicate``: shared axes come first, with
+    one size, SS102) get one process group each, not one per view: the world is unflattened
+    once into them and the rest, and each view unflattens the rest into its own axes
+    (torch's ``_unflatten`` keeps the groups of the dimensions it does not split). A view
+    whose own axes are one axis is that mesh itself, the rest named after the axis; where
+    no view's own axes are one axis, the rest's group is one more that no view uses (so
+    one shared axis and two such views make as many groups as before, the shared one
+    still once). With three views or more, an axis only some of them share gets a group
+    per view."""
     assert spec.views is not None
     world_name = "world"
     while world_name in spec.axes:
         world_name += "_"
     world = init_device_mesh(dev, (dist.get_world_size(),), mesh_dim_names=(world_name,))
+    axes_of = dict(spec.views.axes)
+    shared = _common_prefix(list(axes_of.values())) if len(axes_of) > 1 else ()
+    if not shared:
+        return MeshViews(
+            {
+                v: world._unflatten(0, tuple(sizes[a] for a in axes), axes)
+                for v, axes in axes_of.items()
+            },
+            world,
+        )
+    own = {v: axes[len(shared) :] for v, axes in axes_of.items()}
+    single = next((v for v, axes in own.items() if len(axes) == 1), None)
+    rest_name = own[single][0] if single is not None else world_name
+    rest = dist.get_world_size() // math.prod(sizes[a] for a in shared)
+    base = world._unflatten(0, (*(sizes[a] for a in shared), rest), (*shared, rest_name))
     meshes = {}
-    for view, axes in spec.views.axes:
-        meshes[view] = world._unflatten(0, tuple(sizes[a] for a in axes), axes)
+    for view, axes in own.items():
+        # (every view has an axis of its own: its fsdp axis, never a shared one, SS103)
+        if view == single:
+            meshes[view] = base
+        else:
+            meshes[view] = base._unflatten(rest_name, tuple(sizes[a] for a in axes), axes)
     return MeshViews(meshes, world)
+
+
+def _common_prefix(seqs: list[tuple[str, ...]]) -> tuple[str, ...]:
+    out: list[str] = []
+    for names in zip(*seqs, strict=False):
+        if len(set(names)) != 1:
+            break
+        out.append(names[0])
+    return tuple(out)
 
 
 def _view_device_mesh(spec: CompiledSpec, mesh: object, lm: Mesh, fqn: str) -> DeviceMesh:

@@ -5,17 +5,38 @@ The stage arithmetic is :mod:`shardspec.core.stages`, the very code the compiler
 spec's ``pipeline`` block with. A stage model then goes through ``parallelize`` (its
 DTensors span the mesh without the pipeline axis) and into
 ``torch.distributed.pipelining.PipelineStage`` with the pipeline axis's process group.
+
+A folded spec's functions take ``build_mesh()``'s :class:`MeshViews` wherever a mesh is
+taken: the pipeline axis is shared by every view and comes first in each (SS105, SS102), so
+the stage, the pipeline group and the tie groups are read on the first view's DeviceMesh.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardspec.core.stages import StagePlan, layer_of
-from shardspec.runtime.spec import CompiledSpec, SpecError
+from shardspec.runtime.spec import CompiledSpec, MeshViews, SpecError
+
+# A spec's mesh at train time: one DeviceMesh, or a folded spec's views (build_mesh()'s
+# MeshViews, or a mapping view -> DeviceMesh in the spec's order of views).
+AnyMesh = DeviceMesh | MeshViews | Mapping[str, DeviceMesh]
+
+
+def stage_mesh(mesh: AnyMesh) -> DeviceMesh:
+    """The DeviceMesh whose pipeline axis gives the stages: ``mesh`` itself, or of a
+    folded spec's views the first (the spec's default view; the stage functions check
+    the views against the spec first). Every view has the pipeline axis, among the shared
+    axes that come first with the same sizes in every view (SS102, SS105), so a rank's
+    stage, its pipeline group and its peers on other stages are the same whichever view is
+    read."""
+    if isinstance(mesh, Mapping):
+        return next(iter(mesh.values()))
+    return mesh
 
 
 def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
@@ -25,10 +46,13 @@ def _plan(spec: CompiledSpec, mesh: object) -> StagePlan:
     return sp
 
 
-def stage_of(spec: CompiledSpec, mesh: DeviceMesh) -> int:
+def stage_of(spec: CompiledSpec, mesh: AnyMesh) -> int:
     """This rank's pipeline stage: its coordinate on the pipeline axis."""
     _plan(spec, mesh)
-    stage = spec.stage_of(mesh)
+    coord = stage_mesh(mesh).get_coordinate()
+    if coord is None:
+        raise SpecError("this rank is not part of the mesh")
+    stage = spec.stage_of(mesh, coord)
     assert stage is not None
     return stage
 
@@ -65,7 +89,7 @@ def _check_stage(sp: StagePlan, stage: int) -> None:
 
 
 def split_stage(
-    spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh, stage: int | None = None
+    spec: CompiledSpec, model: nn.Module, mesh: AnyMesh, stage: int | None = None
 ) -> nn.Module:
     """Cut a whole model (meta, CPU or GPU) down to ``stage`` (default: this rank's), in
     place, as torchtitan's pipeline split does: layers of other stages are deleted from
@@ -211,28 +235,31 @@ def _layer_prefix(fqn: str, value: str, sp: StagePlan) -> str:
     return fqn[: max(0, a - 1)]
 
 
-def _coord_for(spec: CompiledSpec, mesh: DeviceMesh, stage: int) -> tuple[int, ...]:
-    lm = spec.layout_mesh(mesh)
-    coord = list(mesh.get_coordinate() or (0,) * len(lm.names))
+def _coord_for(spec: CompiledSpec, mesh: AnyMesh, stage: int) -> tuple[int, ...]:
+    lm = spec.layout_mesh(mesh)  # a folded spec's: its first view's axes
+    coord = list(stage_mesh(mesh).get_coordinate() or (0,) * len(lm.names))
     coord[lm.names.index(spec.pipeline.axis)] = stage  # type: ignore[union-attr]
     return tuple(coord)
 
 
-def pipeline_group(spec: CompiledSpec, mesh: DeviceMesh):
-    """The process group of the pipeline axis (``PipelineStage(..., group=...)``)."""
+def pipeline_group(spec: CompiledSpec, mesh: AnyMesh):
+    """The process group of the pipeline axis (``PipelineStage(..., group=...)``); of a
+    folded spec's views, the first view's (the same ranks in every view)."""
     _plan(spec, mesh)
-    return mesh.get_group(spec.pipeline.axis)  # type: ignore[union-attr]
+    return stage_mesh(mesh).get_group(spec.pipeline.axis)  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- tied weights
 
 
-def _tie_group(spec: CompiledSpec, mesh: DeviceMesh, stages: tuple[int, ...]):
+def _tie_group(spec: CompiledSpec, views: AnyMesh, stages: tuple[int, ...]):
     """The process group of this rank and its peers on ``stages`` (same coordinate on
-    every other axis). The pipeline axis's own group where the stages are all of them;
-    otherwise groups made once, by every rank (``new_group`` is collective)."""
+    every other axis of the stage mesh, see :func:`stage_mesh`). The pipeline axis's own
+    group where the stages are all of them; otherwise groups made once, by every rank
+    (``new_group`` is collective)."""
     import torch.distributed as dist
 
+    mesh = stage_mesh(views)
     axis = spec.pipeline.axis  # type: ignore[union-attr]
     names = tuple(mesh.mesh_dim_names or ())
     ax = names.index(axis)
@@ -257,7 +284,7 @@ def _tie_group(spec: CompiledSpec, mesh: DeviceMesh, stages: tuple[int, ...]):
 _TIE_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _ties(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh):
+def _ties(spec: CompiledSpec, model: nn.Module, mesh: AnyMesh):
     """``(tensor's local part, param, source stage, group)`` for every weight tied across
     stages that this rank holds, in the spec's order; every rank must call (groups)."""
     from torch.distributed.tensor import DTensor
@@ -287,7 +314,7 @@ def _ties(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh):
     return out
 
 
-def reduce_tied_grads(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+def reduce_tied_grads(spec: CompiledSpec, model: nn.Module, mesh: AnyMesh) -> None:
     """Sum the gradients of weights tied across pipeline stages (the embedding on the
     first stage, its alias in the output head on the last), as the whole model's single
     tensor would accumulate both uses. Call on every rank after the schedule's step (after
@@ -312,17 +339,18 @@ def reduce_tied_grads(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) ->
             )
 
 
-def broadcast_tied(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+def broadcast_tied(spec: CompiledSpec, model: nn.Module, views: AnyMesh) -> None:
     """Copy every tied weight from its source's stage to its alias's (as Megatron does
     at start-up): for stage models initialized apart. Call on every rank. A checkpoint or
     ``load_hf`` gives both copies the stored value already."""
     import torch
     import torch.distributed as dist
 
+    mesh = stage_mesh(views)
     axis = spec.pipeline.axis  # type: ignore[union-attr]
     names = tuple(mesh.mesh_dim_names or ())
     coord = list(mesh.get_coordinate() or ())
-    for local, _, src_stage, group in _ties(spec, model, mesh):
+    for local, _, src_stage, group in _ties(spec, model, views):
         at = list(coord)
         at[names.index(axis)] = src_stage
         src = int(mesh.mesh[tuple(at)].item())

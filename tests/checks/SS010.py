@@ -152,3 +152,17 @@ CASES = [
         "expect": [],
     },
 ]
+
+# One cause, one finding: the hf block's checks of storage units (SS073 unexpected keys,
+# SS078 unused lines) need the layouts the mesh gives, and stay quiet without them.
+from tests.checks import hf_model  # noqa: E402
+
+CASES.append(
+    {
+        "name": "a mesh that does not fit its world, with an hf block",
+        "spec": hf_model.HEAD.replace("over 2 ranks", "over 3 ranks") + hf_model.GOOD,
+        "manifest": hf_model.MANIFEST,
+        "hf_manifest": hf_model.HF,
+        "expect": [("SS010", 2, "mesh {'tp': 2} has 2 ranks, but the world size is 3")],
+    }
+)

@@ -56,3 +56,37 @@ param w [out, in] {
         ],
     },
 ]
+
+# One cause, one finding: the broken rule places nothing, so the hf lines that would
+# produce its parameter's units, and the HF keys they read, are not reported as unused
+# (SS078) or unexpected (SS073); the lines of other parameters still are checked.
+from tests.checks import hf_model  # noqa: E402
+
+CASES += [
+    {
+        "name": "a broken rule whose parameter an hf block maps",
+        "spec": hf_model.HEAD.replace(
+            "{ fuse ffn as gate, up }", "{ fuse ffn as gate, up\n    shard ffn over nope }"
+        )
+        + hf_model.GOOD,
+        "manifest": hf_model.MANIFEST,
+        "hf_manifest": hf_model.HF,
+        "expect": [("SS011", 5, "unknown mesh axis 'nope'", "nope")],
+    },
+    {
+        "name": "a broken rule beside an hf line that maps nothing",
+        "spec": hf_model.HEAD.replace(
+            "{ fuse ffn as gate, up }", "{ fuse ffn as gate, up\n    shard ffn over nope }"
+        )
+        + hf_model.GOOD.replace(
+            "    model.norm.weight -> norm.weight\n",
+            "    model.norm.weight -> norm.weight\n    model.final.weight -> final.weight\n",
+        ),
+        "manifest": hf_model.MANIFEST,
+        "hf_manifest": hf_model.HF,
+        "expect": [
+            ("SS011", 5, "unknown mesh axis 'nope'", "nope"),
+            ("SS078", 9, "map line model.final.weight -> final.weight produces no storage unit"),
+        ],
+    },
+]

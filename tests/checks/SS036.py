@@ -203,3 +203,67 @@ CASES = [
         "expect": [],
     },
 ]
+
+# Views: a module is judged over the axes of its own view only. The expert view's module
+# is no reader of the dense view's tp cut (it cannot be sharded over tp: SS104), so the
+# finding neither names it as one nor hints to shard it over tp.
+FOLDED_HEAD = (
+    'manifest "m.json"\n'  # line 1
+    "mesh dense over 4 ranks { fsdp: *  tp: 2 }\n"
+    "mesh expert { ep: 2  efsdp: * }\n"
+    "fsdp fsdp\n"
+    "fsdp efsdp\n"  # line 5
+)
+MOE = {f"layers.{i}.moe.{p}.weight": [16, 16] for i in (0, 1) for p in ("gate", "proj")}
+MOE_MODULES = dict.fromkeys(MOE, "linear")
+PROJ_EXPERT = "param layers.*.moe.proj.weight [out, hidden] {\n    view expert\n}\n"
+
+CASES += [
+    {
+        "name": "views: a router's cut logits, beside a module of the expert view",
+        "spec": FOLDED_HEAD
+        + "param layers.*.moe.gate.weight [expert, hidden] {\n    shard expert over tp\n}\n"
+        + PROJ_EXPERT,
+        "manifest": MOE,
+        "modules": MOE_MODULES,
+        "expect": [
+            (
+                "SS036",
+                6,
+                "in layers.0.moe (and 1 more like it), gate cuts its output on the features "
+                "over tp (colwise, size 2), but no module there reads features cut that way: "
+                "the output leaves layers.0.moe cut",
+                "layers.*.moe.gate.weight",
+                "keep gate replicated over tp, or gather the output with `style colwise "
+                "output replicate`",
+            )
+        ],
+    },
+    {
+        "name": "views: a rowwise router, beside a module of the expert view",
+        "spec": FOLDED_HEAD
+        + "param layers.*.moe.gate.weight [expert, hidden] {\n    shard hidden over tp\n}\n"
+        + PROJ_EXPERT,
+        "manifest": MOE,
+        "modules": MOE_MODULES,
+        "expect": [
+            (
+                "SS036",
+                6,
+                "in layers.0.moe (and 1 more like it), gate reads its input as features cut "
+                "over tp (rowwise, size 2), but no module there cuts its output that way",
+                "layers.*.moe.gate.weight",
+                "keep gate replicated over tp, or state `input replicate`",
+            )
+        ],
+    },
+    {
+        "name": "views: the router whole over tp, beside a module of the expert view",
+        "spec": FOLDED_HEAD
+        + "param layers.*.moe.gate.weight [expert, hidden] {\n    view dense\n}\n"
+        + PROJ_EXPERT,
+        "manifest": MOE,
+        "modules": MOE_MODULES,
+        "expect": [],
+    },
+]

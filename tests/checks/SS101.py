@@ -43,3 +43,16 @@ CASES = [
         "expect": [],
     },
 ]
+
+# One cause, one finding: with the views unsized, no parameter is placed, and the hf
+# block's unit checks (SS073 unexpected keys, SS078 unused lines) stay quiet.
+CASES.append(
+    {
+        "name": "views that do not factor one world, with an hf block",
+        "spec": spec("over 8 ranks { fsdp: *  tp: 2 }", "{ ep: 3  efsdp: * }")
+        + 'hf "hf.json" {\n    model.w -> w\n}\n',
+        "manifest": MANIFEST,
+        "hf_manifest": {"config": {}, "tensors": {"model.w": [8, 8]}},
+        "expect": [("SS101", 3, "view 'expert': world size 8 is not divisible", "mesh")],
+    }
+)

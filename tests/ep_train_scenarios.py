@@ -31,6 +31,7 @@ rank's failed check never leaves the others waiting in a collective.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import traceback
 from collections.abc import Callable
@@ -307,9 +308,9 @@ def check_checkpoint_folds(c: Checks, root: str) -> None:
         close_params(c, tag, other, ref, 4)
 
 
-def check_load_hf(c: Checks, hf_dir: str) -> None:
+def check_load_hf(c: Checks, root: str, hf_dir: str) -> None:
     """load_hf into a parallelized folded model: every mapped parameter is transformers'
-    own tensor (stacked by hand)."""
+    own tensor (stacked by hand); export_hf from it writes transformers' files again."""
     from examples.models import hf as hfm
     from tests.hf_scenarios import hf_state
 
@@ -324,6 +325,15 @@ def check_load_hf(c: Checks, hf_dir: str) -> None:
         for fqn, p in model.named_parameters():
             if not fqn.startswith("hc_head."):
                 c.check(tag, torch.equal(full(p.detach()), owner[fqn]), f"{fqn}: not the owner's")
+        # export_hf from the parallelized model: transformers' own tensors again, bitwise
+        out = os.path.join(root, f"export-{fold['ep']}")
+        folded.export_hf(model, out, mesh=views)
+        dist.barrier()
+        got, want = hf_state(out), hf_state(hf_dir)
+        tag = f"export_hf parallelized {fold}"
+        c.check(tag, set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))[:4]}")
+        for key in sorted(set(got) & set(want)):
+            c.check(tag, torch.equal(got[key], want[key]), f"{key} differs from the original")
 
 
 # ----------------------------------------------------------------------------- verify
@@ -410,11 +420,43 @@ def check_verify(c: Checks) -> None:
 # ----------------------------------------------------------------------------- refusals
 
 
-def check_refusals(c: Checks) -> None:
+def _generated(root: str, name: str) -> Any:
+    """A module test_ep_train compiled into ``root``/gen."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "gen", f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _few_experts(model: nn.Module) -> nn.Module:
+    model.layers["1"].moe.experts.num_experts = 6  # its parameters stack 8
+    return model
+
+
+def check_refusals(c: Checks, root: str) -> None:
     """parallelize refuses before the model changes."""
     folded = importlib.import_module(FOLDED)
     views = folded.build_mesh(**FOLD_A)
+    one_mesh = _generated(root, "moe_one_mesh_ep")
+    with_sp = _generated(root, "moe_folded_sp")
+    sp_views = with_sp.build_mesh(**FOLD_A)
     cases: list[tuple[str, Callable[[nn.Module], Any], str]] = [
+        (
+            "experts the style refuses",
+            lambda m: folded.parallelize(_few_experts(m), views),
+            "layers.1.moe.experts: Experts.num_experts is 6 but its parameters stack 8",
+        ),
+        (
+            "one mesh",
+            lambda m: one_mesh.parallelize(m, one_mesh.build_mesh(ep=2)),
+            "style expert_parallel on a spec of one mesh: declare the experts' own view",
+        ),
+        (
+            "sequence parallel",
+            lambda m: with_sp.parallelize(m, sp_views),
+            "expert parallelism under sequence parallelism is not applied",
+        ),
         (
             "styles on experts",
             lambda m: folded.parallelize(
@@ -422,7 +464,7 @@ def check_refusals(c: Checks) -> None:
             ),
             "is expert-parallel in the spec",
         ),
-        ("one mesh", lambda m: folded.parallelize(m, views["dense"]), "pass build_mesh()'s views"),
+        ("not views", lambda m: folded.parallelize(m, views["dense"]), "pass build_mesh()'s views"),
     ]
     for what, call, want in cases:
         model = example()
@@ -437,6 +479,7 @@ def check_refusals(c: Checks) -> None:
         after = model.state_dict()
         same = all(torch.equal(after[k], v) for k, v in before.items())
         plain = all(type(p) is nn.Parameter for p in model.parameters())
+        plain &= not any(isinstance(m, ExpertParallelModule) for m in model.modules())
         c.check(f"refuse {what}", same and plain, "the model changed")
 
 
@@ -444,11 +487,11 @@ def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
     """Every scenario on this rank: failures and the checks made per tag."""
     checks = Checks()
     for scenario in (
-        lambda: check_refusals(checks),
+        lambda: check_refusals(checks, root),
         lambda: check_verify(checks),
         lambda: check_training(checks),
         lambda: check_checkpoint_folds(checks, root),
-        lambda: check_load_hf(checks, hf_dir),
+        lambda: check_load_hf(checks, root, hf_dir),
     ):
         try:
             scenario()

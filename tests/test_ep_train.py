@@ -11,15 +11,48 @@ refused with each mismatch named; refusals that leave the model unchanged.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shardspec.cli import main as shardspec_main
 from shardspec.testing import run_ranks
 from tests import ep_train_scenarios
 from tests.test_views_dist import _qwen3 as qwen3_checkpoint
 
 WORLD = 4
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compile_variants(gen: Path) -> None:
+    """Lint-clean specs parallelize refuses: the single-mesh example MoE with `style
+    expert_parallel` (moe_one_mesh_ep), the folded one with sequence-parallel norms
+    (moe_folded_sp)."""
+    gen.mkdir(parents=True)
+    manifest = str(REPO / "specs" / "deepseek_moe.manifest.json")
+    hf = str(REPO / "specs" / "deepseek_moe.hf.json")
+    variants = {
+        "moe_one_mesh_ep": (
+            "deepseek_moe.shard",
+            "    style none\n",
+            "    style expert_parallel\n",
+        ),
+        "moe_folded_sp": (
+            "deepseek_moe_folded.shard",
+            "param **.*norm.weight [dim] {}",
+            "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+        ),
+    }
+    for name, (source, old, new) in variants.items():
+        text = (REPO / "specs" / source).read_text(encoding="utf-8")
+        assert old in text, f"specs/{source} changed"
+        text = text.replace(old, new).replace('"deepseek_moe.manifest.json"', json.dumps(manifest))
+        text = text.replace('"deepseek_moe.hf.json"', json.dumps(hf))
+        (gen / f"{name}.shard").write_text(text, encoding="utf-8")
+        assert shardspec_main(["lint", str(gen / f"{name}.shard")]) == 0, name
+        assert shardspec_main(["compile", str(gen / f"{name}.shard"), "-o", str(gen)]) == 0, name
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +60,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     root = tmp_path_factory.mktemp("ep_train")
     hf_dir = root / "qwen3"
     qwen3_checkpoint(hf_dir)
+    compile_variants(root / "gen")
     return run_ranks(ep_train_scenarios.run_all, WORLD, str(root), str(hf_dir), timeout=600)
 
 
@@ -59,8 +93,12 @@ def test_checkpoints_move_between_folds_and_training_goes_on(
     assert tags["ckpt at ep 4"] >= 2 * 30 and tags["ckpt at the single view"] >= 2 * 30, tags
 
 
-def test_load_hf_into_a_parallelized_folded_model(results: list[dict[str, Any]]) -> None:
+def test_load_hf_and_export_hf_on_a_parallelized_folded_model(
+    results: list[dict[str, Any]],
+) -> None:
     tags = _counts(results, "load_hf parallelized")
+    assert len(tags) == 2 and all(n >= 25 for n in tags.values()), tags
+    tags = _counts(results, "export_hf parallelized")
     assert len(tags) == 2 and all(n >= 25 for n in tags.values()), tags
 
 
@@ -78,4 +116,4 @@ def test_verify_accepts_a_trainers_own_fold_and_names_mismatches(
 
 def test_refusals_leave_the_model_unchanged(results: list[dict[str, Any]]) -> None:
     tags = _counts(results, "refuse ")
-    assert len(tags) == 2 and all(n == 2 for n in tags.values()), tags
+    assert len(tags) == 5 and all(n == 2 for n in tags.values()), tags

@@ -101,6 +101,21 @@ def test_parallelize_and_verify_refuse_bad_views_before_changing_anything(folded
     assert all(type(p) is torch.nn.Parameter for p in model.parameters())
 
 
+@pytest.mark.parametrize("call", ["parallelize", "verify", "tp_plan"])
+def test_views_of_sizes_only_are_refused_with_a_hint(folded, call) -> None:
+    """Views given as Mesh objects (arithmetic only) are read, then refused where torch's
+    DeviceMeshes are needed; tp_plan of views needs the model (the dense view's modules)."""
+    from examples.models import moe
+
+    model = moe.tiny()
+    views = {"dense": Mesh(("fsdp", "tp"), (2, 2)), "expert": Mesh(("ep", "efsdp"), (2, 2))}
+    args = (views,) if call == "tp_plan" else (model, views)
+    want = "pass model= to tp_plan" if call == "tp_plan" else "need torch DeviceMeshes"
+    with pytest.raises(SpecError, match=want):
+        getattr(folded, call)(*args)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+
+
 def test_checkpoint_tables_read_a_folded_mesh_on_each_layouts_view(folded) -> None:
     """rank_pieces and replica_groups of a Folded mesh are those of the layout's view (what
     export_hf's chunk table reads), for every parameter of the example MoE."""

@@ -236,11 +236,17 @@ def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> 
 
 
 def _coordinate(mesh: Any) -> list[int] | None:
-    """This rank's coordinate in ``mesh`` (a DeviceMesh, or views: view -> DeviceMesh)."""
-    if isinstance(mesh, Mapping):
-        first = next(iter(mesh.values()), None)
-        return None if first is None else first.get_coordinate()
-    return mesh.get_coordinate()
+    """This rank's coordinate in ``mesh`` (a DeviceMesh, or views: view -> DeviceMesh);
+    :class:`SpecError` for a mesh that is arithmetic only (a Mesh, a dict of sizes)."""
+    meshes = list(mesh.values()) if isinstance(mesh, Mapping) else [mesh]
+    if not meshes or not all(isinstance(m, DeviceMesh) for m in meshes):
+        raise SpecError(
+            "parallelize and verify need torch DeviceMeshes, one per view with views; a "
+            "Mesh or a dict of axis sizes describes layouts only",
+            None,
+            "pass build_mesh()'s result",
+        )
+    return meshes[0].get_coordinate()
 
 
 def view_meshes(lmesh: Mesh, mesh: Any, view: str | None) -> tuple[Mesh, DeviceMesh]:

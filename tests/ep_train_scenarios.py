@@ -234,6 +234,8 @@ def compare_training(
     layout.verify(model, mesh)
     ep = [m for m in experts_of(model) if isinstance(m, ExpertParallelModule)]
     c.check(tag, len(ep) == len(experts_of(model)) > 0, "experts not expert-parallel")
+    etp = fold.get("etp", 1)
+    c.check(tag, all(m._ep_mesh.ndim == (2 if etp > 1 else 1) for m in ep), "etp not applied")
     tokens = batch(0)
     g, n = data_group(mesh)
     lm_loss(ref, tokens).backward()
@@ -254,9 +256,12 @@ def compare_training(
     check_skew(c, tag, routed)
 
 
-def check_training(c: Checks) -> None:
+def check_training(c: Checks, root: str) -> None:
     check_training_example(c)
     check_training_qwen3(c)
+    # expert tensor parallelism: dense fsdp 2 x tp 2, expert ep 2 x etp 2 (efsdp 1)
+    etp = _generated(root, "moe_folded_etp")
+    compare_training(c, "train example etp", example, etp, {"tp": 2, "ep": 2, "etp": 2})
 
 
 def check_training_example(c: Checks) -> None:
@@ -489,7 +494,7 @@ def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
     for scenario in (
         lambda: check_refusals(checks, root),
         lambda: check_verify(checks),
-        lambda: check_training(checks),
+        lambda: check_training(checks, root),
         lambda: check_checkpoint_folds(checks, root),
         lambda: check_load_hf(checks, root, hf_dir),
     ):

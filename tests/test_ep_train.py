@@ -27,28 +27,43 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def compile_variants(gen: Path) -> None:
-    """Lint-clean specs parallelize refuses: the single-mesh example MoE with `style
-    expert_parallel` (moe_one_mesh_ep), the folded one with sequence-parallel norms
-    (moe_folded_sp)."""
+    """Lint-clean variants of the example MoE's specs: two parallelize refuses (the single
+    mesh with `style expert_parallel`, moe_one_mesh_ep; the folded one with
+    sequence-parallel norms, moe_folded_sp), and the folded one with expert tensor
+    parallelism (moe_folded_etp: expert view ep x etp x efsdp)."""
     gen.mkdir(parents=True)
     manifest = str(REPO / "specs" / "deepseek_moe.manifest.json")
     hf = str(REPO / "specs" / "deepseek_moe.hf.json")
-    variants = {
+    expert_rules = (
+        "    shard expert over ep\n    style expert_parallel\n",
+        "    shard expert over ep\n    shard ffn over etp\n    style expert_parallel\n",
+    )
+    variants: dict[str, tuple[str, list[tuple[str, str]]]] = {
         "moe_one_mesh_ep": (
             "deepseek_moe.shard",
-            "    style none\n",
-            "    style expert_parallel\n",
+            [("    style none\n", "    style expert_parallel\n")],
         ),
         "moe_folded_sp": (
             "deepseek_moe_folded.shard",
-            "param **.*norm.weight [dim] {}",
-            "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+            [
+                (
+                    "param **.*norm.weight [dim] {}",
+                    "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+                )
+            ],
+        ),
+        # expert tensor parallelism: each expert's ffn dimension over etp
+        "moe_folded_etp": (
+            "deepseek_moe_folded.shard",
+            [("    ep: 2\n    efsdp: *\n", "    ep: 2\n    etp: 2\n    efsdp: *\n"), expert_rules],
         ),
     }
-    for name, (source, old, new) in variants.items():
+    for name, (source, edits) in variants.items():
         text = (REPO / "specs" / source).read_text(encoding="utf-8")
-        assert old in text, f"specs/{source} changed"
-        text = text.replace(old, new).replace('"deepseek_moe.manifest.json"', json.dumps(manifest))
+        for old, new in edits:
+            assert old in text, f"specs/{source} changed"
+            text = text.replace(old, new)
+        text = text.replace('"deepseek_moe.manifest.json"', json.dumps(manifest))
         text = text.replace('"deepseek_moe.hf.json"', json.dumps(hf))
         (gen / f"{name}.shard").write_text(text, encoding="utf-8")
         assert shardspec_main(["lint", str(gen / f"{name}.shard")]) == 0, name
@@ -78,9 +93,10 @@ def test_no_scenario_failed(results: list[dict[str, Any]]) -> None:
 
 def test_training_against_one_process(results: list[dict[str, Any]]) -> None:
     tags = _counts(results, "train ")
-    # example MoE and Qwen3-MoE at two folds each; per run: experts styled, a gradient and a
-    # parameter per tensor, STEPS losses, the skew
-    assert len(tags) == 4, tags
+    # example MoE and Qwen3-MoE at two folds each, the example MoE with expert tensor
+    # parallelism; per run: experts styled, a gradient and a parameter per tensor, STEPS
+    # losses, the skew
+    assert len(tags) == 5, tags
     assert all(n >= 2 * 20 + ep_train_scenarios.STEPS + 2 for n in tags.values()), tags
 
 

@@ -673,10 +673,11 @@ def parallelize(
     every parameter outside the experts modules) and FSDP2 over its fsdp axis; each module
     whose rules state ``style expert_parallel`` gets
     :class:`~shardspec.runtime.expert_parallel.ExpertParallel` (all-to-all token dispatch)
-    over its view's expert-parallel axis, then its own ``fully_shard`` over that view's
-    fsdp axis before the blocks', as torchtitan does. The experts' gradients end as a single
-    process's mean-loss gradient (each rank's loss the mean over its own tokens): see
-    :func:`expert_grad_scale`.
+    over its view's expert-parallel axis (``ExpertTensorParallel`` over (ep, etp) where the
+    rules also cut each expert's ffn dimension over etp), then its own ``fully_shard`` over
+    that view's fsdp axis before the blocks', as torchtitan does. The experts' gradients
+    end as a single process's mean-loss gradient (each rank's loss the mean over its own
+    tokens): see :func:`expert_grad_scale`.
 
     ``mp_policy``, ``reshard_after_forward`` and ``offload_policy`` go to every
     ``fully_shard`` call; ``blocks`` names the FSDP units (default: the members of the
@@ -688,7 +689,11 @@ def parallelize(
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from shardspec.runtime.expert_parallel import ExpertParallel, set_grad_scale
+    from shardspec.runtime.expert_parallel import (
+        ExpertParallel,
+        ExpertTensorParallel,
+        set_grad_scale,
+    )
 
     lmesh = spec.layout_mesh(mesh)
     if _coordinate(mesh) is None:
@@ -767,7 +772,8 @@ def parallelize(
         parallelize_module(model, submesh(vdmesh, [axis]), tp)
     for owner, (ep_mesh, _, scale) in experts.items():
         module = model.get_submodule(owner)
-        parallelize_module(module, ep_mesh, ExpertParallel())
+        style = ExpertParallel() if ep_mesh.ndim == 1 else ExpertTensorParallel()
+        parallelize_module(module, ep_mesh, style)
         set_grad_scale(module, scale)
     params = dict(model.named_parameters(remove_duplicate=False))
     ignored = {params[f] for _, fqns in replicated.values() for f in fqns if f in params}
@@ -827,18 +833,45 @@ def expert_grad_scale(efsdp: int, world: int) -> float:
     as ep x efsdp). Ranks that hold the same tokens (the dense view's tp ranks, without
     sequence parallelism) add the same contribution: a data group's tokens count
     world / dp times. So the sum is divided by the world: by ``efsdp`` in FSDP2, by
-    ``world / efsdp`` here, in autograd (torchtitan's ``set_gradient_divide_factor`` needs
-    NCCL's PREMUL_SUM, which gloo lacks; this works on both)."""
+    ``world / efsdp`` here, in autograd (with expert tensor parallelism ``world`` is the
+    world over etp: the ranks of an etp group hold slices of the same experts, and add
+    nothing to each other's gradients). torchtitan's ``set_gradient_divide_factor`` needs
+    NCCL's PREMUL_SUM, which gloo lacks; this works on both."""
     return efsdp / world
+
+
+def _etp_problems(
+    owner: str, module: nn.Module, leaves: Mapping[str, ParamPlan], etp: str, size: int
+) -> list[str]:
+    """Where ``ExpertTensorParallel`` would not cut ``module``'s parameters over ``etp`` as
+    the spec does (each one's ffn dimension, per component: its ``FFN_DIMS``)."""
+    from shardspec.runtime.expert_parallel import FFN_DIMS, ExpertTensorParallel
+
+    style = ExpertTensorParallel()
+    out = []
+    for leaf, plan in sorted(leaves.items()):
+        dim, components = style._cut(module, leaf, module.get_parameter(leaf), size)
+        want = core.Shard(dim) if components == 1 else core.StridedShard(dim, components)
+        if plan.on(etp) != want:
+            out.append(
+                f"{owner}.{leaf}: the spec cuts it {etp}={plan.on(etp)}; expert tensor "
+                f"parallelism cuts its ffn dimension, {etp}={want} ({sorted(FFN_DIMS)} by name)"
+            )
+    return out
 
 
 def expert_modules(
     spec: CompiledSpec, model: nn.Module, lmesh: Mesh, mesh: Any, plans: Mapping[str, ParamPlan]
 ) -> dict[str, tuple[DeviceMesh, DeviceMesh, float]]:
-    """The modules whose rules state ``style expert_parallel``: FQN -> (the 1-D ep
-    DeviceMesh the style runs on, the expert view's fsdp DeviceMesh, the gradient scale).
-    Checks everything the style and FSDP2 will need, before anything changes."""
-    from shardspec.runtime.expert_parallel import ExpertParallelError, check_experts
+    """The modules whose rules state ``style expert_parallel``: FQN -> (the DeviceMesh the
+    style runs on: ep, or (ep, etp) where the rules also cut each expert's ffn dimension
+    over one more axis of the view, expert tensor parallelism; the expert view's fsdp
+    DeviceMesh; the gradient scale). Checks everything the style and FSDP2 will need,
+    before anything changes."""
+    from shardspec.runtime.expert_parallel import (
+        ExpertParallelError,
+        check_experts,
+    )
 
     owners: dict[str, dict[str, ParamPlan]] = {}
     for fqn, plan in plans.items():
@@ -881,11 +914,13 @@ def expert_modules(
                 "an expert-parallel axis first; state `shard expert over ep`"
             )
             continue
-        if others:
+        axes = vmesh.names
+        etp = next(iter(others)) if len(others) == 1 else None
+        if others and (etp is None or axes.index(etp) < axes.index(ep)):
             errors.append(
                 f"{owner}: its parameters are also sharded over {sorted(others)}: expert "
-                "tensor parallelism is not applied by parallelize yet (apply "
-                "ExpertTensorParallel by hand and check with verify)"
+                f"tensor parallelism takes one axis after {ep!r} in view {plan.view!r} "
+                f"({', '.join(axes)}), cutting each expert's ffn dimension"
             )
             continue
         if fsdp is None:
@@ -901,19 +936,25 @@ def expert_modules(
                 "hold the same tokens)"
             )
             continue
-        ep_mesh = submesh(vdmesh, [ep])
+        module = model.get_submodule(owner)
+        ep_mesh = submesh(vdmesh, [ep] if etp is None else [ep, etp])
         try:
-            check_experts(model.get_submodule(owner), ep_mesh, 1)
+            check_experts(module, ep_mesh, ep_mesh.ndim)
+            if etp is not None:
+                errors += _etp_problems(owner, module, leaves, etp, vmesh.size(etp))
         except ExpertParallelError as e:
             errors.append(f"{owner}: {e}")
             continue
         world = 1
         for n in vmesh.sizes:
             world *= n
+        # The ranks of an etp group hold slices of the same experts: they add nothing to
+        # each other's gradients.
+        ranks = world // (vmesh.size(etp) if etp is not None else 1)
         out[owner] = (
             ep_mesh,
             submesh(vdmesh, [fsdp]),
-            expert_grad_scale(vmesh.size(fsdp), world),
+            expert_grad_scale(vmesh.size(fsdp), ranks),
         )
     if errors:
         raise SpecError(

@@ -42,8 +42,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from examples.models import moe
 from shardspec.runtime.expert_parallel import ExpertParallel, ExpertParallelModule
@@ -344,6 +344,26 @@ def check_load_hf(c: Checks, root: str, hf_dir: str) -> None:
 # ----------------------------------------------------------------------------- verify
 
 
+class OwnExpertParallel(ParallelStyle):
+    """A trainer's own expert-parallel style, torchtitan's way: ``distribute_module`` with
+    the experts as Shard(0) and input/output hooks (here they only mark the place where
+    torchtitan's dispatch and combine run; verify checks layouts and that hooks exist)."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        def partition(name: str, mod: nn.Module, mesh: Any) -> None:
+            for leaf, p in list(mod.named_parameters(recurse=False)):
+                d = distribute_tensor(p.detach(), mesh, [Shard(0)])
+                mod.register_parameter(leaf, nn.Parameter(d))
+
+        return distribute_module(
+            module,
+            device_mesh,
+            partition,
+            input_fn=lambda mod, inputs, mesh: inputs,
+            output_fn=lambda mod, outputs, mesh: outputs,
+        )
+
+
 def by_hand(
     model: nn.Module,
     views: Any,
@@ -352,6 +372,7 @@ def by_hand(
     ep_axis: str = "ep",
     dense_fsdp: tuple[str, str] = ("dense", "fsdp"),
     dispatch: bool = True,
+    style: ParallelStyle | None = None,
 ) -> nn.Module:
     """A trainer's own folded parallelization, torchtitan's order: TP on the dense view,
     expert parallelism on ``views["expert"][ep_axis]`` (``dispatch=False``: the experts
@@ -363,7 +384,7 @@ def by_hand(
         experts = block.moe.experts
         ep = views["expert"][ep_axis]
         if dispatch:
-            parallelize_module(experts, ep, ExpertParallel())
+            parallelize_module(experts, ep, style or ExpertParallel())
         else:
             for leaf, p in list(experts.named_parameters()):
                 d = distribute_tensor(p.detach(), ep, [Shard(0)])
@@ -392,6 +413,13 @@ def check_verify(c: Checks) -> None:
         c.check(tag, True, "")
     except SpecError as e:
         c.check(tag, False, f"a matching parallelization refused: {e}")
+
+    model = by_hand(example(), views, folded, style=OwnExpertParallel())
+    try:
+        folded.verify(model, views)
+        c.check("verify a style of its own", True, "")
+    except SpecError as e:
+        c.check("verify a style of its own", False, f"refused: {e}")
 
     cases = [
         (
@@ -446,6 +474,7 @@ def check_refusals(c: Checks, root: str) -> None:
     one_mesh = _generated(root, "moe_one_mesh_ep")
     with_sp = _generated(root, "moe_folded_sp")
     sp_views = with_sp.build_mesh(**FOLD_A)
+    etp_hidden = _generated(root, "moe_folded_etp_hidden")
     cases: list[tuple[str, Callable[[nn.Module], Any], str]] = [
         (
             "experts the style refuses",
@@ -456,6 +485,12 @@ def check_refusals(c: Checks, root: str) -> None:
             "one mesh",
             lambda m: one_mesh.parallelize(m, one_mesh.build_mesh(ep=2)),
             "style expert_parallel on a spec of one mesh: declare the experts' own view",
+        ),
+        (
+            "etp on hidden",
+            lambda m: etp_hidden.parallelize(m, etp_hidden.build_mesh(tp=2, ep=2, etp=2)),
+            "layers.0.moe.experts.w1: the spec cuts it etp=S(2); expert tensor parallelism "
+            "cuts its ffn dimension, etp=S(1)",
         ),
         (
             "sequence parallel",

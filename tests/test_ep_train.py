@@ -57,6 +57,14 @@ def compile_variants(gen: Path) -> None:
             "deepseek_moe_folded.shard",
             [("    ep: 2\n    efsdp: *\n", "    ep: 2\n    etp: 2\n    efsdp: *\n"), expert_rules],
         ),
+        # ... and over etp the hidden dimension, which ExpertTensorParallel does not cut
+        "moe_folded_etp_hidden": (
+            "deepseek_moe_folded.shard",
+            [
+                ("    ep: 2\n    efsdp: *\n", "    ep: 2\n    etp: 2\n    efsdp: *\n"),
+                (expert_rules[0], expert_rules[1].replace("ffn over", "hidden over")),
+            ],
+        ),
     }
     for name, (source, edits) in variants.items():
         text = (REPO / "specs" / source).read_text(encoding="utf-8")
@@ -127,9 +135,10 @@ def test_verify_accepts_a_trainers_own_fold_and_names_mismatches(
         "verify experts on efsdp",
         "verify no dispatch",
         "verify dense fsdp on expert",
+        "verify a style of its own",
     }, tags
 
 
 def test_refusals_leave_the_model_unchanged(results: list[dict[str, Any]]) -> None:
     tags = _counts(results, "refuse ")
-    assert len(tags) == 5 and all(n == 2 for n in tags.values()), tags
+    assert len(tags) == 6 and all(n == 2 for n in tags.values()), tags

@@ -1,5 +1,6 @@
 """A compiled spec with views, in one process: sizes per view, each parameter's layout on
-its view's mesh, placements, and parallelize/verify refusing views before the model changes.
+its view's mesh, placements, and parallelize/verify refusing meshes that are not the spec's
+views before the model changes.
 The multi-rank proofs (build_mesh against torch, distribute, checkpoints across folds) are
 tests/test_views_dist.py."""
 
@@ -79,19 +80,39 @@ def test_one_mesh_specs_are_unchanged(folded) -> None:
 
 
 @pytest.mark.parametrize("call", ["parallelize", "verify", "tp_plan", "fsdp_ignored"])
-def test_parallelize_and_verify_refuse_views_before_changing_anything(folded, call) -> None:
+def test_parallelize_and_verify_refuse_bad_views_before_changing_anything(folded, call) -> None:
+    """Views are taken (tests/test_ep_train.py trains on them); meshes that are not views of
+    the spec are refused with a hint, the model unchanged."""
     from examples.models import moe
 
     torch.manual_seed(0)
     model = moe.tiny()
     before = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-    views = MeshViews({"dense": object(), "expert": object()})
-    args = (views,) if call == "tp_plan" else (model, views)
-    with pytest.raises(SpecError, match="has views \\(dense, expert\\)") as err:
-        getattr(folded, call)(*args)
-    assert "distribute(model, build_mesh())" in err.value.hint
+    for mesh, want in (
+        (MeshViews({"dense": object(), "expert": object()}), "has no mesh_dim_names"),
+        (Mesh(("fsdp", "tp"), (2, 2)), "pass build_mesh\\(\\)'s views"),
+    ):
+        args = (mesh,) if call == "tp_plan" else (model, mesh)
+        with pytest.raises(SpecError, match=want) as err:
+            getattr(folded, call)(*args)
+        assert "build_mesh()" in str(err.value) + err.value.hint
     after = model.state_dict()
     assert all(torch.equal(after[k], before[k]) for k in before)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+
+
+@pytest.mark.parametrize("call", ["parallelize", "verify", "tp_plan"])
+def test_views_of_sizes_only_are_refused_with_a_hint(folded, call) -> None:
+    """Views given as Mesh objects (arithmetic only) are read, then refused where torch's
+    DeviceMeshes are needed; tp_plan of views needs the model (the dense view's modules)."""
+    from examples.models import moe
+
+    model = moe.tiny()
+    views = {"dense": Mesh(("fsdp", "tp"), (2, 2)), "expert": Mesh(("ep", "efsdp"), (2, 2))}
+    args = (views,) if call == "tp_plan" else (model, views)
+    want = "pass model= to tp_plan" if call == "tp_plan" else "need torch DeviceMeshes"
+    with pytest.raises(SpecError, match=want):
+        getattr(folded, call)(*args)
     assert all(type(p) is torch.nn.Parameter for p in model.parameters())
 
 

@@ -71,6 +71,8 @@ __all__ = [
     "inverse_permutation",
     "local_order",
     "reduce_from_group",
+    "scale_grad",
+    "set_grad_scale",
     "sort_routed",
 ]
 
@@ -215,6 +217,27 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` unchanged; its gradient multiplied by ``scale`` (``x`` itself at 1)."""
+    if scale == 1.0:
+        return x
+    out: torch.Tensor = _ScaleGrad.apply(x, scale)
+    return out
+
+
 def copy_to_group(x: torch.Tensor, group: Any) -> torch.Tensor:
     """``x`` unchanged; its gradient summed over ``group`` (the ranks of ``group`` read the
     same ``x``, each for part of the work)."""
@@ -251,10 +274,11 @@ def convention_of(module: nn.Module) -> str:
 
 
 @contextmanager
-def _local_view(module: nn.Module, n_local: int) -> Iterator[None]:
+def _local_view(module: nn.Module, n_local: int, grad_scale: float = 1.0) -> Iterator[None]:
     """Within the block, ``module``'s stacked parameters are their local shards (plain
-    tensors, differentiable back to the DTensors) and its ``num_experts`` (where it has
-    one) is the local count; both restored on exit, also on error."""
+    tensors, differentiable back to the DTensors, their gradients multiplied by
+    ``grad_scale``) and its ``num_experts`` (where it has one) is the local count; both
+    restored on exit, also on error."""
     saved: list[tuple[nn.Module, str, Any]] = []
     had_count = "num_experts" in vars(module)
     count = vars(module).get("num_experts")
@@ -263,7 +287,7 @@ def _local_view(module: nn.Module, n_local: int) -> Iterator[None]:
             for name, p in list(owner._parameters.items()):
                 if isinstance(p, DTensor):
                     saved.append((owner, name, p))
-                    owner._parameters[name] = p.to_local()
+                    owner._parameters[name] = scale_grad(p.to_local(), grad_scale)
         if had_count:
             setattr(module, "num_experts", n_local)  # noqa: B010 (an nn.Module attribute)
         yield
@@ -285,6 +309,8 @@ class ExpertParallelModule(nn.Module):
     _ep_size: int
     _ep_experts: int
     _ep_convention: str
+    # What the local experts' gradients are multiplied by (see :func:`set_grad_scale`).
+    _ep_grad_scale: float = 1.0
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         own = super().forward  # the experts module's own forward
@@ -293,7 +319,7 @@ class ExpertParallelModule(nn.Module):
 
         def call_experts(rows: torch.Tensor, *call_args: Any) -> torch.Tensor:
             etp = self._ep_mesh.get_group(1) if self._ep_mesh.ndim == 2 else None
-            with _local_view(self, n_local):
+            with _local_view(self, n_local, self._ep_grad_scale):
                 if etp is not None:
                     rows = copy_to_group(rows, etp)
                 out: torch.Tensor = own(rows, *call_args)
@@ -453,6 +479,18 @@ def _install(module: nn.Module, mesh: DeviceMesh, experts: int, convention: str)
     module._ep_experts = experts
     module._ep_convention = convention
     return module
+
+
+def set_grad_scale(module: nn.Module, scale: float) -> None:
+    """Multiply the gradients of an expert-parallel ``module``'s local experts by ``scale``
+    in its backward, before any reduction (FSDP2's reduce-scatter over the expert view's
+    fsdp axis comes after). ``parallelize`` uses it to give the experts the single
+    process's mean-loss gradient, which FSDP2's own divide factor over the expert mesh
+    does not (torchtitan sets that factor with ``set_gradient_divide_factor``, which needs
+    NCCL's ``PREMUL_SUM``; a multiplication in autograd works on every backend)."""
+    if not isinstance(module, ExpertParallelModule):
+        raise ExpertParallelError(f"{type(module).__qualname__} is not expert-parallel")
+    module._ep_grad_scale = float(scale)
 
 
 def check_experts(module: nn.Module, device_mesh: DeviceMesh, ndim: int) -> int:

@@ -55,6 +55,7 @@ from shardspec.core.styles import (
     runs_torch_forward,
     why_not_torch,
 )
+from shardspec.core.views import Folded
 from shardspec.runtime.dtensor import _contiguous_stride, layout_of, submesh, take, to_torch
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.user_styles import fmt_ranges, style_problems
@@ -80,6 +81,8 @@ class ParamPlan:
     global_fqn: str = ""  # the whole model's name (a pipeline stage's model may renumber)
     # The name its rule (and style) go by: the global name, or a pipeline tie's alias.
     rule_fqn: str = ""
+    # The view whose mesh the layout is on (None: the spec has one mesh).
+    view: str | None = None
 
     def on(self, axis: str) -> core.Placement:
         return self.placements[self.names.index(axis)] if axis in self.names else core.REPLICATE
@@ -132,14 +135,18 @@ def plan_params(
         except SpecError as e:
             errors.append(str(e))
             continue
-        sub = dtensor_mesh(layout, lmesh)
+        rule = spec._rule_of(gname.get(fqn, fqn))
+        view = spec.view_of_rule(rule)
+        vmesh = spec.view_mesh(lmesh, rule)  # (lmesh itself without views)
+        sub = dtensor_mesh(layout, vmesh)
         plans[fqn] = ParamPlan(
             fqn,
             layout,
-            dtensor_placements(layout, lmesh),
+            dtensor_placements(layout, vmesh),
             sub.names,
             gname.get(fqn, fqn),
             rname.get(fqn, fqn),
+            view,
         )
     aliases.update((fqn, first[id(p)]) for fqn, p in ignored if id(p) in first)
     if table is not None and spec.pipeline is None:  # (stages: global_names checked)
@@ -176,11 +183,11 @@ def layout_problem(
                 f"{local} is local to this parameter (its module holds its shard, so no "
                 "DTensor spans it)"
                 if local
-                else f"{unknown} is not an axis of the spec's mesh {lmesh.names}"
+                else f"{unknown} is not an axis of {_where(plan, lmesh)}"
             )
             return f"its DTensor spans mesh axes {names}; {why}"
         if not _same_group(dmesh, mesh, names):
-            return f"its DTensor mesh {names} groups other ranks than the spec mesh's {names}"
+            return f"its DTensor mesh {names} groups other ranks than {_where(plan, lmesh)}"
         _, got = layout_of(value)
         if got is None:
             return f"placements {tuple(value.placements)} (partial values are not a layout)"
@@ -198,6 +205,13 @@ def layout_problem(
         f"coordinate {dict(zip(sub.names, coord, strict=True))} would hold {fmt_ranges(have)}, "
         f"the spec gives it {fmt_ranges(want)}"
     )
+
+
+def _where(plan: ParamPlan, lmesh: Mesh) -> str:
+    """The mesh a parameter is planned on, in words."""
+    if plan.view is None:
+        return f"the spec's mesh {lmesh.names}"
+    return f"view {plan.view!r}'s mesh {lmesh.names}"
 
 
 def _describe(names: Iterable[str], placements: Iterable[core.Placement]) -> str:
@@ -221,36 +235,90 @@ def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> 
     return bool(torch.equal(group.cpu(), dmesh.mesh.cpu()))
 
 
-def refuse_views(spec: CompiledSpec, what: str) -> None:
-    """Raise before anything changes: ``what`` does not take a spec with views yet."""
-    if spec.views is not None:
+def _coordinate(mesh: Any) -> list[int] | None:
+    """This rank's coordinate in ``mesh`` (a DeviceMesh, or views: view -> DeviceMesh);
+    :class:`SpecError` for a mesh that is arithmetic only (a Mesh, a dict of sizes)."""
+    meshes = list(mesh.values()) if isinstance(mesh, Mapping) else [mesh]
+    if not meshes or not all(isinstance(m, DeviceMesh) for m in meshes):
         raise SpecError(
-            f"{what} does not take spec {spec.name!r} yet: it has views "
-            f"({', '.join(spec.views.names)}), and {what} runs one mesh",
+            "parallelize and verify need torch DeviceMeshes, one per view with views; a "
+            "Mesh or a dict of axis sizes describes layouts only",
             None,
-            "distribute(model, build_mesh()) places every parameter on its view's DeviceMesh, "
-            "and save/load move checkpoints between folds; parallelize and verify on views "
-            "come next (issue 21)",
+            "pass build_mesh()'s result",
         )
+    return meshes[0].get_coordinate()
 
 
-def mismatches(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> list[str]:
-    """Every parameter of ``model`` whose layout differs from the spec's, one line each."""
-    refuse_views(spec, "verify")
+def view_meshes(lmesh: Mesh, mesh: Any, view: str | None) -> tuple[Mesh, DeviceMesh]:
+    """(the layout Mesh, the DeviceMesh) of view ``view``; the mesh itself for None."""
+    if view is None:
+        return lmesh, mesh
+    assert isinstance(lmesh, Folded)
+    return lmesh.view(view), mesh[view]
+
+
+def on_view(lmesh: Mesh, mesh: Any, plan: ParamPlan) -> tuple[Mesh, DeviceMesh]:
+    """(the layout Mesh, the DeviceMesh) ``plan`` is on: its view's, or the mesh itself."""
+    return view_meshes(lmesh, mesh, plan.view)
+
+
+def fsdp_axis_of(spec: CompiledSpec, plan: ParamPlan) -> str | None:
+    """The fsdp axis of ``plan``'s view (the spec's, without views)."""
+    if plan.view is None or spec.views is None:
+        return spec.fsdp_axis
+    return spec.views.fsdp_of(plan.view)
+
+
+def model_parallel_axes(spec: CompiledSpec, plan: ParamPlan) -> tuple[str, ...]:
+    """The axes ``plan`` is sharded over, but its view's fsdp axis."""
+    fsdp = fsdp_axis_of(spec, plan)
+    return tuple(a for a in plan.sharded_axes() if a != fsdp)
+
+
+def is_expert_parallel(spec: CompiledSpec, plan: ParamPlan) -> bool:
+    """Whether ``plan``'s rule states ``style expert_parallel``."""
+    return spec.style_of(plan.rule_fqn).get("kind") == "expert_parallel"
+
+
+def mismatches(spec: CompiledSpec, model: nn.Module, mesh: Any) -> list[str]:
+    """Every parameter of ``model`` whose layout differs from the spec's, one line each;
+    with views, also every module the spec makes expert-parallel whose tokens nothing
+    dispatches."""
     lmesh = spec.layout_mesh(mesh)
-    if mesh.get_coordinate() is None:
+    if _coordinate(mesh) is None:
         raise SpecError("this rank is not part of the mesh")
     plans, _ = plan_params(spec, model, lmesh, mesh)
     out = []
     params = dict(model.named_parameters())
     for fqn, plan in plans.items():
-        problem = layout_problem(plan, params[fqn], lmesh, mesh)
+        vmesh, dmesh = on_view(lmesh, mesh, plan)
+        problem = layout_problem(plan, params[fqn], vmesh, dmesh)
         if problem is not None:
             out.append(f"{fqn}: {problem}")
+    for owner in sorted({_owner(f)[0] for f, p in plans.items() if is_expert_parallel(spec, p)}):
+        module = model.get_submodule(owner) if owner else model
+        if not _dispatches(module):
+            out.append(
+                f"{owner}: the spec gives it style expert_parallel, but nothing dispatches its "
+                "tokens (it is not shardspec's ExpertParallel module and has no forward hooks "
+                "but FSDP2's): each rank would run its own experts on its own tokens only"
+            )
     return out
 
 
-def verify(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> None:
+def _dispatches(module: nn.Module) -> bool:
+    """Whether ``module`` dispatches tokens to its experts' ranks: shardspec's
+    ExpertParallel, or forward hooks of a style's own (torchtitan's ExpertParallel installs
+    them with ``distribute_module``), FSDP2's not counted."""
+    from shardspec.runtime.expert_parallel import ExpertParallelModule
+
+    if isinstance(module, ExpertParallelModule):
+        return True
+    hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+    return any(not type(getattr(h, "__self__", None)).__name__.startswith("FSDP") for h in hooks)
+
+
+def verify(spec: CompiledSpec, model: nn.Module, mesh: Any) -> None:
     """Raise one :class:`SpecError` naming every parameter whose layout (mesh axes,
     placements, local shape and global offset on every rank) differs from the spec."""
     bad = mismatches(spec, model, mesh)
@@ -432,8 +500,11 @@ def _style_kwargs(stated: Mapping[str, Any], sequence: bool = False) -> dict[str
     return out
 
 
-def tp_axes(spec: CompiledSpec) -> tuple[str, ...]:
-    """The model-parallel axes: every axis but the fsdp one."""
+def tp_axes(spec: CompiledSpec, view: str | None = None) -> tuple[str, ...]:
+    """The model-parallel axes: every axis but the fsdp one (of view ``view``'s)."""
+    if view is not None and spec.views is not None:
+        fsdp = spec.views.fsdp_of(view)
+        return tuple(a for a in spec.views.axes_of(view) if a != fsdp)
     return tuple(a for a in spec.axes if a != spec.fsdp_axis)
 
 
@@ -448,18 +519,21 @@ def build_tp_plan(
     lmesh: Mesh,
     plans: Mapping[str, ParamPlan],
     styles: Mapping[str, Any] | None = None,
+    view: str | None = None,
 ) -> tuple[str | None, dict[str, Any]]:
     """(the TP axis, {module FQN: ParallelStyle}) for ``model``. At most one axis is TP:
-    ``parallelize_module`` takes a 1-D mesh."""
+    ``parallelize_module`` takes a 1-D mesh. With views: ``plans`` of view ``view``, whose
+    mesh ``lmesh`` is."""
     by_module: dict[str, dict[str, ParamPlan]] = {}
     for fqn, plan in plans.items():
         owner, leaf = _owner(fqn)
         by_module.setdefault(owner, {})[leaf] = plan
-    candidates = [a for a in tp_axes(spec) if lmesh.size(a) > 1] or list(tp_axes(spec))
+    axes = tp_axes(spec, view)
+    candidates = [a for a in axes if lmesh.size(a) > 1] or list(axes)
     used: set[str] = set()
     for leaves in by_module.values():
         for plan in leaves.values():
-            used.update(a for a in plan.sharded_axes() if a != spec.fsdp_axis)
+            used.update(model_parallel_axes(spec, plan))
     if len(used) > 1:
         raise SpecError(
             f"parameters are sharded over several model-parallel axes {sorted(used)}; "
@@ -512,10 +586,10 @@ def fsdp_dims(spec: CompiledSpec, plans: Mapping[str, ParamPlan]) -> dict[str, i
     """Per parameter: the tensor dimension the fsdp axis shards (FSDP2's ``Shard(dim)``),
     or ``None`` where the spec replicates it over that axis. Refuses layouts FSDP2 cannot
     give: the fsdp axis must be the innermost on its dimension."""
-    axis = spec.fsdp_axis
     out: dict[str, int | None] = {}
     errors = []
     for fqn, plan in plans.items():
+        axis = fsdp_axis_of(spec, plan)
         if axis is None or axis not in plan.names:
             out[fqn] = None
             continue
@@ -583,7 +657,7 @@ def _is_parallelized(model: nn.Module) -> str | None:
 def parallelize(
     spec: CompiledSpec,
     model: nn.Module,
-    mesh: DeviceMesh,
+    mesh: Any,
     *,
     mp_policy: Any = None,
     reshard_after_forward: bool | int | None = None,
@@ -593,6 +667,17 @@ def parallelize(
 ) -> nn.Module:
     """Tensor parallelism (``parallelize_module`` with the spec's styles) on the TP axis,
     then FSDP2 (``fully_shard`` per block, the root last) on the spec's fsdp axis, in place.
+
+    A spec with views takes ``build_mesh()``'s views (or a mapping view -> DeviceMesh over
+    the same ranks, a trainer's own): tensor parallelism on the dense view (the view of
+    every parameter outside the experts modules) and FSDP2 over its fsdp axis; each module
+    whose rules state ``style expert_parallel`` gets
+    :class:`~shardspec.runtime.expert_parallel.ExpertParallel` (all-to-all token dispatch)
+    over its view's expert-parallel axis (``ExpertTensorParallel`` over (ep, etp) where the
+    rules also cut each expert's ffn dimension over etp), then its own ``fully_shard`` over
+    that view's fsdp axis before the blocks', as torchtitan does. The experts' gradients
+    end as a single process's mean-loss gradient (each rank's loss the mean over its own
+    tokens): see :func:`expert_grad_scale`.
 
     ``mp_policy``, ``reshard_after_forward`` and ``offload_policy`` go to every
     ``fully_shard`` call; ``blocks`` names the FSDP units (default: the members of the
@@ -604,9 +689,14 @@ def parallelize(
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    refuse_views(spec, "parallelize")
+    from shardspec.runtime.expert_parallel import (
+        ExpertParallel,
+        ExpertTensorParallel,
+        set_grad_scale,
+    )
+
     lmesh = spec.layout_mesh(mesh)
-    if mesh.get_coordinate() is None:
+    if _coordinate(mesh) is None:
         raise SpecError("this rank is not part of the mesh")
     already = _is_parallelized(model)
     if already:
@@ -615,12 +705,19 @@ def parallelize(
             "check a model parallelized elsewhere with verify()"
         )
     plans, aliases = plan_params(spec, model, lmesh, mesh)
-    axis, tp = build_tp_plan(spec, model, lmesh, plans, styles)
+    experts = expert_modules(spec, model, lmesh, mesh, plans)
+    dense = {f: p for f, p in plans.items() if _owner(f)[0] not in experts}
+    view = dense_view(spec, dense)
+    vmesh, vdmesh = view_meshes(lmesh, mesh, view)
+    axis, tp = build_tp_plan(spec, model, vmesh, dense, styles, view)
     tied_tp = sorted(
         f"{alias} (= {fqn})"
         for alias, fqn in aliases.items()
         if fqn in plans
-        and any(a != spec.fsdp_axis and lmesh.size(a) > 1 for a in plans[fqn].sharded_axes())
+        and any(
+            on_view(lmesh, mesh, plans[fqn])[0].size(a) > 1
+            for a in model_parallel_axes(spec, plans[fqn])
+        )
     )
     if tied_tp:
         raise SpecError(
@@ -637,8 +734,15 @@ def parallelize(
         # size 1: leave the modules of tied weights to FSDP alone.
         tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
         tp = {owner: style for owner, style in tp.items() if owner not in tied}
+    clash = sorted(o for o in (styles or {}) if o in experts)
+    if clash:
+        raise SpecError(
+            f"styles: {', '.join(clash)} is expert-parallel in the spec (style "
+            "expert_parallel); parallelize gives it ExpertParallel over its view's ep axis, "
+            "and `styles` are tensor-parallel styles of the dense view"
+        )
     if styles and axis is not None:
-        _check_user_styles(model, submesh(mesh, [axis]), axis, plans, tp, styles)
+        _check_user_styles(model, submesh(vdmesh, [axis]), axis, dense, tp, styles)
     dims = fsdp_dims(spec, plans)
     block_names = list(blocks) if blocks is not None else default_blocks(model)
     block_modules = []
@@ -654,33 +758,42 @@ def parallelize(
         fsdp_kwargs["offload_policy"] = offload_policy
     if reshard_after_forward is not None:
         fsdp_kwargs["reshard_after_forward"] = reshard_after_forward
-    replicated = [fqn for fqn, d in dims.items() if d is None]
+    # Parameters FSDP2 leaves alone (replicated over their fsdp axis), by that axis's mesh.
+    replicated: dict[int, tuple[DeviceMesh, list[str]]] = {}
+    for fqn, d in dims.items():
+        fsdp = fsdp_axis_of(spec, plans[fqn])
+        if d is None and fsdp is not None:
+            dp_mesh = submesh(on_view(lmesh, mesh, plans[fqn])[1], [fsdp])
+            replicated.setdefault(id(dp_mesh), (dp_mesh, []))[1].append(fqn)
+    fsdp_axis = spec.views.fsdp_of(view) if spec.views is not None and view else spec.fsdp_axis
     # -- from here on the model changes
     spec.last_mesh = mesh
     if axis is not None and tp:
-        parallelize_module(model, submesh(mesh, [axis]), tp)
-    if spec.fsdp_axis is not None:
-        params = dict(model.named_parameters(remove_duplicate=False))
-        ignored = {params[f] for f in replicated if f in params}
-        placement_fn = make_shard_placement_fn(model, dims)
-        dp = submesh(mesh, [spec.fsdp_axis])
-        for block in block_modules:
-            fully_shard(
-                block,
-                mesh=dp,
-                shard_placement_fn=placement_fn,
-                ignored_params=ignored or None,
-                **fsdp_kwargs,
-            )
+        parallelize_module(model, submesh(vdmesh, [axis]), tp)
+    for owner, (ep_mesh, _, scale) in experts.items():
+        module = model.get_submodule(owner)
+        style = ExpertParallel() if ep_mesh.ndim == 1 else ExpertTensorParallel()
+        parallelize_module(module, ep_mesh, style)
+        set_grad_scale(module, scale)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    ignored = {params[f] for _, fqns in replicated.values() for f in fqns if f in params}
+    placement_fn = make_shard_placement_fn(model, dims)
+    # FSDP2 units, innermost first: the experts on the expert view's fsdp mesh (torchtitan's
+    # order), then the blocks and the root on the dense view's.
+    units = [(model.get_submodule(o), efsdp) for o, (_, efsdp, _) in experts.items()]
+    if fsdp_axis is not None:
+        dp = submesh(vdmesh, [fsdp_axis])
+        units += [(block, dp) for block in [*block_modules, model]]
+    for unit, unit_mesh in units:
         fully_shard(
-            model,
-            mesh=dp,
+            unit,
+            mesh=unit_mesh,
             shard_placement_fn=placement_fn,
             ignored_params=ignored or None,
             **fsdp_kwargs,
         )
-        if ignored:
-            _average_grads(ignored, dp)
+    for dp_mesh, fqns in replicated.values():
+        _average_grads([params[f] for f in fqns if f in params], dp_mesh)
     bad = mismatches(spec, model, mesh)
     if bad:  # torch's machinery did not give the layout it was asked for
         raise SpecError(
@@ -688,6 +801,167 @@ def parallelize(
             + "\n  ".join(bad)
         )
     return model
+
+
+def dense_view(spec: CompiledSpec, dense: Mapping[str, ParamPlan]) -> str | None:
+    """The view of every parameter outside the experts modules (None without views);
+    :class:`SpecError` where they are on several (FSDP2 wraps a block on one mesh)."""
+    if spec.views is None:
+        return None
+    views = sorted({p.view for p in dense.values() if p.view is not None})
+    if len(views) > 1:
+        by_view = {v: next(f for f, p in dense.items() if p.view == v) for v in views}
+        raise SpecError(
+            "parallelize wraps each block in FSDP2 over one view's fsdp axis, but the "
+            "parameters outside the expert-parallel modules are on views "
+            + ", ".join(f"{v} (e.g. {f})" for v, f in by_view.items()),
+            None,
+            "put every rule but the experts' (style expert_parallel) on the dense view",
+        )
+    return views[0] if views else spec.views.default
+
+
+def expert_grad_scale(efsdp: int, world: int) -> float:
+    """What the expert-parallel style multiplies the local experts' gradients by, so that
+    after FSDP2's reduce-scatter over the expert view's fsdp axis (the sum over its
+    ``efsdp`` ranks, divided by ``efsdp``) they are a single process's mean-loss gradient.
+
+    Each rank's loss is the mean over its own tokens; the single process's is the mean over
+    the data-parallel groups. An expert's gradient on its ep rank sums the contributions of
+    the tokens its ep group dispatched to it, and FSDP2 adds those of the efsdp ranks that
+    hold the same expert: every rank of the world once (the expert view factors the world
+    as ep x efsdp). Ranks that hold the same tokens (the dense view's tp ranks, without
+    sequence parallelism) add the same contribution: a data group's tokens count
+    world / dp times. So the sum is divided by the world: by ``efsdp`` in FSDP2, by
+    ``world / efsdp`` here, in autograd (with expert tensor parallelism ``world`` is the
+    world over etp: the ranks of an etp group hold slices of the same experts, and add
+    nothing to each other's gradients). torchtitan's ``set_gradient_divide_factor`` needs
+    NCCL's PREMUL_SUM, which gloo lacks; this works on both."""
+    return efsdp / world
+
+
+def _etp_problems(
+    owner: str, module: nn.Module, leaves: Mapping[str, ParamPlan], etp: str, size: int
+) -> list[str]:
+    """Where ``ExpertTensorParallel`` would not cut ``module``'s parameters over ``etp`` as
+    the spec does (each one's ffn dimension, per component: its ``FFN_DIMS``)."""
+    from shardspec.runtime.expert_parallel import FFN_DIMS, ExpertTensorParallel
+
+    style = ExpertTensorParallel()
+    out = []
+    for leaf, plan in sorted(leaves.items()):
+        dim, components = style._cut(module, leaf, module.get_parameter(leaf), size)
+        want = core.Shard(dim) if components == 1 else core.StridedShard(dim, components)
+        if plan.on(etp) != want:
+            out.append(
+                f"{owner}.{leaf}: the spec cuts it {etp}={plan.on(etp)}; expert tensor "
+                f"parallelism cuts its ffn dimension, {etp}={want} ({sorted(FFN_DIMS)} by name)"
+            )
+    return out
+
+
+def expert_modules(
+    spec: CompiledSpec, model: nn.Module, lmesh: Mesh, mesh: Any, plans: Mapping[str, ParamPlan]
+) -> dict[str, tuple[DeviceMesh, DeviceMesh, float]]:
+    """The modules whose rules state ``style expert_parallel``: FQN -> (the DeviceMesh the
+    style runs on: ep, or (ep, etp) where the rules also cut each expert's ffn dimension
+    over one more axis of the view, expert tensor parallelism; the expert view's fsdp
+    DeviceMesh; the gradient scale). Checks everything the style and FSDP2 will need,
+    before anything changes."""
+    from shardspec.runtime.expert_parallel import (
+        ExpertParallelError,
+        check_experts,
+    )
+
+    owners: dict[str, dict[str, ParamPlan]] = {}
+    for fqn, plan in plans.items():
+        owner, leaf = _owner(fqn)
+        owners.setdefault(owner, {})[leaf] = plan
+    out: dict[str, tuple[DeviceMesh, DeviceMesh, float]] = {}
+    errors: list[str] = []
+    for owner, leaves in owners.items():
+        marked = sorted(leaf for leaf, p in leaves.items() if is_expert_parallel(spec, p))
+        if not marked:
+            continue
+        if spec.views is None:
+            errors.append(
+                f"{owner}: style expert_parallel on a spec of one mesh: declare the experts' "
+                "own view (`mesh expert {{ ep: ...  efsdp: * }}` beside the dense one), so "
+                "that every dense parameter keeps one data-parallel group (parallelize runs "
+                "the expert-parallel style on views only)"
+            )
+            continue
+        if len(marked) != len(leaves):
+            errors.append(
+                f"{owner}: {marked} are expert-parallel but "
+                f"{sorted(set(leaves) - set(marked))} are not; the style places every "
+                "parameter of its module"
+            )
+            continue
+        view = {p.view for p in leaves.values()}
+        if len(view) != 1:
+            errors.append(f"{owner}: its parameters are on views {sorted(map(str, view))}")
+            continue
+        plan = next(iter(leaves.values()))
+        vmesh, vdmesh = on_view(lmesh, mesh, plan)
+        fsdp = fsdp_axis_of(spec, plan)
+        first = plan.layout.tensor_dims()[0].axes
+        ep = next((a for a in first if a != fsdp), None)
+        others = {a for p in leaves.values() for a in model_parallel_axes(spec, p)} - {ep}
+        if ep is None or first[0] != ep:
+            errors.append(
+                f"{owner}: the expert dimension (the first) of {plan.fqn} is not sharded over "
+                "an expert-parallel axis first; state `shard expert over ep`"
+            )
+            continue
+        axes = vmesh.names
+        etp = next(iter(others)) if len(others) == 1 else None
+        if others and (etp is None or axes.index(etp) < axes.index(ep)):
+            errors.append(
+                f"{owner}: its parameters are also sharded over {sorted(others)}: expert "
+                f"tensor parallelism takes one axis after {ep!r} in view {plan.view!r} "
+                f"({', '.join(axes)}), cutting each expert's ffn dimension"
+            )
+            continue
+        if fsdp is None:
+            errors.append(
+                f"{owner}: view {plan.view!r} has no fsdp axis; parallelize wraps the "
+                "experts in FSDP2 over it"
+            )
+            continue
+        if any(k.get("kind") == "sequence_parallel" for k in spec.rule_styles.values()):
+            errors.append(
+                f"{owner}: expert parallelism under sequence parallelism is not applied by "
+                "parallelize yet (the experts' gradient scale assumes the dense tp ranks "
+                "hold the same tokens)"
+            )
+            continue
+        module = model.get_submodule(owner)
+        ep_mesh = submesh(vdmesh, [ep] if etp is None else [ep, etp])
+        try:
+            check_experts(module, ep_mesh, ep_mesh.ndim)
+            if etp is not None:
+                errors += _etp_problems(owner, module, leaves, etp, vmesh.size(etp))
+        except ExpertParallelError as e:
+            errors.append(f"{owner}: {e}")
+            continue
+        world = 1
+        for n in vmesh.sizes:
+            world *= n
+        # The ranks of an etp group hold slices of the same experts: they add nothing to
+        # each other's gradients.
+        ranks = world // (vmesh.size(etp) if etp is not None else 1)
+        out[owner] = (
+            ep_mesh,
+            submesh(vdmesh, [fsdp]),
+            expert_grad_scale(vmesh.size(fsdp), ranks),
+        )
+    if errors:
+        raise SpecError(
+            "parallelize cannot apply the expert-parallel style (the model is unchanged):\n  "
+            + "\n  ".join(errors)
+        )
+    return out
 
 
 def _check_user_styles(
@@ -742,14 +1016,26 @@ def _average_grads(params: Iterable[nn.Parameter], dp: DeviceMesh) -> None:
 # --------------------------------------------------------------------------- for trainers
 
 
-def tp_plan(spec: CompiledSpec, mesh: DeviceMesh, model: nn.Module | None = None) -> dict[str, Any]:
-    """The plan for ``parallelize_module(model, mesh[tp], plan)``.
+def tp_plan(spec: CompiledSpec, mesh: Any, model: nn.Module | None = None) -> dict[str, Any]:
+    """The plan for ``parallelize_module(model, mesh[tp], plan)``. With views (``model``
+    needed): the dense view's plan, for ``mesh[dense][tp]``, without the modules that
+    ``style expert_parallel`` places (give those ``ExpertParallel`` over ``mesh[expert][ep]``).
 
     With ``model``: exact module FQNs. Without: one entry per module pattern of the spec's
     rules (``*`` per segment, as ``parallelize_module`` matches), which needs rules whose
     module part is such a pattern."""
-    refuse_views(spec, "tp_plan")
     lmesh = spec.layout_mesh(mesh)
+    if spec.views is not None:
+        if model is None:
+            raise SpecError(
+                f"spec {spec.name!r} has views: pass model= to tp_plan (the plan is the dense "
+                "view's, without the expert-parallel modules)"
+            )
+        plans, _ = plan_params(spec, model, lmesh, mesh)
+        experts = {_owner(f)[0] for f, p in plans.items() if is_expert_parallel(spec, p)}
+        dense = {f: p for f, p in plans.items() if _owner(f)[0] not in experts}
+        view = dense_view(spec, dense)
+        return build_tp_plan(spec, model, view_meshes(lmesh, mesh, view)[0], dense, None, view)[1]
     if model is not None:
         plans, _ = plan_params(spec, model, lmesh, mesh)
         return build_tp_plan(spec, model, lmesh, plans)[1]
@@ -828,21 +1114,21 @@ def _pattern_kwargs(
 
 
 def shard_placement_fn(
-    spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh
+    spec: CompiledSpec, model: nn.Module, mesh: Any
 ) -> Callable[[nn.Parameter], Shard | None]:
     """The ``shard_placement_fn`` for ``fully_shard``: the dimension the spec shards over
-    its fsdp axis, per parameter. Call it after tensor parallelism (it keys on the
-    parameters the model holds now)."""
-    refuse_views(spec, "shard_placement_fn")
+    its fsdp axis, per parameter (with views: over its own view's fsdp axis; one function
+    serves every view's ``fully_shard``). Call it after tensor and expert parallelism (it
+    keys on the parameters the model holds now)."""
     lmesh = spec.layout_mesh(mesh)
     plans, _ = plan_params(spec, model, lmesh, mesh)
     return make_shard_placement_fn(model, fsdp_dims(spec, plans))
 
 
-def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
-    """Parameters the spec replicates over its fsdp axis: ``fully_shard(...,
-    ignored_params=...)``; their gradients need averaging over that axis."""
-    refuse_views(spec, "fsdp_ignored")
+def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: Any) -> set[nn.Parameter]:
+    """Parameters the spec replicates over its fsdp axis (with views: over their own view's):
+    ``fully_shard(..., ignored_params=...)``; their gradients need averaging over that
+    axis."""
     lmesh = spec.layout_mesh(mesh)
     plans, _ = plan_params(spec, model, lmesh, mesh)
     params = dict(model.named_parameters())
@@ -852,6 +1138,7 @@ def fsdp_ignored(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh) -> set[
 __all__ = [
     "SpecColwise",
     "SpecRowwise",
+    "expert_grad_scale",
     "fsdp_ignored",
     "mismatches",
     "parallelize",

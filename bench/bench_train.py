@@ -4,6 +4,7 @@
     python -m bench.bench_train                          # dim 512, 4 ranks, tp 2
     python -m bench.bench_train --rounds 4 --steps 10 --json /tmp/train.json
     python -m bench.bench_train --world 4 --tp 2 --dim 256 --layers 2 --steps 3 --rounds 1
+    python -m bench.bench_train --model moe --rounds 4     # the MoE on folded views
 
 ``world`` gloo CPU ranks (``shardspec.testing.run_ranks``), mesh dp_shard x tp (dp_shard
 takes the rest), the Llama of ``examples/models/llama.py`` (fused ``wqkv`` and ``w13``).
@@ -50,6 +51,25 @@ Bytes per collective are the bytes of its whole buffer (an all-gather's output, 
 reduce-scatter's input, an all-reduce's tensor); "sent per rank" estimates what a ring
 algorithm sends: (n-1)/n of the buffer for all-gather and reduce-scatter, 2(n-1)/n for
 all-reduce, for a group of n ranks.
+
+``--model moe``: the example MoE (``examples/models/moe.py`` as Hugging Face Qwen3-MoE
+computes it, each expert on its routed rows: ``sparse_experts``) on two views of the same
+ranks, dense ``(fsdp, tp)`` and expert ``(ep, efsdp)``, from
+``specs/deepseek_moe_folded.shard`` sized to the run (:func:`moe_spec_text`). Two variants:
+
+* ``parallelize``: shardspec's side. Until ``layout.parallelize`` takes a spec with views,
+  a marked stand-in built from shardspec's pieces (:func:`parallelize_views_standin`: the
+  spec's placements give torch's TP styles, ``shardspec.runtime.expert_parallel``'s
+  ``ExpertParallel`` takes the experts, ``fully_shard`` per view's fsdp axis); the switch
+  is one line in :func:`_setup_moe`;
+* ``handwritten``: ``bench/moe_handwritten.py``, what a torchtitan user writes by hand,
+  with its own all-to-all ``ExpertParallel``.
+
+Both also run a gradient check (batch 0, no update) against one process on the whole
+batch, and the report sets the all-to-all bytes of the routed rows against their floor
+(each rank's tokens x top-k x hidden x 4 bytes, dispatched and combined, forward and
+backward, per layer). All-to-all bytes are what a rank sends (its share for itself
+included); the int64 count exchanges are counted apart (``all_to_all_counts``).
 
 Peak memory per rank: on CPU (always, under ``run_ranks``) the growth of the process's
 peak resident set during one step: before the step ``gc.collect()`` and ``malloc_trim(0)``,

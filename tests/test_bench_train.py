@@ -149,3 +149,36 @@ def test_moe_shardspec_against_the_hand_written_expert_parallel_on_4_ranks() -> 
     text = "\n".join(bt.report(res))
     assert "the floor" in text and "(1.000x)" in text and "Gradients" in text
     assert "stand-in" in text and "Order: parallelize and hand-written issue the same" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "moe", "--variants", "distribute"], "choose from parallelize, handwritten"),
+        (["--model", "gpt"], "invalid choice: 'gpt'"),
+        (["--variants", "moe"], "choose from parallelize, handwritten, distribute"),
+    ],
+)
+def test_command_line_refuses_what_the_model_has_not(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bt.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_moe_command_line_config() -> None:
+    args = bt.argparse.Namespace(
+        model="moe",
+        dim=128,
+        layers=None,
+        heads=4,
+        kv_heads=2,
+        ffn=None,
+        experts=16,
+        top_k=4,
+        vocab=None,
+    )
+    cfg = bt._config_from(args)
+    assert cfg == {**bt.MOE_MODEL, "dim": 128, "head_dim": 32, "n_experts": 16, "top_k": 4}

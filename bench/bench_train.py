@@ -663,11 +663,12 @@ def parallelize_views_standin(
     for name, block in model.layers.items():
         for owner in experts:
             if owner.startswith(f"layers.{name}."):
-                unit = fully_shard(
-                    model.get_submodule(owner), mesh=expert[layout.VIEW_FSDP["expert"]]
-                )
+                efsdp = expert[layout.VIEW_FSDP["expert"]]
+                unit = fully_shard(model.get_submodule(owner), mesh=efsdp)
                 unit.set_gradient_divide_factor(float(world))
-                if expert.device_type == "cpu":  # gloo has no PREMUL_SUM
+                if expert.device_type == "cpu" and efsdp.size() > 1:
+                    # gloo has no PREMUL_SUM. (Not at efsdp 1, where no reduce-scatter
+                    # runs: torch 2.13's FSDP2 would then divide twice.)
                     unit.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=dense[layout.VIEW_FSDP["dense"]])
     fully_shard(model, mesh=dense[layout.VIEW_FSDP["dense"]])

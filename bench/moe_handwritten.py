@@ -196,7 +196,9 @@ def parallelize_moe(model: nn.Module, dense: DeviceMesh, sparse: DeviceMesh) -> 
         parallelize_module(block.get_submodule("moe.experts"), sparse["ep"], ExpertParallel())
         experts = fully_shard(block.get_submodule("moe.experts"), mesh=sparse["efsdp"])
         experts.set_gradient_divide_factor(float(world))
-        if sparse.device_type == "cpu":  # gloo has no PREMUL_SUM: divide, then sum
+        if sparse.device_type == "cpu" and sparse["efsdp"].size() > 1:
+            # gloo has no PREMUL_SUM: divide, then sum. (Not at efsdp 1, where no
+            # reduce-scatter runs: torch 2.13's FSDP2 would then divide twice.)
             experts.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=dense["fsdp"])
     fully_shard(model, mesh=dense["fsdp"])

@@ -113,9 +113,12 @@ def test_moe_refuses_variants_it_does_not_have() -> None:
 
 
 @pytest.mark.dist
-def test_moe_shardspec_against_the_hand_written_expert_parallel_on_4_ranks() -> None:
+@pytest.mark.parametrize("ep", [2, 4])
+def test_moe_shardspec_against_the_hand_written_expert_parallel_on_4_ranks(ep: int) -> None:
+    """ep 2 x efsdp 2, and ep 4 x efsdp 1 (FSDP2 over one rank: no reduce-scatter, where
+    torch 2.13 divides the gradient twice if sums are forced), both with dense tp 2."""
     variants = ("parallelize", "handwritten")
-    res = bt.run(TINY_MOE, world=4, tp=2, ep=2, kind="moe", **SMALL_RUN)
+    res = bt.run(TINY_MOE, world=4, tp=2, ep=ep, kind="moe", **SMALL_RUN)
     s = bt.summary(res)
     _well_formed(s, variants)
     p, h = s["parallelize"], s["handwritten"]
@@ -131,15 +134,16 @@ def test_moe_shardspec_against_the_hand_written_expert_parallel_on_4_ranks() -> 
     # and backward; TP's all-reduces (wo's output forward; backward, the input gradient of
     # each of wq, wk and wv, and q_norm's and k_norm's weight gradients); FSDP2 over each
     # view's fsdp axis (the root, each block, each block's experts).
-    assert calls == {
+    want = {
         "all_to_all_counts ep": layers,
         "all_to_all ep": 4 * layers,
         "all_reduce tp": 6 * layers,
         "all_gather fsdp": 2 * layers + 1,
         "reduce_scatter fsdp": layers + 1,
-        "all_gather efsdp": 2 * layers,
-        "reduce_scatter efsdp": layers,
     }
+    if ep < 4:  # efsdp > 1
+        want.update({"all_gather efsdp": 2 * layers, "reduce_scatter efsdp": layers})
+    assert calls == want
     # The same collectives, in the same order, with the same buffers; the routed rows at
     # the floor (tokens x top-k x hidden x 4 bytes, both ways, forward and backward).
     assert p["sequence"] == h["sequence"]

@@ -4,6 +4,7 @@
     python -m bench.bench_train                          # dim 512, 4 ranks, tp 2
     python -m bench.bench_train --rounds 4 --steps 10 --json /tmp/train.json
     python -m bench.bench_train --world 4 --tp 2 --dim 256 --layers 2 --steps 3 --rounds 1
+    python -m bench.bench_train --model moe --rounds 4     # the MoE on folded views
 
 ``world`` gloo CPU ranks (``shardspec.testing.run_ranks``), mesh dp_shard x tp (dp_shard
 takes the rest), the Llama of ``examples/models/llama.py`` (fused ``wqkv`` and ``w13``).
@@ -51,6 +52,25 @@ reduce-scatter's input, an all-reduce's tensor); "sent per rank" estimates what 
 algorithm sends: (n-1)/n of the buffer for all-gather and reduce-scatter, 2(n-1)/n for
 all-reduce, for a group of n ranks.
 
+``--model moe``: the example MoE (``examples/models/moe.py`` as Hugging Face Qwen3-MoE
+computes it, each expert on its routed rows: ``sparse_experts``) on two views of the same
+ranks, dense ``(fsdp, tp)`` and expert ``(ep, efsdp)``, from
+``specs/deepseek_moe_folded.shard`` sized to the run (:func:`moe_spec_text`). Two variants:
+
+* ``parallelize``: shardspec's side. Until ``layout.parallelize`` takes a spec with views,
+  a marked stand-in built from shardspec's pieces (:func:`parallelize_views_standin`: the
+  spec's placements give torch's TP styles, ``shardspec.runtime.expert_parallel``'s
+  ``ExpertParallel`` takes the experts, ``fully_shard`` per view's fsdp axis); the switch
+  is one line in :func:`_setup_moe`;
+* ``handwritten``: ``bench/moe_handwritten.py``, what a torchtitan user writes by hand,
+  with its own all-to-all ``ExpertParallel``.
+
+Both also run a gradient check (batch 0, no update) against one process on the whole
+batch, and the report sets the all-to-all bytes of the routed rows against their floor
+(each rank's tokens x top-k x hidden x 4 bytes, dispatched and combined, forward and
+backward, per layer). All-to-all bytes are what a rank sends (its share for itself
+included); the int64 count exchanges are counted apart (``all_to_all_counts``).
+
 Peak memory per rank: on CPU (always, under ``run_ranks``) the growth of the process's
 peak resident set during one step: before the step ``gc.collect()`` and ``malloc_trim(0)``,
 the peak (``VmHWM``) is reset to the current RSS through ``/proc/self/clear_refs``, and
@@ -66,6 +86,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import datetime
 import functools
 import gc
@@ -102,6 +123,33 @@ LABELS = {
     "handwritten": "hand-written torchtitan-style",
     "distribute": "`distribute` only (DTensor dispatch)",
 }
+# The MoE variant (--model moe): the example MoE (examples/models/moe.py) as Hugging Face
+# Qwen3-MoE computes it (no hyper-connection head), each expert on its routed rows only
+# (sparse_experts): 2 layers of dim 256, 4 heads of 64 in 2 GQA groups, 8 experts of ffn 512,
+# top-2, vocabulary 4096. Folded: dense (fsdp, tp 2), expert (ep 2, efsdp).
+MOE_MODEL: dict[str, int] = dict(
+    vocab_size=4096,
+    dim=256,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=64,
+    moe_ffn_dim=512,
+    n_experts=8,
+    top_k=2,
+)
+EP = 2
+MOE_SPEC_NAME = "moe_bench"
+MOE_VARIANTS = ("parallelize", "handwritten")
+# Model kind -> (default config, variants).
+KINDS: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
+    "llama": (MODEL, VARIANTS),
+    "moe": (MOE_MODEL, MOE_VARIANTS),
+}
+MOE_LABELS = {
+    "parallelize": "shardspec (stand-in for `parallelize` on views)",
+    "handwritten": "hand-written torchtitan-style EP",
+}
 TARGET_TIME = 1.05  # parallelize / hand-written, step time
 MEMORY_STEPS = 2  # untimed steps per variant that measure peak memory
 SPEC_NAME = "llama_bench"
@@ -128,7 +176,13 @@ EXTRA_COLLECTIVES = (
     "reduce_scatter_tensor_coalesced",
 )
 # Bytes a ring algorithm sends per rank, as a multiple of (n - 1) / n of the buffer.
-_RING = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0, "all_to_all": 1.0}
+_RING = {
+    "all_gather": 1.0,
+    "reduce_scatter": 1.0,
+    "all_reduce": 2.0,
+    "all_to_all": 1.0,
+    "all_to_all_counts": 1.0,
+}
 
 
 def model_config(
@@ -162,9 +216,7 @@ def spec_text(model_cfg: dict[str, int]) -> str:
     from examples.models.llama import LlamaConfig
 
     cfg = LlamaConfig(**model_cfg)
-    text = (REPO / "specs" / "llama.shard").read_text(encoding="utf-8")
-    text = re.sub(r'(?m)^manifest "[^"]*"\n', "", text)
-    text = re.sub(r'(?ms)^hf "[^"]*" \{.*?^\}\n?', "", text)
+    text = _without_manifest((REPO / "specs" / "llama.shard").read_text(encoding="utf-8"))
     fuse = re.compile(r"fuse qkv as \d+ groups of q \d+, k \d+, v \d+")
     if not fuse.search(text):
         raise RuntimeError("specs/llama.shard has no `fuse qkv as N groups of ...` line")
@@ -172,17 +224,46 @@ def spec_text(model_cfg: dict[str, int]) -> str:
     return fuse.sub(f"fuse qkv as {cfg.n_kv_heads} groups of q {q}, k {k}, v {k}", text)
 
 
+def _without_manifest(text: str) -> str:
+    text = re.sub(r'(?m)^manifest "[^"]*"\n', "", text)
+    return re.sub(r'(?ms)^hf "[^"]*" \{.*?^\}\n?', "", text)
+
+
+def moe_spec_text(world: int = WORLD, tp: int = TP, ep: int = EP) -> str:
+    """specs/deepseek_moe_folded.shard without its manifest and hf block, its views sized to
+    this run: dense (fsdp, tp ``tp``) and expert (ep ``ep``, efsdp) over ``world`` ranks."""
+    text = _without_manifest(
+        (REPO / "specs" / "deepseek_moe_folded.shard").read_text(encoding="utf-8")
+    )
+    subs = (
+        (r"(?m)^mesh dense over \d+ ranks \{", f"mesh dense over {world} ranks {{"),
+        (r"(?m)^(    tp: )\d+$", rf"\g<1>{tp}"),
+        (r"(?m)^(    ep: )\d+$", rf"\g<1>{ep}"),
+    )
+    for pattern, repl in subs:
+        text, n = re.subn(pattern, repl, text)
+        if n != 1:
+            raise RuntimeError(f"specs/deepseek_moe_folded.shard: no single {pattern!r} line")
+    return text
+
+
 def compile_spec(model_cfg: dict[str, int], out_dir: str) -> str:
     """Compile :func:`spec_text` with the real CLI into ``out_dir``; the module's name."""
+    return compile_text(spec_text(model_cfg), SPEC_NAME, out_dir)
+
+
+def compile_text(text: str, name: str, out_dir: str) -> str:
+    """Compile spec ``text`` as ``<name>.shard`` with the real CLI into ``out_dir``; the
+    generated module's name."""
     from shardspec.cli import main as shardspec_main
 
-    spec = Path(out_dir) / f"{SPEC_NAME}.shard"
-    spec.write_text(spec_text(model_cfg), encoding="utf-8")
+    spec = Path(out_dir) / f"{name}.shard"
+    spec.write_text(text, encoding="utf-8")
     with contextlib.redirect_stdout(sys.stderr):
         rc = shardspec_main(["compile", str(spec), "-o", out_dir])
     if rc != 0:
         raise RuntimeError(f"shardspec compile {spec} failed ({rc})")
-    return SPEC_NAME
+    return name
 
 
 # --------------------------------------------------------------------------- variants
@@ -329,6 +410,14 @@ def count_dispatched(
                 group, n = group_of(tuple(args) + tuple((kwargs or {}).values()))
                 buffer = max([_tensor_bytes(a) for a in args] + [_tensor_bytes(result)])
                 kind = _kind(name)
+                if kind == "all_to_all":
+                    # What this rank sends (its share for itself included): c10d's
+                    # alltoall_base_(output, input, ...), functional all_to_all_single(input,
+                    # ...). The exchanges of int64 counts are told apart from the rows.
+                    sent_tensor = args[1] if "alltoall_base" in name else args[0]
+                    buffer = _tensor_bytes(sent_tensor)
+                    if not sent_tensor.is_floating_point():
+                        kind = "all_to_all_counts"
                 sent = buffer * _RING.get(kind, 1.0) * (n - 1) / n if n else 0.0
                 key = f"{kind} {axes.get(group, f'group of {n}')}"
                 row = out.setdefault(key, {"calls": 0, "bytes": 0, "sent": 0.0})
@@ -437,45 +526,62 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def _measure(opts: dict[str, Any]) -> dict[str, Any]:
-    """Build the variants on this rank; warm up, count, measure memory, time."""
-    import importlib
-    import logging
+@dataclasses.dataclass
+class Setup:
+    """One rank's variants, built on a model kind's meshes (:data:`SETUPS`)."""
 
+    models: dict[str, tuple[Any, Any]]  # variant -> (model, AdamW)
+    dp_mesh: Any  # the data-parallel mesh axis: batches are split, losses averaged over it
+    mesh: Any  # the DeviceMesh the distribute variant's inputs live on (llama only)
+    axes: dict[str, str]  # process group name -> mesh axis (for the collective counts)
+    device_type: str
+    reference: Callable[[], Any] | None = None  # the unparallelized model (gradient check)
+
+
+def _axis_names(axes: dict[str, str], named: list[tuple[str, Any]]) -> dict[str, str]:
+    """``axes`` with each ``(axis, 1-D DeviceMesh)``'s process group named; a group that
+    serves several axes (the same ranks in two views) gets ``"a/b"``."""
+    for axis, mesh in named:
+        group = mesh.get_group().group_name
+        seen = axes.get(group)
+        if seen is None or seen == "world":
+            axes[group] = axis
+        elif axis not in seen.split("/"):
+            axes[group] = f"{seen}/{axis}"
+    return axes
+
+
+def _builder(
+    factory: Callable[..., Any], init_weights: Callable[[Any, int], None], cfg: dict[str, Any]
+) -> Callable[[], Any]:
+    """A function that builds the model ``factory(**cfg)`` with the same initial values
+    every time (``init_weights(model, 0)``)."""
+
+    def build() -> Any:
+        import torch
+
+        torch.manual_seed(0)
+        model = factory(**cfg)
+        init_weights(model, 0)
+        return model
+
+    return build
+
+
+def _setup_llama(opts: dict[str, Any], layout: Any) -> Setup:
+    """The Llama's three variants on ``dp_shard x tp``."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.experimental import implicit_replication
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from examples.models import llama
 
-    # DTensor warns at every suboptimal redistribution of the distribute-only model, and
-    # FSDP2 that the root returns a view (the logits; nothing modifies them in place).
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-    torch.set_num_threads(opts["threads"])
-    if opts["build_dir"] not in sys.path:
-        sys.path.insert(0, opts["build_dir"])
-    phases: dict[str, float] = {}
-    t_phase = time.perf_counter()
-    layout = importlib.import_module(opts["module"])
     cfg = opts["model"]
     mesh = layout.build_mesh(tp=opts["tp"])
     dp_mesh = mesh["dp_shard"]
-    dp, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
     axes = {dist.group.WORLD.group_name: "world"}  # a mesh axis spanning the world wins
-    axes[dp_mesh.get_group().group_name] = "dp_shard"
-    axes[mesh["tp"].get_group().group_name] = "tp"
-    memory = PeakMemory(cuda=mesh.device_type == "cuda")
+    _axis_names(axes, [("dp_shard", dp_mesh), ("tp", mesh["tp"])])
 
-    def build() -> Any:
-        torch.manual_seed(0)
-        model = llama.tiny(**cfg)
-        llama.init_weights(model, 0)
-        return model
-
+    build = _builder(llama.tiny, llama.init_weights, cfg)
     models = {}
     for v in opts["variants"]:
         model = build()
@@ -494,6 +600,165 @@ def _measure(opts: dict[str, Any]) -> dict[str, Any]:
             # look up in the gathered table instead, as torch did for the strided layout.
             model.tok_embeddings.forward = functools.partial(_gathered_lookup, model.tok_embeddings)
         models[v] = (model, torch.optim.AdamW(model.parameters(), lr=LR))
+    return Setup(models, dp_mesh, mesh, axes, mesh.device_type)
+
+
+def head_norm_styles(model: Any) -> dict[str, Any]:
+    """Torch's ``SequenceParallel`` over the heads dimension (2 of ``[B, T, heads, hd]``)
+    for every attention's ``q_norm`` and ``k_norm``: their weight is whole on every tp rank
+    but each rank normalizes only its heads, so the weight's gradient is a sum over tp,
+    which DTensor's ``Partial`` -> ``Replicate`` gives (plain modules would keep each
+    rank's part: wrong gradients)."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return {
+        f"layers.{name}.attn.{norm}": SequenceParallel(sequence_dim=2, use_local_output=True)
+        for name in model.layers
+        for norm in ("q_norm", "k_norm")
+    }
+
+
+def parallelize_views_standin(
+    layout: Any, model: Any, views: Any, *, styles: dict[str, Any] | None = None
+) -> Any:
+    """STAND-IN for ``layout.parallelize(model, views, styles=styles)``, which does not
+    take a spec with views yet (issue 21 point 3, in progress): the same steps from
+    shardspec's own pieces. Tensor parallelism over the dense view's tp: each Linear's
+    style from the spec's placement of its weight there (``layout.placements``:
+    ``Shard(0)`` -> torch's ``ColwiseParallel``, ``Shard(1)`` -> ``RowwiseParallel``), and
+    ``styles`` (module FQN -> ParallelStyle) for modules the placements say nothing about;
+    shardspec's ``shardspec.runtime.expert_parallel.ExpertParallel`` over the expert view's
+    ep for the rules with ``style expert_parallel``; then FSDP2 over each view's fsdp axis
+    (``VIEW_FSDP``): each block's experts over the expert view's (gradients divided by the
+    world size, as ``bench/moe_handwritten.py`` explains), each block and the root over the
+    dense view's. In place."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from shardspec.runtime.expert_parallel import ExpertParallel
+
+    spec = layout.SPEC
+    dense, expert = views["dense"], views["expert"]
+    tp_index = dense.mesh_dim_names.index("tp")
+    plan: dict[str, Any] = dict(styles or {})
+    experts: list[str] = []
+    for fqn, param in model.named_parameters():
+        owner = fqn.rpartition(".")[0]
+        if spec.style_of(fqn).get("kind") == "expert_parallel":
+            experts += [owner] if owner not in experts else []
+            continue
+        on_tp = layout.placements(fqn, views, tuple(param.shape))[tp_index]
+        if isinstance(model.get_submodule(owner), nn.Linear) and isinstance(on_tp, Shard):
+            plan[owner] = ColwiseParallel() if on_tp.dim == 0 else RowwiseParallel()
+    parallelize_module(model, dense["tp"], plan)
+    for owner in experts:
+        parallelize_module(model.get_submodule(owner), expert["ep"], ExpertParallel())
+    world = dense.size()
+    for name, block in model.layers.items():
+        for owner in experts:
+            if owner.startswith(f"layers.{name}."):
+                efsdp = expert[layout.VIEW_FSDP["expert"]]
+                unit = fully_shard(model.get_submodule(owner), mesh=efsdp)
+                unit.set_gradient_divide_factor(float(world))
+                if expert.device_type == "cpu" and efsdp.size() > 1:
+                    # gloo has no PREMUL_SUM. (Not at efsdp 1, where no reduce-scatter
+                    # runs: torch 2.13's FSDP2 would then divide twice.)
+                    unit.set_force_sum_reduction_for_comms(True)
+        fully_shard(block, mesh=dense[layout.VIEW_FSDP["dense"]])
+    fully_shard(model, mesh=dense[layout.VIEW_FSDP["dense"]])
+    return model
+
+
+def _setup_moe(opts: dict[str, Any], layout: Any) -> Setup:
+    """The MoE's two variants on the folded views: shardspec's side (the stand-in, until
+    ``layout.parallelize`` takes views) and the hand-written torchtitan-style one."""
+    import torch
+    import torch.distributed as dist
+
+    from bench import moe_handwritten
+    from examples.models import moe
+
+    cfg = opts["model"]
+    views = layout.build_mesh(tp=opts["tp"], ep=opts["ep"])
+    dense, expert = views["dense"], views["expert"]
+    axes = {dist.group.WORLD.group_name: "world"}
+
+    build = _builder(moe.tiny_qwen3, moe.init_weights, {"sparse_experts": True, **cfg})
+    models = {}
+    for v in opts["variants"]:
+        model = build()
+        if v == "parallelize":
+            # The one line to switch, once layout.parallelize takes views:
+            # layout.parallelize(model, views, styles=head_norm_styles(model))
+            parallelize_views_standin(layout, model, views, styles=head_norm_styles(model))
+            dmesh, smesh = dense, expert
+        elif v == "handwritten":
+            dmesh, smesh = moe_handwritten.build_meshes(
+                dense.size(), opts["tp"], opts["ep"], dense.device_type
+            )
+            moe_handwritten.parallelize_moe(model, dmesh, smesh)
+        else:
+            raise ValueError(f"the moe model has no {v!r} variant")
+        _axis_names(axes, [(a, dmesh[a]) for a in ("fsdp", "tp")])
+        _axis_names(axes, [(a, smesh[a]) for a in ("ep", "efsdp")])
+        models[v] = (model, torch.optim.AdamW(model.parameters(), lr=LR))
+    return Setup(models, dense["fsdp"], dense, axes, dense.device_type, reference=build)
+
+
+SETUPS: dict[str, Callable[[dict[str, Any], Any], Setup]] = {
+    "llama": _setup_llama,
+    "moe": _setup_moe,
+}
+
+
+def grad_norms(model: Any) -> dict[str, float]:
+    """Every parameter's gradient norm (of the whole gradient, gathered where sharded)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        g = g.full_tensor() if isinstance(g, DTensor) else g
+        out[name] = float(torch.linalg.vector_norm(g.float()))
+    return out
+
+
+def _measure(opts: dict[str, Any]) -> dict[str, Any]:
+    """Build the variants on this rank; warm up, count, measure memory, time."""
+    import importlib
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # DTensor warns at every suboptimal redistribution of the distribute-only model, and
+    # FSDP2 that the root returns a view (the logits; nothing modifies them in place).
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    torch.set_num_threads(opts["threads"])
+    if opts["build_dir"] not in sys.path:
+        sys.path.insert(0, opts["build_dir"])
+    phases: dict[str, float] = {}
+    t_phase = time.perf_counter()
+    layout = importlib.import_module(opts["module"])
+    cfg = opts["model"]
+    setup = SETUPS[opts.get("kind", "llama")](opts, layout)
+    models, dp_mesh, mesh, axes = setup.models, setup.dp_mesh, setup.mesh, setup.axes
+    dp, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+    memory = PeakMemory(cuda=setup.device_type == "cuda")
     phases["setup"] = time.perf_counter() - t_phase
 
     def sdpa(v: str) -> Any:
@@ -501,11 +766,13 @@ def _measure(opts: dict[str, Any]) -> dict[str, Any]:
             return sdpa_kernel(SDPBackend.MATH)
         return contextlib.nullcontext()
 
-    def step(v: str, tokens: Any) -> Any:
-        model, optim = models[v]
-        part = tokens.chunk(dp)[dp_rank]
+    def step(v: str, tokens: Any, update: bool = True) -> Any:
+        """One training step of variant ``v`` on this rank's part of ``tokens`` (without
+        ``update``: forward and backward only, the gradients kept); its loss."""
+        model, optim = models[v] if v in models else (setup.reference(), None)  # type: ignore[misc]
+        part = tokens.chunk(dp)[dp_rank] if v in models else tokens
         inputs, targets = part[:, :-1].contiguous(), part[:, 1:].contiguous()
-        optim.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         if v == "distribute":
             place = [Shard(0), Replicate()]
             inputs = DTensor.from_local(inputs, mesh, place, run_check=False)
@@ -517,7 +784,11 @@ def _measure(opts: dict[str, Any]) -> dict[str, Any]:
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
             loss.backward()
-            optim.step()
+            if optim is not None and update:
+                optim.step()
+        if not update:
+            res["grad_norms"][v] = grad_norms(model)
+            model.zero_grad(set_to_none=True)
         loss = loss.detach()
         return loss.to_local() if isinstance(loss, DTensor) else loss  # global mean: Replicate
 
@@ -535,6 +806,13 @@ def _measure(opts: dict[str, Any]) -> dict[str, Any]:
         res[v]["cpu"].append(time.process_time() - c0)
 
     vocab = cfg["vocab_size"]
+    if setup.reference is not None:
+        # Gradient check: batch 0's gradients (no update) of every variant and of the
+        # unparallelized model on the whole batch, in one process (every rank alike).
+        res["grad_norms"] = {}
+        tokens = batch(0, vocab, opts["batch"], opts["seq"])
+        for v in (*opts["variants"], "reference"):
+            step(v, tokens, update=False)
     # Warm-up, then the counting step, every variant on the same batches.
     for _ in range(opts["warmup"]):
         tokens = batch(k, vocab, opts["batch"], opts["seq"])
@@ -608,20 +886,36 @@ def run(
     batch_size: int = BATCH,
     sdpa: str = "math",
     threads: int | None = None,
-    variants: tuple[str, ...] = VARIANTS,
+    variants: tuple[str, ...] | None = None,
     timeout: float = 600.0,
+    kind: str = "llama",
+    ep: int = EP,
 ) -> dict[str, Any]:
-    """Run the benchmark on ``world`` gloo ranks; every rank's numbers, and the options."""
+    """Run the benchmark on ``world`` gloo ranks; every rank's numbers, and the options.
+    ``kind``: ``"llama"`` (``model`` a Llama config, mesh dp_shard x tp) or ``"moe"``
+    (``model`` overrides of the example MoE's config, views dense (fsdp, tp) and expert
+    (ep, efsdp); variants parallelize and handwritten)."""
     from shardspec.testing import run_ranks
 
-    cfg = dict(model if model is not None else MODEL)
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: choose from {', '.join(KINDS)}")
+    default_model, allowed = KINDS[kind]
+    variants = allowed if variants is None else variants
+    if any(v not in allowed for v in variants):
+        raise ValueError(f"{kind} variants: choose from {', '.join(allowed)}")
+    cfg = dict(model if model is not None else default_model)
     if batch_size % (world // tp):
         raise ValueError(f"batch ({batch_size}) must divide by dp_shard ({world // tp})")
     with tempfile.TemporaryDirectory(prefix="shardspec-bench-train-") as build_dir:
-        module = compile_spec(cfg, build_dir)
+        if kind == "moe":
+            module = compile_text(moe_spec_text(world, tp, ep), MOE_SPEC_NAME, build_dir)
+        else:
+            module = compile_spec(cfg, build_dir)
         opts = dict(
+            kind=kind,
             model=cfg,
             tp=tp,
+            ep=ep,
             steps=steps,
             warmup=warmup,
             rounds=rounds,
@@ -662,13 +956,48 @@ def summary(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "n_collectives": sum(row["calls"] for row in colls.values()),
             "bytes": sum(row["bytes"] for row in colls.values()),
             "sent": sum(row["sent"] for row in colls.values()),
-            "same_on_every_rank": all(r[v]["dispatched"] == seen for r in ranks),
+            "same_on_every_rank": all(
+                _comparable(r[v]["dispatched"]) == _comparable(seen) for r in ranks
+            ),
+            # The routed rows each rank sends (routing-dependent: summed over the ranks).
+            "all_to_all_bytes": sum(
+                r[v]["dispatched"].get(k, {}).get("bytes", 0)
+                for r in ranks
+                for k in r[v]["dispatched"]
+                if k.startswith("all_to_all ")
+            ),
+            "grad_gap": grad_gap(ranks[0], v) if "grad_norms" in ranks[0] else None,
             "sequence": [tuple(x) for x in ranks[0][v]["sequence"]],
             "memory": [max(r[v]["memory"]) for r in ranks],
             "state": [r[v]["state"] for r in ranks],
             "losses": ranks[0][v]["losses"],
         }
     return out
+
+
+def _comparable(seen: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """A rank's counts as they must agree between ranks: every collective's calls, and the
+    bytes of all but the all-to-alls (whose rows follow the routing)."""
+    return {k: row["calls"] if k.startswith("all_to_all") else row for k, row in seen.items()}
+
+
+def grad_gap(rank: dict[str, Any], v: str) -> float:
+    """The largest relative difference of a parameter's gradient norm between variant
+    ``v`` and the unparallelized model (the gradient check on batch 0)."""
+    got, want = rank["grad_norms"][v], rank["grad_norms"]["reference"]
+    if set(got) != set(want):
+        raise RuntimeError(f"{v}: gradients of {sorted(set(got) ^ set(want))} missing")
+    return max(abs(got[k] - w) / max(w, 1e-12) for k, w in want.items())
+
+
+def all_to_all_floor(options: dict[str, Any], world: int) -> int:
+    """The bytes the routed rows must travel per step, summed over the ranks: each rank's
+    tokens x top-k x hidden x 4 (fp32), dispatched and combined, forward and backward, per
+    MoE layer."""
+    cfg = {**MOE_MODEL, **options["model"]}
+    tokens = options["batch"] // (world // options["tp"]) * options["seq"]
+    per_rank = tokens * cfg["top_k"] * cfg["dim"] * 4 * 2 * 2 * cfg["n_layers"]
+    return int(world * per_rank)
 
 
 def ratios(s: dict[str, dict[str, Any]], a: str, b: str) -> dict[str, float]:
@@ -718,29 +1047,69 @@ def _ms(t: float) -> str:
     return f"{t * 1e3:,.0f} ms"
 
 
-def report(res: dict[str, Any]) -> list[str]:
-    """Markdown lines: set-up, the tables, ratios, the target."""
+def _sdpa_text(o: dict[str, Any]) -> str:
+    if o["sdpa"] == "math":
+        return "math backend for every variant"
+    return "default kernel (math for distribute)"
+
+
+def _model_line(o: dict[str, Any], world: int) -> str:
+    """The model and the mesh, in words."""
     import torch
 
+    if o.get("kind") == "moe":
+        from examples.models import moe
+
+        cfg = moe.MoEConfig(**{**MOE_MODEL, **o["model"], "hc_mult": 0})
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in moe.MoETransformer(cfg).parameters())
+        tp, ep = o["tp"], o["ep"]
+        return (
+            f"Model: the example MoE as Qwen3-MoE computes it (examples/models/moe.py, "
+            f"hc_mult 0, sparse_experts: each expert on its routed rows) {o['model']} "
+            f"({n_params:,} parameters, fp32); {world} gloo ranks on the CPU, views dense "
+            f"fsdp {world // tp} x tp {tp} and expert ep {ep} x efsdp {world // ep} over the "
+            "same ranks;"
+        )
     from examples.models.llama import Llama, LlamaConfig
 
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in Llama(LlamaConfig(**o["model"])).parameters())
+    return (
+        f"Model: Llama {o['model']} ({n_params:,} parameters, fp32); {world} gloo ranks on "
+        f"the CPU, mesh dp_shard {world // o['tp']} x tp {o['tp']},"
+    )
+
+
+def _moe_lines(o: dict[str, Any], s: dict[str, dict[str, Any]], world: int) -> list[str]:
+    """All-to-all bytes against the floor, and the gradient check, per variant."""
+    floor = all_to_all_floor(o, world)
+    rows = "; ".join(
+        f"{SHORT[v]} {_mb(s[v]['all_to_all_bytes'])} ({s[v]['all_to_all_bytes'] / floor:.3f}x)"
+        for v in o["variants"]
+    )
+    grads = "; ".join(f"{SHORT[v]} {s[v]['grad_gap']:.1e}" for v in o["variants"])
+    return [
+        f"All-to-all of the routed rows per step, summed over the {world} ranks: {rows}; "
+        f"the floor (each rank's tokens x top-k x hidden x 4 bytes, dispatch and combine, "
+        f"forward and backward, per layer) {_mb(floor)}.  ",
+        "Gradients (batch 0, before any update) against one process on the whole batch: "
+        f"largest relative difference of a parameter's gradient norm {grads}.  ",
+    ]
+
+
+def report(res: dict[str, Any]) -> list[str]:
+    """Markdown lines: set-up, the tables, ratios, the target."""
     o = res["options"]
     s = summary(res)
     variants = o["variants"]
-    with torch.device("meta"):
-        n_params = sum(p.numel() for p in Llama(LlamaConfig(**o["model"])).parameters())
     world = len(res["ranks"])
-    sdpa = (
-        "math backend for every variant"
-        if o["sdpa"] == "math"
-        else "default kernel (math for distribute)"
-    )
+    moe = o.get("kind") == "moe"
+    labels = {**LABELS, **(MOE_LABELS if moe else {})}
     n_timed = o["rounds"] * o["steps"]
     lines = [
-        f"Model: Llama {o['model']} ({n_params:,} parameters, fp32); {world} gloo ranks on "
-        f"the CPU, mesh dp_shard {world // o['tp']} x tp {o['tp']}, "
-        f"{res['ranks'][0]['threads']} torch thread(s) per rank; global batch {o['batch']} x "
-        f"{o['seq']} tokens; AdamW (lr {LR}); SDPA {sdpa}.",
+        f"{_model_line(o, world)} {res['ranks'][0]['threads']} torch thread(s) per rank; "
+        f"global batch {o['batch']} x {o['seq']} tokens; AdamW (lr {LR}); SDPA {_sdpa_text(o)}.",
         f"Per variant, untimed: {o['warmup']} warm-up steps, 1 counting step, "
         f"{MEMORY_STEPS} memory steps; then {n_timed} timed steps ({o['rounds']} rounds x "
         f"{o['steps']}), interleaved: each batch goes through the variants back to back, "
@@ -760,7 +1129,7 @@ def report(res: dict[str, Any]) -> list[str]:
     for v in variants:
         x = s[v]
         lines.append(
-            f"| {LABELS[v]} | {_ms(x['median'])} | {_ms(x['best'])} | "
+            f"| {labels[v]} | {_ms(x['median'])} | {_ms(x['best'])} | "
             f"{' / '.join(_ms(t) for t in x['round_medians'])} | {x['cpu']:.2f} | "
             f"{x['n_collectives']} | {_mb(x['bytes'])} | {_mb(x['sent'])} | "
             f"{_mb(max(x['memory']))} | {_mb(max(x['state']))} |"
@@ -779,7 +1148,7 @@ def report(res: dict[str, Any]) -> list[str]:
         )
         calls = ", ".join(f"{k} {n}" for k, n in sorted(x["calls"].items())) or "0"
         same = "" if x["same_on_every_rank"] else " (differs between ranks)"
-        lines.append(f"| {LABELS[v]} | {kinds or '0'}{same} | {calls} |")
+        lines.append(f"| {labels[v]} | {kinds or '0'}{same} | {calls} |")
     lines.append("")
     lines.append(
         "Dispatcher ops: "
@@ -818,6 +1187,8 @@ def report(res: dict[str, Any]) -> list[str]:
             f"bytes): step time {'met' if met_time else 'NOT met'} (both ratios), "
             f"communication {'met' if met_comm else 'NOT met'}.  "
         )
+    if moe:
+        lines += _moe_lines(o, s, world)
     gaps = [
         f"{SHORT[a]} vs {SHORT[b]} {loss_gap(s, a, b):.1e}"
         for i, a in enumerate(variants)
@@ -831,18 +1202,53 @@ def report(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _config_from(args: argparse.Namespace) -> dict[str, int]:
+    """The model config the command line asks for (the kind's defaults where it is quiet)."""
+    if args.model == "llama":
+        return model_config(
+            args.dim or MODEL["dim"],
+            args.layers or MODEL["n_layers"],
+            args.heads,
+            args.kv_heads,
+            args.ffn,
+            args.vocab or MODEL["vocab_size"],
+        )
+    cfg = dict(MOE_MODEL)
+    given = {
+        "dim": args.dim,
+        "n_layers": args.layers,
+        "moe_ffn_dim": args.ffn,
+        "n_experts": args.experts,
+        "top_k": args.top_k,
+        "vocab_size": args.vocab,
+    }
+    cfg.update({k: v for k, v in given.items() if v is not None})
+    cfg.update(n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=cfg["dim"] // args.heads)
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument(
+        "--model",
+        choices=tuple(KINDS),
+        default="llama",
+        help="llama (default) or moe: the example MoE on folded views, against a "
+        "hand-written torchtitan-style expert-parallel model",
+    )
     ap.add_argument("--world", type=int, default=WORLD, help="ranks (default 4)")
     ap.add_argument("--tp", type=int, default=TP, help="tp size (default 2)")
-    ap.add_argument("--dim", type=int, default=MODEL["dim"], help="model dim (default 512)")
-    ap.add_argument("--layers", type=int, default=MODEL["n_layers"], help="default 4")
+    ap.add_argument("--ep", type=int, default=EP, help="ep size, moe only (default 2)")
+    ap.add_argument("--dim", type=int, help="model dim (default 512; moe 256)")
+    ap.add_argument("--layers", type=int, help="default 4; moe 2")
     ap.add_argument("--heads", type=int, default=MODEL["n_heads"], help="default 4")
     ap.add_argument("--kv-heads", type=int, default=MODEL["n_kv_heads"], help="default 2")
-    ap.add_argument("--ffn", type=int, help="ffn dim (default 3 * dim)")
-    ap.add_argument("--vocab", type=int, default=MODEL["vocab_size"], help="default 8192")
+    ap.add_argument("--ffn", type=int, help="ffn dim (default 3 * dim; moe: per expert, 512)")
+    ap.add_argument("--experts", type=int, help="moe: experts (default 8)")
+    ap.add_argument("--top-k", type=int, help="moe: experts per token (default 2)")
+    ap.add_argument("--vocab", type=int, help="default 8192; moe 4096")
     ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence (default 128)")
     ap.add_argument("--batch", type=int, default=BATCH, help="global batch (default 8)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
@@ -852,20 +1258,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads per rank (cores / world)")
     ap.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
-        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)",
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all; moe: "
+        f"{', '.join(MOE_VARIANTS)})",
     )
     ap.add_argument("--json", help="also write the raw numbers here")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         ap.error("--steps and --rounds must be >= 1, --warmup >= 0")
-    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    if not variants or any(v not in VARIANTS for v in variants):
-        ap.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    allowed = KINDS[args.model][1]
+    text = args.variants if args.variants is not None else ",".join(allowed)
+    variants = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not variants or any(v not in allowed for v in variants):
+        ap.error(f"--variants: choose from {', '.join(allowed)}")
 
     import platform
 
-    cfg = model_config(args.dim, args.layers, args.heads, args.kv_heads, args.ffn, args.vocab)
+    cfg = _config_from(args)
     args_text = argv if argv is not None else sys.argv[1:]
     started = time.time()
     load0 = os.getloadavg()[0]
@@ -881,6 +1289,8 @@ def main(argv: list[str] | None = None) -> int:
         sdpa=args.sdpa,
         threads=args.threads,
         variants=variants,
+        kind=args.model,
+        ep=args.ep,
     )
     load1 = os.getloadavg()[0]
     import torch

@@ -356,6 +356,58 @@ def test_moe_matches_transformers_qwen3_moe(tied: bool, norm_topk_prob: bool) ->
     assert logits.dtype == torch.float32 and logits.abs().max() > 1e-2  # not trivially zero
 
 
+def _skewed_routing(
+    n: int, k: int, n_experts: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """top-k indices [n, k] over experts 0, 1, 3 and 5 only (2, 4, 6, 7 get nothing), some
+    slots ``n_experts`` (transformers' "no expert"), and weights [n, k]."""
+    used = torch.tensor([0, 1, 3, 5])
+    picks = [used[torch.randperm(4, generator=gen)[:k]] for _ in range(n)]
+    index = torch.stack(picks) if picks else torch.zeros(0, k, dtype=torch.int64)
+    index[::3, -1] = n_experts
+    return index, torch.rand(n, k, generator=gen)
+
+
+@pytest.mark.parametrize("rows", [9, 1, 0])
+def test_sparse_experts_equal_the_reference_maths(rows: int) -> None:
+    """``sparse_experts`` computes each expert on its routed rows only: the same outputs and
+    gradients (inputs, weights) as the reference that runs every expert on every row, with
+    experts that get no row, skipped slots and an empty batch."""
+    gen = torch.Generator().manual_seed(3)
+    ref = moe.Experts(moe.MoEConfig())
+    sparse = moe.Experts(moe.MoEConfig(sparse_experts=True))
+    sparse.load_state_dict(ref.state_dict())
+    x = torch.randn(rows, ref.w1.shape[2], generator=gen)
+    index, weights = _skewed_routing(rows, 2, ref.w1.shape[0], gen)
+    outs, grads = [], []
+    for experts in (ref, sparse):
+        xi, wi = x.clone().requires_grad_(), weights.clone().requires_grad_()
+        out = experts(xi, index, wi)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        outs.append(out)
+        grads.append([xi.grad, wi.grad, experts.w1.grad, experts.w2.grad, experts.w3.grad])
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        assert got is not None and want is not None
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert not sparse.w1.grad[[2, 4, 6, 7]].any()  # unrouted experts: zero gradients
+
+
+def test_sparse_experts_model_trains_like_the_reference() -> None:
+    """The whole model with ``sparse_experts``: the same logits and parameter gradients."""
+    ref = moe.tiny()
+    sparse = moe.tiny(sparse_experts=True)
+    moe.init_weights(ref, seed=5, std=0.1)
+    sparse.load_state_dict(ref.state_dict())
+    tokens = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(4))
+    for m in (ref, sparse):
+        m(tokens).square().mean().backward()
+    torch.testing.assert_close(sparse(tokens), ref(tokens), atol=1e-6, rtol=1e-6)
+    for (name, p), q in zip(ref.named_parameters(), sparse.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None, name
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-6, msg=name)
+
+
 def test_moe_local_experts_ep1_equals_stacked() -> None:
     stacked = moe.tiny().eval()
     moe.init_weights(stacked, seed=11, std=0.1)

@@ -91,6 +91,10 @@ class MoEConfig:
     local_experts: bool = False
     ep: int = 1
     tie_embeddings: bool = False
+    # Experts compute each expert on its routed rows only (a loop over the experts that
+    # received rows, as transformers' experts modules do) instead of every expert on every
+    # row: the same sums in the same order, for benchmarks. Off: the reference maths.
+    sparse_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:
@@ -217,6 +221,7 @@ class Experts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(e, f, d))
         self.w2 = nn.Parameter(torch.empty(e, d, f))
         self.w3 = nn.Parameter(torch.empty(e, f, d))
+        self.sparse = config.sparse_experts
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -254,16 +259,41 @@ class Experts(nn.Module):
         Reference maths, not a fast kernel: every expert processes every row and rows not
         routed to it get weight 0, which keeps all shapes static (so the forward also runs on
         meta tensors and under ``torch.compile``) and sums the experts in ascending order like
-        Hugging Face.
+        Hugging Face. With ``sparse_experts`` (:meth:`routed_rows_only`) each expert runs on
+        its own rows only.
         """
         ep = self.expert_parallel()
         if ep is not None:
             return self._expert_parallel(hidden_states, top_k_index, top_k_weights, *ep)
+        if self.sparse:
+            return self.routed_rows_only(hidden_states, top_k_index, top_k_weights)
         out = torch.zeros_like(hidden_states)
         for e, (w1, w3, w2) in enumerate(self.expert_weights()):
             # [N]: this expert's routing weight per row, 0 where it was not selected.
             gate = (top_k_weights * (top_k_index == e)).sum(dim=-1)
             out = out + expert_ffn(hidden_states, w1, w3, w2) * gate[:, None]
+        return out
+
+    def routed_rows_only(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`forward`'s sums, each expert computed on the rows routed to it only (the
+        experts that received no row are skipped), as transformers' experts modules loop.
+        Each row adds its experts' weighted outputs in ascending expert order, as the
+        reference does; the rows not routed to an expert, which the reference adds ``0`` for,
+        are left alone. Shapes depend on the routing (not for the meta device)."""
+        n_experts = self.w1.shape[0]
+        hits = torch.bincount(top_k_index.reshape(-1), minlength=n_experts + 1)[:n_experts]
+        out = torch.zeros_like(hidden_states)
+        for e in hits.nonzero().flatten().tolist():
+            token, slot = torch.where(top_k_index == e)
+            rows = expert_ffn(hidden_states[token], self.w1[e], self.w3[e], self.w2[e])
+            out = out.index_add(0, token, rows * top_k_weights[token, slot, None])
+        if not bool(hits.any()):
+            # No expert computes: tie the output to the experts' weights, the input and the
+            # routing weights (zero gradients, as the reference's weight-0 rows give).
+            tied = (hidden_states, top_k_weights, self.w1, self.w2, self.w3)
+            out = out + sum(t.reshape(-1)[:0].sum() for t in tied)
         return out
 
     def _expert_parallel(

@@ -57,11 +57,9 @@ computes it, each expert on its routed rows: ``sparse_experts``) on two views of
 ranks, dense ``(fsdp, tp)`` and expert ``(ep, efsdp)``, from
 ``specs/deepseek_moe_folded.shard`` sized to the run (:func:`moe_spec_text`). Two variants:
 
-* ``parallelize``: shardspec's side. Until ``layout.parallelize`` takes a spec with views,
-  a marked stand-in built from shardspec's pieces (:func:`parallelize_views_standin`: the
-  spec's placements give torch's TP styles, ``shardspec.runtime.expert_parallel``'s
-  ``ExpertParallel`` takes the experts, ``fully_shard`` per view's fsdp axis); the switch
-  is one line in :func:`_setup_moe`;
+* ``parallelize``: shardspec's side, ``layout.parallelize(model, views)``: the spec's TP
+  styles on the dense view's tp, ``shardspec.runtime.expert_parallel``'s
+  ``ExpertParallel`` on the experts over ep, ``fully_shard`` per view's fsdp axis;
 * ``handwritten``: ``bench/moe_handwritten.py``, what a torchtitan user writes by hand,
   with its own all-to-all ``ExpertParallel``.
 
@@ -147,7 +145,7 @@ KINDS: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
     "moe": (MOE_MODEL, MOE_VARIANTS),
 }
 MOE_LABELS = {
-    "parallelize": "shardspec (stand-in for `parallelize` on views)",
+    "parallelize": "shardspec `parallelize` on views",
     "handwritten": "hand-written torchtitan-style EP",
 }
 TARGET_TIME = 1.05  # parallelize / hand-written, step time
@@ -618,66 +616,9 @@ def head_norm_styles(model: Any) -> dict[str, Any]:
     }
 
 
-def parallelize_views_standin(
-    layout: Any, model: Any, views: Any, *, styles: dict[str, Any] | None = None
-) -> Any:
-    """STAND-IN for ``layout.parallelize(model, views, styles=styles)``, which does not
-    take a spec with views yet (issue 21 point 3, in progress): the same steps from
-    shardspec's own pieces. Tensor parallelism over the dense view's tp: each Linear's
-    style from the spec's placement of its weight there (``layout.placements``:
-    ``Shard(0)`` -> torch's ``ColwiseParallel``, ``Shard(1)`` -> ``RowwiseParallel``), and
-    ``styles`` (module FQN -> ParallelStyle) for modules the placements say nothing about;
-    shardspec's ``shardspec.runtime.expert_parallel.ExpertParallel`` over the expert view's
-    ep for the rules with ``style expert_parallel``; then FSDP2 over each view's fsdp axis
-    (``VIEW_FSDP``): each block's experts over the expert view's (gradients divided by the
-    world size, as ``bench/moe_handwritten.py`` explains), each block and the root over the
-    dense view's. In place."""
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    from shardspec.runtime.expert_parallel import ExpertParallel
-
-    spec = layout.SPEC
-    dense, expert = views["dense"], views["expert"]
-    tp_index = dense.mesh_dim_names.index("tp")
-    plan: dict[str, Any] = dict(styles or {})
-    experts: list[str] = []
-    for fqn, param in model.named_parameters():
-        owner = fqn.rpartition(".")[0]
-        if spec.style_of(fqn).get("kind") == "expert_parallel":
-            experts += [owner] if owner not in experts else []
-            continue
-        on_tp = layout.placements(fqn, views, tuple(param.shape))[tp_index]
-        if isinstance(model.get_submodule(owner), nn.Linear) and isinstance(on_tp, Shard):
-            plan[owner] = ColwiseParallel() if on_tp.dim == 0 else RowwiseParallel()
-    parallelize_module(model, dense["tp"], plan)
-    for owner in experts:
-        parallelize_module(model.get_submodule(owner), expert["ep"], ExpertParallel())
-    world = dense.size()
-    for name, block in model.layers.items():
-        for owner in experts:
-            if owner.startswith(f"layers.{name}."):
-                efsdp = expert[layout.VIEW_FSDP["expert"]]
-                unit = fully_shard(model.get_submodule(owner), mesh=efsdp)
-                unit.set_gradient_divide_factor(float(world))
-                if expert.device_type == "cpu" and efsdp.size() > 1:
-                    # gloo has no PREMUL_SUM. (Not at efsdp 1, where no reduce-scatter
-                    # runs: torch 2.13's FSDP2 would then divide twice.)
-                    unit.set_force_sum_reduction_for_comms(True)
-        fully_shard(block, mesh=dense[layout.VIEW_FSDP["dense"]])
-    fully_shard(model, mesh=dense[layout.VIEW_FSDP["dense"]])
-    return model
-
-
 def _setup_moe(opts: dict[str, Any], layout: Any) -> Setup:
-    """The MoE's two variants on the folded views: shardspec's side (the stand-in, until
-    ``layout.parallelize`` takes views) and the hand-written torchtitan-style one."""
+    """The MoE's two variants on the folded views: shardspec's side
+    (``layout.parallelize(model, views)``) and the hand-written torchtitan-style one."""
     import torch
     import torch.distributed as dist
 
@@ -694,9 +635,7 @@ def _setup_moe(opts: dict[str, Any], layout: Any) -> Setup:
     for v in opts["variants"]:
         model = build()
         if v == "parallelize":
-            # The one line to switch, once layout.parallelize takes views:
-            # layout.parallelize(model, views, styles=head_norm_styles(model))
-            parallelize_views_standin(layout, model, views, styles=head_norm_styles(model))
+            layout.parallelize(model, views, styles=head_norm_styles(model))
             dmesh, smesh = dense, expert
         elif v == "handwritten":
             dmesh, smesh = moe_handwritten.build_meshes(

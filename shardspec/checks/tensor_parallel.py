@@ -408,8 +408,10 @@ def _head_cuts(res: Resolved) -> dict[str, dict[tuple[str, int], str]]:
     from shardspec.checks.heads import rule_heads
 
     heads, _ = rule_heads(res)  # (SS035: reported by the heads checks)
-    sizes = res.axis_sizes
     out: dict[str, dict[tuple[str, int], str]] = defaultdict(dict)
+    if not heads:
+        return out
+    sizes = res.axis_sizes
     for fqn, m in res.params:
         if m.winner not in heads or m.layout is None:
             continue

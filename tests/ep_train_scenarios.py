@@ -118,19 +118,6 @@ def qwen3(seed: int = 0) -> nn.Module:
     return model
 
 
-def head_norm_styles(model: nn.Module) -> dict[str, Any]:
-    """torch's ``SequenceParallel`` on dimension 2 (heads) for the per-head q/k norms: they
-    read the heads their TP rank holds, so their weight's gradient is a partial sum over tp
-    (DTensor all-reduces it); the spec has no style that says so (see test_ep_train)."""
-    from torch.distributed.tensor.parallel import SequenceParallel
-
-    return {
-        n: SequenceParallel(sequence_dim=2, use_local_output=True)
-        for n, _ in model.named_modules()
-        if n.endswith(("q_norm", "k_norm"))
-    }
-
-
 def experts_of(model: nn.Module) -> list[nn.Module]:
     return [m for n, m in model.named_modules() if n.endswith(".experts")]
 
@@ -230,7 +217,7 @@ def compare_training(
     routed = Routed(ref)
     model = build()
     mesh = layout.build_mesh(**fold)
-    layout.parallelize(model, mesh, styles=head_norm_styles(model))
+    layout.parallelize(model, mesh)
     layout.verify(model, mesh)
     ep = [m for m in experts_of(model) if isinstance(m, ExpertParallelModule)]
     c.check(tag, len(ep) == len(experts_of(model)) > 0, "experts not expert-parallel")
@@ -289,7 +276,7 @@ def check_checkpoint_folds(c: Checks, root: str) -> None:
 
     model = example()
     views = folded.build_mesh(**FOLD_A)
-    folded.parallelize(model, views, styles=head_norm_styles(model))
+    folded.parallelize(model, views)
     first = train(model, torch.optim.SGD(model.parameters(), lr=SGD_LR), range(2), views)
     close_losses(c, "ckpt fold a", first, ref_losses[:2])
     saved = {k: full(v.detach()).clone() for k, v in model.named_parameters()}
@@ -302,7 +289,7 @@ def check_checkpoint_folds(c: Checks, root: str) -> None:
     ):
         other = example(seed=77)
         mesh = layout.build_mesh(**fold)
-        layout.parallelize(other, mesh, styles=head_norm_styles(other))
+        layout.parallelize(other, mesh)
         starts = next(iter(other.named_parameters()))
         c.check(tag, not torch.equal(full(starts[1]), saved[starts[0]]), "starts equal")
         layout.load({"model": other.state_dict()}, path, mesh=mesh)

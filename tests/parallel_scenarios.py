@@ -7,7 +7,8 @@ is caught by the test.
 * ``train``: ``parallelize`` (dp_shard 2 x tp 2) trains AdamW steps; losses and every
   parameter's full tensor match a single-process run of the same model on the same global
   batch within fp32 tolerance. For the example llama (fused wqkv/w13), the same llama at
-  dim 512 (a spec variant without manifest), and transformers' Qwen2ForCausalLM as it is.
+  dim 512 (a spec variant without manifest), and transformers' Qwen2ForCausalLM and
+  Qwen3ForCausalLM (per-head q/k norms, `style sequence_parallel input heads`) as they are.
 * ``reshard``: train at dp_shard 2 x tp 2, ``save``; load at dp_shard 4 x tp 1, continue.
   The loaded state equals the saved one bitwise, and the continued run equals, bitwise,
   the same continuation from torch's own full-state reshard (``set_state_dict``).
@@ -172,6 +173,12 @@ def scenario_train(c: Checks, big_module: str) -> None:
     compare_training(c, tag, seeded(llama.tiny), sp, sp.build_mesh(tp=2), 256)
     mesh = qwen2.build_mesh(tp=2)
     compare_training(c, "train qwen2", seeded(hf_models.qwen2_tiny), qwen2, mesh, 256)
+    # Qwen3: per-head q/k norms on heads cut over tp (`style sequence_parallel input heads`:
+    # their weights' gradients summed over tp, or the replicas drift apart).
+    import generated.qwen3 as qwen3
+
+    qwen3_mesh = qwen3.build_mesh(tp=2)
+    compare_training(c, "train qwen3", seeded(hf_models.qwen3_tiny), qwen3, qwen3_mesh, 256)
     # The MoE: stacked experts on ep (`style none`, the model's own expert-parallel
     # forward), FSDP2 on dp_shard, the replicated hyper-connection head outside FSDP2.
     import generated.deepseek_moe as moe_layout

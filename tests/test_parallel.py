@@ -22,6 +22,7 @@ MIN_CHECKS = {
     "train llama": 2 * 15 + 3 + 1,
     "train llama dim 512": 2 * 15 + 3 + 1,
     "train qwen2": 2 * 27 + 3 + 1,
+    "train qwen3": 2 * 25 + 3 + 1,
     "train moe": 2 * 30 + 3 + 1,
     "train llama sequence parallel": 2 * 15 + 3 + 1,
     "meta qwen2": 1,

@@ -48,7 +48,7 @@ MANIFEST = {
     "n.weight": ([8], "RMSNorm"),
 }
 KINDS = ["colwise", "rowwise", "sequence_parallel", "none", "colwyse", "local"]
-LAYOUTS = ["replicate", "sequence", "features", "full", "tp"]
+LAYOUTS = ["replicate", "sequence", "features", "heads", "full", "tp"]
 
 
 @st.composite
@@ -156,3 +156,29 @@ def test_classes_and_ties_through_the_checker(
         pattern = spec.rules[int(index)].pattern.text
         if pattern in custom and pattern.endswith(".weight"):
             assert style["kind"] not in ("colwise", "rowwise"), (pattern, style)
+
+
+def test_heads_layout_is_torchs_sequence_parallel_on_the_heads_dim() -> None:
+    """`style sequence_parallel input heads` (specs/qwen3.shard's q/k norms) is torch's
+    SequenceParallel on dimension -2 of [..., heads, head_dim], handing on local tensors
+    (`dtensor`: DTensors); plain `sequence_parallel` keeps torch's defaults."""
+    import torch
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    import generated.qwen3 as qwen3
+    from examples.models.hf import qwen3_tiny
+    from shardspec.runtime.parallel import _style_kwargs
+
+    with torch.device("meta"):
+        model = qwen3_tiny()
+    plan = qwen3.tp_plan({"dp_shard": 2, "tp": 2}, model)
+    norms = {k: v for k, v in plan.items() if k.endswith(("q_norm", "k_norm"))}
+    assert len(norms) == 4
+    for style in norms.values():
+        assert isinstance(style, SequenceParallel)
+        assert style.sequence_sharding == (Shard(-2),) and style.use_local_output
+    assert not any(k.endswith("layernorm") for k in plan)  # block norms: no style
+    heads = {"input": "heads"}
+    assert _style_kwargs(heads | {"local": False}, sequence=True)["use_local_output"] is False
+    assert _style_kwargs({}, sequence=True) == {}

@@ -35,7 +35,9 @@ __all__ = [
     "phi3_tiny",
     "qwen2_config",
     "qwen2_tiny",
+    "qwen3_config",
     "qwen3_moe_config",
+    "qwen3_tiny",
 ]
 
 
@@ -154,11 +156,9 @@ def moe_from_hf(hf: Mapping[str, torch.Tensor], cfg: moe.MoEConfig) -> dict[str,
     return out
 
 
-def qwen2_config(**overrides: Any) -> Any:
-    """A tiny ``transformers.Qwen2Config`` (q/k/v biases, GQA with 2 kv heads, untied)."""
-    import transformers
-
-    fields: dict[str, Any] = {
+def _qwen_fields(**overrides: Any) -> dict[str, Any]:
+    """The tiny Qwen2/Qwen3 configs' fields: hidden 64 in 4 heads (2 kv heads), untied."""
+    return {
         "vocab_size": 256,
         "hidden_size": 64,
         "intermediate_size": 96,
@@ -170,7 +170,13 @@ def qwen2_config(**overrides: Any) -> Any:
         "attn_implementation": "sdpa",
         **overrides,
     }
-    return transformers.Qwen2Config(**fields)
+
+
+def qwen2_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.Qwen2Config`` (q/k/v biases, GQA with 2 kv heads, untied)."""
+    import transformers
+
+    return transformers.Qwen2Config(**_qwen_fields(**overrides))
 
 
 def qwen2_tiny(**overrides: Any) -> Any:
@@ -179,6 +185,22 @@ def qwen2_tiny(**overrides: Any) -> Any:
     import transformers
 
     return transformers.Qwen2ForCausalLM(qwen2_config(**overrides))
+
+
+def qwen3_config(**overrides: Any) -> Any:
+    """A tiny ``transformers.Qwen3Config``: Qwen2's sizes (no q/k/v biases), with per-head
+    q/k RMSNorms of weight [head_dim] (16) on the per-head activations."""
+    import transformers
+
+    return transformers.Qwen3Config(**_qwen_fields(**{"head_dim": 16, **overrides}))
+
+
+def qwen3_tiny(**overrides: Any) -> Any:
+    """``transformers.Qwen3ForCausalLM`` from :func:`qwen3_config`, used as it is: the
+    manifest factory of ``specs/qwen3.shard``."""
+    import transformers
+
+    return transformers.Qwen3ForCausalLM(qwen3_config(**overrides))
 
 
 def phi3_config(**overrides: Any) -> Any:

@@ -506,7 +506,7 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
 def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS029: a `style` line names known styles and layouts, once per rule, and fits the
     rule's placements (colwise/rowwise: one dimension over a model-parallel axis)."""
-    from shardspec.core.styles import EXPERT_PARALLEL, KINDS, LAYOUTS, mp_dims
+    from shardspec.core.styles import EXPERT_PARALLEL, HEADS, KINDS, LAYOUTS, mp_dims
     from shardspec.resolve.params import rule_spec
     from shardspec.resolve.views import rule_fsdp
 
@@ -535,7 +535,19 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
         for what, name in (("input", st.input), ("output", st.output)):
             if name is None:
                 continue
-            if kind in ("sequence_parallel", "none", EXPERT_PARALLEL):
+            if kind == "sequence_parallel" and what == "input" and name.text == HEADS:
+                continue  # per-head activations cut by heads (q/k norms)
+            if kind == "sequence_parallel":
+                out.append(
+                    diag(
+                        "SS029",
+                        f"style sequence_parallel takes no {what} layout {name.text!r}",
+                        name.span,
+                        "`style sequence_parallel` cuts tokens; `style sequence_parallel "
+                        "input heads` cuts per-head activations [..., heads, head_dim] by heads",
+                    )
+                )
+            elif kind in ("none", EXPERT_PARALLEL):
                 out.append(
                     diag(
                         "SS029",

@@ -7,6 +7,9 @@ classes and ties):
 * SS037: a tied parameter (one tensor, two modules) sharded over a model-parallel axis of
   size > 1, which ``parallelize`` refuses.
 * SS038: torch's colwise or rowwise style on a module whose class runs a forward of its own.
+* SS109: a per-head norm (a ``[head_dim]`` weight beside projections cut over tp by heads)
+  replicated over tp without `style sequence_parallel input heads`: its gradient is a
+  per-rank part that nothing sums.
 
 A *block* is the smallest module holding two or more Linear or Embedding modules (an
 attention, an MLP; the model itself for the embedding and the head): the check reasons from
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from shardspec.core.styles import (
     EMBEDDING,
+    HEADS,
     LINEAR,
     custom_module_hint,
     derive,
@@ -396,4 +400,92 @@ def check_custom_modules(res: Resolved) -> list[Diagnostic]:
     return out
 
 
-TENSOR_PARALLEL_CHECKS = (check_unpaired_cuts, check_tied_sharded, check_custom_modules)
+def _head_cuts(res: Resolved) -> dict[str, dict[tuple[str, int], str]]:
+    """Per module, the parameters of its children cut by heads: module -> (model-parallel
+    axis of size > 1, head size) -> the first such parameter (by name). ``q_proj.weight``
+    of ``attn`` with ``heads out 16`` and ``shard out over tp`` gives
+    ``{"attn": {("tp", 16): "attn.q_proj.weight"}}``."""
+    from shardspec.checks.heads import rule_heads
+
+    heads, _ = rule_heads(res)  # (SS035: reported by the heads checks)
+    out: dict[str, dict[tuple[str, int], str]] = defaultdict(dict)
+    if not heads:
+        return out
+    sizes = res.axis_sizes
+    for fqn, m in res.params:
+        if m.winner not in heads or m.layout is None:
+            continue
+        fsdp = res.fsdp_of_rule(m.winner)
+        block = _owner(_owner(fqn)[0])[0]
+        for d in m.layout.tensor_dims():
+            for a in d.axes:
+                if a == fsdp or a in m.layout.local or sizes.get(a, 1) < 2:
+                    continue
+                for size in set(heads[m.winner].of(d.name).values()):
+                    out[block].setdefault((a, size), fqn)
+    return out
+
+
+def _per_head_style(rule: ir.Rule) -> bool:
+    st = rule.style
+    return (
+        st is not None
+        and st.kind.text == "sequence_parallel"
+        and st.input is not None
+        and st.input.text == HEADS
+    )
+
+
+def check_head_norms(res: Resolved) -> list[Diagnostic]:
+    """SS109: a one-dimensional parameter (a per-head q/k norm's weight) replicated over a
+    model-parallel axis, whose size is the head size of a sibling module's parameter cut
+    over that axis by heads, without `style sequence_parallel input heads`: each rank's
+    gradient of it is its heads' part only, and nothing sums it over the axis."""
+    if res.mesh is None or res.manifest is None:
+        return []
+    cuts = _head_cuts(res)
+    if not cuts:
+        return []
+    first: dict[int, tuple[str, str, str, int]] = {}
+    count: dict[int, int] = defaultdict(int)
+    for fqn, m in res.params:
+        assert m.winner is not None
+        if m.layout is None or m.entry.module in (LINEAR, EMBEDDING):
+            continue
+        dims = m.layout.tensor_dims()
+        siblings = cuts.get(_owner(_owner(fqn)[0])[0])
+        if len(dims) != 1 or not siblings or _per_head_style(res.spec.rules[m.winner]):
+            continue
+        mesh = res.mesh_for(m)
+        own = set(dims[0].axes)
+        for (axis, size), proj in sorted(siblings.items()):
+            if size == dims[0].size and axis not in own and mesh and axis in mesh.names:
+                count[m.winner] += 1
+                first.setdefault(m.winner, (fqn, proj, axis, size))
+                break
+    out = []
+    for rule_index, (fqn, proj, axis, size) in sorted(first.items()):
+        rule: ir.Rule = res.spec.rules[rule_index]
+        more = f" (and {count[rule_index] - 1} more like it)" if count[rule_index] > 1 else ""
+        out.append(
+            diag(
+                "SS109",
+                f"{fqn}{more} is replicated over {axis}, and its size {size} is the head "
+                f"size of {proj}, which is cut over {axis} by heads: a per-head norm reads "
+                f"only its {axis} rank's heads, so each rank's gradient of it is a part, and "
+                "without a style nothing sums the parts (the replicas drift apart)",
+                rule.pattern.span,
+                "add `style sequence_parallel input heads` to its rule (torch's "
+                "SequenceParallel on the heads dimension sums the gradient over "
+                f"{axis}); if it is not read per head, suppress this finding",
+            )
+        )
+    return out
+
+
+TENSOR_PARALLEL_CHECKS = (
+    check_unpaired_cuts,
+    check_tied_sharded,
+    check_custom_modules,
+    check_head_norms,
+)

@@ -11,7 +11,7 @@ import itertools
 from collections import defaultdict
 
 from shardspec.core.layout import Mesh
-from shardspec.core.styles import EXPERT_PARALLEL, TENSOR_PARALLEL_KINDS
+from shardspec.core.styles import EXPERT_PARALLEL, TENSOR_PARALLEL_KINDS, cuts_tokens
 from shardspec.core.views import Views
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
@@ -446,10 +446,13 @@ def _tensor_parallel_axes(res: Resolved) -> dict[str, dict[str, int]]:
 
 
 def _sequence_parallel_views(res: Resolved) -> set[str]:
+    """The views whose activations a `style sequence_parallel` rule cuts by tokens (not
+    `input heads`, which cuts per-head activations by heads)."""
     return {
         res.rule_views.get(r.index, "")
         for r in res.spec.rules
-        if r.style is not None and r.style.kind.text == "sequence_parallel"
+        if r.style is not None
+        and cuts_tokens({"kind": r.style.kind.text, "input": r.style.input and r.style.input.text})
     }
 
 

@@ -27,6 +27,22 @@ KINDS = ("colwise", "rowwise", "sequence_parallel", "none", EXPERT_PARALLEL)
 # Styles that cut a module's activations over a tensor-parallel axis.
 TENSOR_PARALLEL_KINDS = ("colwise", "rowwise", "sequence_parallel")
 LAYOUTS = ("replicate", "sequence", "features")
+# `style sequence_parallel input heads`: the module reads per-head activations
+# [..., heads, head_dim] whose heads are cut over tp (a per-head q/k norm after
+# column-parallel projections): torch's SequenceParallel on the heads dimension (-2), whose
+# replicated weight's gradient DTensor sums over tp. Its tokens are not cut.
+HEADS = "heads"
+SEQUENCE_PARALLEL_LAYOUTS = (HEADS,)
+HEADS_DIM = -2
+
+
+def cuts_tokens(style: dict) -> bool:
+    """Whether a rule's style (``{"kind": ..., "input": ...}``, as the generated module
+    records it) makes the activations sequence-parallel: cut by tokens over tp. A
+    `sequence_parallel input heads` style cuts heads, not tokens."""
+    return style.get("kind") == "sequence_parallel" and style.get("input") != HEADS
+
+
 # Module kinds a manifest records (the class name for any other module).
 LINEAR, EMBEDDING = "linear", "embedding"
 # The classes (qualified names) whose forward torch's colwise/rowwise styles are made for.

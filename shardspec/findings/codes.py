@@ -979,6 +979,25 @@ CHECKS: tuple[Check, ...] = (
         "mesh dense { fsdp: *  tp: 2 }\nmesh expert { ep: 2  efsdp: * }   # ep pairs fsdp ranks",
         True,
     ),
+    Check(
+        "SS109",
+        "unsummed-head-norm",
+        E,
+        "A one-dimensional parameter replicated over a tensor-parallel axis, whose size is "
+        "the head size of a sibling module cut over that axis by heads, has no `style "
+        "sequence_parallel input heads`.",
+        "A per-head norm (Qwen3's q_norm and k_norm, of weight [head_dim]) runs on the heads "
+        "its tp rank holds, so the gradient of its weight on each rank is only those heads' "
+        "part. Replicated with no style, each rank steps its own copy with its own part: no "
+        "error, the replicas drift apart. torch's SequenceParallel on the heads dimension "
+        "makes the weight a replicated DTensor whose gradient is summed over tp.",
+        "param attn.{q,k}_proj.weight [out, hidden] {\n    heads out 16\n"
+        "    shard out over tp\n}\nparam attn.{q,k}_norm.weight [head_dim] {}",
+        "param attn.{q,k}_proj.weight [out, hidden] {\n    heads out 16\n"
+        "    shard out over tp\n}\nparam attn.{q,k}_norm.weight [head_dim] {\n"
+        "    style sequence_parallel input heads\n}",
+        True,
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

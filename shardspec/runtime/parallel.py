@@ -47,8 +47,11 @@ from shardspec.core.layout import (
 )
 from shardspec.core.styles import (
     EMBEDDING,
+    HEADS,
+    HEADS_DIM,
     LINEAR,
     custom_module_hint,
+    cuts_tokens,
     derive,
     forward_class,
     qualified_name,
@@ -488,6 +491,11 @@ def _style_for(
 def _style_kwargs(stated: Mapping[str, Any], sequence: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if sequence:
+        if stated.get("input") == HEADS:
+            # Per-head activations [..., heads, head_dim] cut by heads: the module's output
+            # goes on as the rank's local heads unless `dtensor` is stated.
+            out["sequence_dim"] = HEADS_DIM
+            out["use_local_output"] = True
         if "local" in stated:
             out["use_local_output"] = bool(stated["local"])
         return out
@@ -929,7 +937,7 @@ def expert_modules(
                 "experts in FSDP2 over it"
             )
             continue
-        if any(k.get("kind") == "sequence_parallel" for k in spec.rule_styles.values()):
+        if any(cuts_tokens(k) for k in spec.rule_styles.values()):
             errors.append(
                 f"{owner}: expert parallelism under sequence parallelism is not applied by "
                 "parallelize yet (the experts' gradient scale assumes the dense tp ranks "

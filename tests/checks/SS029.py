@@ -29,6 +29,26 @@ CASES = [
         "expect": [("SS029", 4, "style sequence_parallel takes no output layout", "replicate")],
     },
     {
+        "name": "a token layout on sequence parallelism",
+        "spec": HEAD
+        + "param norm.weight [hidden] {\n    style sequence_parallel input features\n}\n",
+        "expect": [
+            (
+                "SS029",
+                4,
+                "style sequence_parallel takes no input layout 'features'",
+                "features",
+                "`style sequence_parallel input heads` cuts per-head activations",
+            )
+        ],
+    },
+    {
+        "name": "the heads layout on a colwise style",
+        "spec": HEAD
+        + "param w [out, hidden] {\n    shard out over tp\n    style colwise input heads\n}\n",
+        "expect": [("SS029", 5, "unknown activation layout 'heads'", "heads", "layouts:")],
+    },
+    {
         "name": "sequence parallelism on a sharded parameter",
         "spec": HEAD
         + "param norm.weight [hidden] {\n    shard hidden over tp\n"
@@ -53,6 +73,7 @@ CASES = [
         + "param w [out, hidden] {\n    shard out over tp\n    style colwise input sequence "
         + "output replicate dtensor\n}\n"
         + "param norm.weight [hidden] {\n    style sequence_parallel dtensor\n}\n"
+        + "param q_norm.weight [head_dim] {\n    style sequence_parallel input heads\n}\n"
         + "param e [expert, hidden] {\n    shard expert over tp\n    style none\n}\n"
         + "param fsdp_only [out, hidden] {\n    shard hidden over tp\n    style rowwise\n}\n",
         "expect": [],

@@ -49,4 +49,11 @@ CASES = [
         "modules": MODULES,
         "expect": [],
     },
+    {
+        "name": "ep pairs tp ranks of a view whose norms cut heads, not tokens",
+        "spec": spec("efsdp: *  ep: 2", "\n    style sequence_parallel input heads\n"),
+        "manifest": MANIFEST,
+        "modules": MODULES,
+        "expect": [("SS108", 7, "ranks 0 and 1 are in one EP group over 'ep'", "ep")],
+    },
 ]

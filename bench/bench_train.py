@@ -601,21 +601,6 @@ def _setup_llama(opts: dict[str, Any], layout: Any) -> Setup:
     return Setup(models, dp_mesh, mesh, axes, mesh.device_type)
 
 
-def head_norm_styles(model: Any) -> dict[str, Any]:
-    """Torch's ``SequenceParallel`` over the heads dimension (2 of ``[B, T, heads, hd]``)
-    for every attention's ``q_norm`` and ``k_norm``: their weight is whole on every tp rank
-    but each rank normalizes only its heads, so the weight's gradient is a sum over tp,
-    which DTensor's ``Partial`` -> ``Replicate`` gives (plain modules would keep each
-    rank's part: wrong gradients)."""
-    from torch.distributed.tensor.parallel import SequenceParallel
-
-    return {
-        f"layers.{name}.attn.{norm}": SequenceParallel(sequence_dim=2, use_local_output=True)
-        for name in model.layers
-        for norm in ("q_norm", "k_norm")
-    }
-
-
 def _setup_moe(opts: dict[str, Any], layout: Any) -> Setup:
     """The MoE's two variants on the folded views: shardspec's side
     (``layout.parallelize(model, views)``) and the hand-written torchtitan-style one."""
@@ -635,7 +620,7 @@ def _setup_moe(opts: dict[str, Any], layout: Any) -> Setup:
     for v in opts["variants"]:
         model = build()
         if v == "parallelize":
-            layout.parallelize(model, views, styles=head_norm_styles(model))
+            layout.parallelize(model, views)  # the spec states the q/k norms' style
             dmesh, smesh = dense, expert
         elif v == "handwritten":
             dmesh, smesh = moe_handwritten.build_meshes(

@@ -11,9 +11,11 @@ dispatch on 4 gloo CPU ranks against a single process, in one spawn.
   embedding's column 0 is 3, attention's and the experts' output row 0 are 0) and the
   router's rows of experts 2, 6 and 7 are -20 there, so those experts get no token (on
   ep 4, rank 3 receives nothing); the single process records that it is so at every step.
-* Checkpoints across folds, training: the example MoE trained at dense (fsdp 2, tp 2) x
-  expert (ep 2, efsdp 2), saved, loaded into freshly parallelized models at expert ep 4
-  and into the single-view spec (specs/deepseek_moe.shard), bitwise, and trained on; the
+* Checkpoints across folds, training: the example MoE with 4 kv heads (its attention
+  splits over tp 4) trained at dense (fsdp 2, tp 2) x expert (ep 2, efsdp 2), saved,
+  loaded into freshly parallelized models at expert ep 4 (dense fsdp 4), at dense tp 4
+  (fsdp 1) x expert ep 1 (efsdp 4) and into the single-view spec
+  (specs/deepseek_moe.shard), bitwise, and trained on; the
   losses and parameters follow a single process that trained straight through (SGD: the
   optimizer has no state a checkpoint of the model would have to carry).
 * load_hf into a parallelized folded model: every parameter equals transformers' own.
@@ -55,6 +57,10 @@ SINGLE = "generated.deepseek_moe"
 QWEN3 = "generated.qwen3_moe_folded"
 FOLD_A = {"tp": 2, "ep": 2}  # dense fsdp 2 x tp 2; expert ep 2 x efsdp 2
 FOLD_EP4 = {"tp": 1, "ep": 4}  # dense fsdp 4; expert ep 4 x efsdp 1
+FOLD_TP4 = {"tp": 4, "ep": 1}  # dense fsdp 1 x tp 4; expert ep 1 x efsdp 4
+# The checkpoint scenario's model: 4 kv heads, so that attention's heads split over tp 4
+# (specs compiled by test_ep_train against its own manifest: moe_folded_kv4, moe_kv4).
+KV4_ARGS = {"n_kv_heads": 4}
 SUPPRESSED = (2, 6, 7)  # experts that no token picks
 VOCAB, BATCH, SEQ = 256, 4, 17
 LR, STEPS, SGD_LR = 1e-3, 3, 0.5
@@ -82,8 +88,8 @@ def _skew(
             w[list(SUPPRESSED), 0] = -20.0
 
 
-def example(seed: int = 0) -> nn.Module:
-    model = moe.tiny()
+def example(seed: int = 0, **config: Any) -> nn.Module:
+    model = moe.tiny(**config)
     moe.init_weights(model, seed)
     blocks = list(model.layers.values())
     _skew(
@@ -267,14 +273,15 @@ def check_training_qwen3(c: Checks) -> None:
 
 
 def check_checkpoint_folds(c: Checks, root: str) -> None:
-    """Train at fold A, save, load at ep 4 and into the single-view spec, train on."""
-    folded = importlib.import_module(FOLDED)
-    single = importlib.import_module(SINGLE)
-    ref = example()
+    """The example MoE with 4 kv heads: train at fold A, save, load at ep 4, at dense tp 4
+    (expert ep 1 x efsdp 4) and into the single-view spec, train on."""
+    folded = _generated(root, "moe_folded_kv4")
+    single = _generated(root, "moe_kv4")
+    ref = example(**KV4_ARGS)
     ref_optim = torch.optim.SGD(ref.parameters(), lr=SGD_LR)
     ref_losses = train(ref, ref_optim, range(4), None)
 
-    model = example()
+    model = example(**KV4_ARGS)
     views = folded.build_mesh(**FOLD_A)
     folded.parallelize(model, views)
     first = train(model, torch.optim.SGD(model.parameters(), lr=SGD_LR), range(2), views)
@@ -285,11 +292,13 @@ def check_checkpoint_folds(c: Checks, root: str) -> None:
 
     for tag, layout, fold in (
         ("ckpt at ep 4", folded, FOLD_EP4),
+        ("ckpt at tp 4", folded, FOLD_TP4),
         ("ckpt at the single view", single, {"ep": 2}),
     ):
-        other = example(seed=77)
+        other = example(seed=77, **KV4_ARGS)
         mesh = layout.build_mesh(**fold)
         layout.parallelize(other, mesh)
+        layout.verify(other, mesh)
         starts = next(iter(other.named_parameters()))
         c.check(tag, not torch.equal(full(starts[1]), saved[starts[0]]), "starts equal")
         layout.load({"model": other.state_dict()}, path, mesh=mesh)

@@ -30,7 +30,8 @@ def compile_variants(gen: Path) -> None:
     """Lint-clean variants of the example MoE's specs: two parallelize refuses (the single
     mesh with `style expert_parallel`, moe_one_mesh_ep; the folded one with
     sequence-parallel norms, moe_folded_sp), and the folded one with expert tensor
-    parallelism (moe_folded_etp: expert view ep x etp x efsdp)."""
+    parallelism (moe_folded_etp: expert view ep x etp x efsdp); the folded and the
+    single-view spec of the example MoE with 4 kv heads (moe_folded_kv4, moe_kv4)."""
     gen.mkdir(parents=True)
     manifest = str(REPO / "specs" / "deepseek_moe.manifest.json")
     hf = str(REPO / "specs" / "deepseek_moe.hf.json")
@@ -66,13 +67,30 @@ def compile_variants(gen: Path) -> None:
             ],
         ),
     }
+    # the example MoE with 4 kv heads (its 2 cannot split over tp 4): the checkpoint
+    # scenario's model, on the folded and the single-view spec, with its own manifest and
+    # HF manifest (k and v projections of 4 heads)
+    kv4 = str(gen / "moe_kv4.manifest.json")
+    args = [f"--arg={k}={v}" for k, v in ep_train_scenarios.KV4_ARGS.items()]
+    assert shardspec_main(["manifest", "examples.models.moe:tiny", *args, "-o", kv4]) == 0
+    kv4_hf = str(gen / "moe_kv4.hf.json")
+    doc = json.loads(Path(hf).read_text(encoding="utf-8"))
+    kv_heads = ep_train_scenarios.KV4_ARGS["n_kv_heads"]
+    doc["config"]["num_key_value_heads"] = kv_heads
+    for key, entry in doc["tensors"].items():
+        if key.endswith(("k_proj.weight", "v_proj.weight")):
+            entry["shape"][0] = kv_heads * doc["config"]["head_dim"]
+    Path(kv4_hf).write_text(json.dumps(doc), encoding="utf-8")
+    variants["moe_folded_kv4"] = ("deepseek_moe_folded.shard", [])
+    variants["moe_kv4"] = ("deepseek_moe.shard", [])
     for name, (source, edits) in variants.items():
         text = (REPO / "specs" / source).read_text(encoding="utf-8")
         for old, new in edits:
             assert old in text, f"specs/{source} changed"
             text = text.replace(old, new)
-        text = text.replace('"deepseek_moe.manifest.json"', json.dumps(manifest))
-        text = text.replace('"deepseek_moe.hf.json"', json.dumps(hf))
+        own = (kv4, kv4_hf) if name.endswith("_kv4") else (manifest, hf)
+        text = text.replace('"deepseek_moe.manifest.json"', json.dumps(own[0]))
+        text = text.replace('"deepseek_moe.hf.json"', json.dumps(own[1]))
         (gen / f"{name}.shard").write_text(text, encoding="utf-8")
         assert shardspec_main(["lint", str(gen / f"{name}.shard")]) == 0, name
         assert shardspec_main(["compile", str(gen / f"{name}.shard"), "-o", str(gen)]) == 0, name
@@ -112,9 +130,10 @@ def test_checkpoints_move_between_folds_and_training_goes_on(
     results: list[dict[str, Any]],
 ) -> None:
     tags = _counts(results, "ckpt ")
-    assert set(tags) == {"ckpt fold a", "ckpt at ep 4", "ckpt at the single view"}, tags
+    loads = {"ckpt at ep 4", "ckpt at the single view", "ckpt at tp 4"}
+    assert set(tags) == {"ckpt fold a", *loads}, tags
     # loaded bitwise, losses, parameters: one of each per tensor at least
-    assert tags["ckpt at ep 4"] >= 2 * 30 and tags["ckpt at the single view"] >= 2 * 30, tags
+    assert all(tags[t] >= 2 * 30 for t in loads), tags
 
 
 def test_load_hf_and_export_hf_on_a_parallelized_folded_model(

@@ -13,10 +13,7 @@ same mesh and resharded. Failures are collected as strings (see ``dist_scenarios
 from __future__ import annotations
 
 import importlib
-import logging
 import os
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +22,7 @@ import torch.distributed as dist
 
 from examples.models import hf as hfm
 from tests.hf_scenarios import Item, full_of, same_bits
-from tests.hf_split_scenarios import compare, load_own
+from tests.hf_split_scenarios import compare, load_own, run_each
 
 BUFFER = "model.layers.1.mlp.gate.e_score_correction_bias"
 
@@ -127,18 +124,4 @@ def export_and_compare(item: Item, mod: Any, model: Any, mesh: Any, out: str, hf
 
 
 def run_all(rank: int, world: int, root: str, cases: list[BufferCase]) -> dict[str, Item]:
-    gen = os.path.join(root, "gen")
-    if gen not in sys.path:
-        sys.path.insert(0, gen)
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    out: dict[str, Item] = {}
-    for case in cases:
-        item = Item(case.label)
-        try:
-            buffer_case(root, case, item)
-        except Exception:
-            item.fail.append(f"{item.label} raised:\n{traceback.format_exc()}")
-        dist.barrier()
-        out[item.label] = item
-    return out
+    return run_each(root, cases, buffer_case)

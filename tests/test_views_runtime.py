@@ -37,6 +37,25 @@ def test_sizes_resolve_every_view(folded) -> None:
         spec.sizes(world=4, dp_shard=2)
 
 
+@pytest.mark.parametrize("module", ["generated.deepseek_moe_folded", "generated.llama"])
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"tp": "2"}, "mesh axis 'tp' must be a whole number of at least 1, not '2'"),
+        ({"tp": 0}, "mesh axis 'tp' must be a whole number of at least 1, not 0"),
+        ({"tp": True}, "mesh axis 'tp' must be a whole number of at least 1, not True"),
+        ({"world": 4.0}, "the world size must be a whole number of at least 1, not 4.0"),
+    ],
+)
+def test_sizes_that_are_not_whole_numbers_are_refused(module, kwargs, said) -> None:
+    """build_mesh(tp="2") raised a TypeError from the arithmetic, and ep=0 was reported as
+    another view's world not dividing; every size given is checked first, with or
+    without views."""
+    with pytest.raises(SpecError) as got:
+        importlib.import_module(module).SPEC.sizes(**kwargs)
+    assert str(got.value) == said
+
+
 def test_each_parameter_is_laid_out_on_its_view(folded) -> None:
     spec = folded.SPEC
     sizes = spec.sizes(world=4)

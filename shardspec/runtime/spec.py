@@ -327,6 +327,14 @@ class CompiledSpec:
                 f"unknown mesh axis {', '.join(map(repr, unknown))}; the spec's axes are "
                 f"{', '.join(self.axes)}"
             )
+        for what, value in [*overrides.items(), ("world", world)]:
+            if what == "world" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(
+                    f"{'the world size' if what == 'world' else f'mesh axis {what!r}'} must "
+                    f"be a whole number of at least 1, not {value!r}"[:300]
+                )
         merged = [overrides.get(a, self.default_sizes[a]) for a in self.axes]
         w = world if world is not None else self.default_world
         try:

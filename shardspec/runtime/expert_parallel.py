@@ -39,6 +39,7 @@ each expert's ffn dimension is also cut over etp, and the partial outputs are su
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -298,6 +299,14 @@ def _local_view(module: nn.Module, n_local: int, grad_scale: float = 1.0) -> Ite
             setattr(module, "num_experts", count)  # noqa: B010
 
 
+@functools.cache
+def _forward_signature(forward: Callable[..., Any]) -> inspect.Signature:
+    """The signature of an experts class's own forward without ``self``, read once per
+    class (the style's forward binds every call's arguments to it)."""
+    sig = inspect.signature(forward)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
 class ExpertParallelModule(nn.Module):
     """Mixed into the class of a module the style parallelized (as FSDP2's
     ``FSDPModule``): its forward dispatches the tokens and runs the class's own forward on
@@ -334,7 +343,7 @@ class ExpertParallelModule(nn.Module):
                 out = reduce_from_group(out, etp)
             return out
 
-        bound = inspect.signature(own).bind(*args, **kwargs)
+        bound = _forward_signature(own.__func__).bind(*args, **kwargs)  # type: ignore[attr-defined]
         x, second = list(bound.arguments.values())[:2]
         if self._ep_convention == GROUPED:
             counts = second

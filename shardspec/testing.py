@@ -129,6 +129,20 @@ def release_distributed() -> None:
         gc.collect()
 
 
+def set_rank_env(rank: int, world: int, port: int) -> None:
+    """The environment of CPU rank ``rank`` of ``world`` on ``127.0.0.1:port``: torch's
+    rendezvous variables, and no GPU, so that code choosing a device (build_mesh) picks
+    cpu + gloo."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+
+
 def _entry(
     rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str, timeout: float
 ) -> None:
@@ -146,15 +160,7 @@ def _entry(
     except ImportError:  # a torch build without it: nothing to pin the group
         pass
 
-    # CPU ranks: hide GPUs so that code choosing a device (build_mesh) picks cpu + gloo.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-    )
+    set_rank_env(rank, world, port)
     result: Any
     try:
         dist.init_process_group(

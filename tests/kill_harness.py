@@ -31,20 +31,15 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from shardspec.testing import set_rank_env
+
 Round = tuple[str, Callable[..., Any], tuple]
 
 
 def _child(
     rank: int, world: int, port: int, fn: Callable, args: tuple, out: str, pg: float
 ) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        CUDA_VISIBLE_DEVICES="",
-    )
+    set_rank_env(rank, world, port)
     try:
         import torch.distributed as dist
 

@@ -47,6 +47,7 @@ import os
 import pickle
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -65,11 +66,12 @@ PHASES: dict[str, float] = {  # phase -> time limit (s), in the order they run
     "env": 40,
     "single": 120,
     "hf": 100,
-    "multi": 150,
+    "gloo_probe": 60,
+    "multi": 200,
     "ep": 100,
     "nccl_probe": 40,
 }
-ROUNDS = 3
+ROUNDS = int(os.environ.get("GPU_CHECK_ROUNDS", "3"))
 GB = 1e9
 
 
@@ -111,6 +113,7 @@ def _checks_result(c: Any) -> dict:
 
 def _run_step(out: dict, name: str, fn: Callable[[], Any]) -> None:
     """Run one step of a phase; its result or its traceback under ``out[name]``."""
+    print(f"[pid {os.getpid()}] {name}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
         out[name] = fn()
@@ -136,6 +139,9 @@ def _rank_entry(
         import torch.distributed.nn.functional
     except ImportError:
         pass
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)  # a crash in native code names its Python frames
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -622,7 +628,7 @@ def phase_hf() -> dict:
 # ----------------------------------------------------------------------------- multi
 
 
-def _gloo_ops(rank: int, world: int) -> dict:
+def _gloo_ops(rank: int, world: int, only: str | None = None) -> dict:
     """Which gloo collectives take CUDA tensors."""
     import torch
     import torch.distributed as dist
@@ -649,6 +655,9 @@ def _gloo_ops(rank: int, world: int) -> dict:
         ),
     }
     for name, op in ops.items():
+        if only is not None and name != only:
+            continue
+        print(f"[rank {rank}] gloo {name} on {dev}", file=sys.stderr, flush=True)
         try:
             op()
             if dev == "cuda":
@@ -660,7 +669,30 @@ def _gloo_ops(rank: int, world: int) -> dict:
     return out
 
 
-def _multi_rank(rank: int, world: int) -> dict:
+MULTI_STEPS = (
+    "train_llama",
+    "train_qwen3",
+    "train_moe_style_none",
+    "reshard",
+    "async_save_training",
+    "hf_llama",
+)
+GLOO_OPS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_to_all_single_splits",
+)
+
+
+def _gloo_op_rank(rank: int, world: int, name: str) -> dict:
+    return {name: _gloo_ops(rank, world, only=name).get(name)}
+
+
+def _multi_rank(rank: int, world: int, step: str) -> dict:
+    """One scenario of the ``multi`` phase (one spawn each: a crash costs only itself)."""
     import logging
     import warnings
 
@@ -680,7 +712,6 @@ def _multi_rank(rank: int, world: int) -> dict:
     from tests import parallel_scenarios as ps
 
     out: dict[str, Any] = {}
-    _run_step(out, "gloo_cuda_ops", lambda: _gloo_ops(rank, world))
     root = [tempfile.mkdtemp(prefix="gpu-check-multi-") if rank == 0 else ""]
     dist.broadcast_object_list(root, src=0)
 
@@ -695,9 +726,8 @@ def _multi_rank(rank: int, world: int) -> dict:
 
         return run
 
-    mesh = layout.build_mesh(tp=2)
-
     def w13(c: Any) -> None:
+        mesh = layout.build_mesh(tp=2)
         model = ps.seeded(llama.tiny)()
         layout.parallelize(model, mesh)
         w = model.layers["0"].feed_forward.w13.weight
@@ -705,38 +735,24 @@ def _multi_rank(rank: int, world: int) -> dict:
         out["w13_device"] = str(w.device)
         ps.compare_training(c, "train llama", ps.seeded(llama.tiny), layout, mesh, 256)
 
-    _run_step(out, "train_llama", scenario(w13))
-    _run_step(
-        out,
-        "train_qwen3",
-        scenario(
-            lambda c: ps.compare_training(
-                c,
-                "train qwen3",
-                ps.seeded(hf_models.qwen3_tiny),
-                qwen3,
-                qwen3.build_mesh(tp=2),
-                256,
-            )
+    steps: dict[str, Callable[[Any], None]] = {
+        "train_llama": w13,
+        "train_qwen3": lambda c: ps.compare_training(
+            c, "train qwen3", ps.seeded(hf_models.qwen3_tiny), qwen3, qwen3.build_mesh(tp=2), 256
         ),
-    )
-    _run_step(
-        out,
-        "train_moe_style_none",
-        scenario(
-            lambda c: ps.compare_training(
-                c,
-                "train moe",
-                ps.seeded(moe.tiny, init=moe.init_weights),
-                moe_layout,
-                moe_layout.build_mesh(ep=2),
-                256,
-            )
+        "train_moe_style_none": lambda c: ps.compare_training(
+            c,
+            "train moe",
+            ps.seeded(moe.tiny, init=moe.init_weights),
+            moe_layout,
+            moe_layout.build_mesh(ep=2),
+            256,
         ),
-    )
-    _run_step(out, "reshard", scenario(lambda c: ps.scenario_reshard(c, root[0])))
-    _run_step(out, "async_save_training", scenario(lambda c: cas.scenario_train(c, root[0])))
-    _run_step(out, "hf_llama", scenario(lambda c: _hf_multi(c, rank, root[0])))
+        "reshard": lambda c: ps.scenario_reshard(c, root[0]),
+        "async_save_training": lambda c: cas.scenario_train(c, root[0]),
+        "hf_llama": lambda c: _hf_multi(c, rank, root[0]),
+    }
+    _run_step(out, step, scenario(steps[step]))
     dist.barrier()
     if rank == 0:
         shutil.rmtree(root[0], ignore_errors=True)
@@ -804,10 +820,34 @@ def _hf_multi(c: Any, rank: int, root: str) -> None:
             c.check("hf", k in got and torch.equal(v, got[k]), f"{k}: export differs")
 
 
+_PHASE_OUT: list[str] = []
+
+
+def _partial(result: dict) -> None:
+    """Write what a phase has so far (a phase cut off by its time limit keeps it)."""
+    if _PHASE_OUT:
+        with open(_PHASE_OUT[0], "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1, default=str)
+
+
+def phase_gloo_probe() -> dict:
+    """Which gloo collectives take CUDA tensors: one spawn of 2 ranks per collective (a
+    crash costs only its own)."""
+    out: dict[str, Any] = {}
+    for name in GLOO_OPS:
+        res = _spawn(_gloo_op_rank, 2, "gloo", name)
+        out[name] = [r[1] if r[0] == "ok" else r[1][-600:] for r in res]
+        _partial(out)
+    return out
+
+
 def phase_multi() -> dict:
-    backend = "gloo"
-    res = _spawn(_multi_rank, 4, backend)
-    return {"backend": backend, "ranks": [r[1] for r in res]}
+    out: dict[str, Any] = {"backend": "gloo"}
+    for step in MULTI_STEPS:
+        res = _spawn(_multi_rank, 4, "gloo", step)
+        out[step] = [r[1] for r in res]
+        _partial(out)
+    return out
 
 
 # ----------------------------------------------------------------------------- ep
@@ -846,12 +886,14 @@ RUNNERS: dict[str, Callable[[], dict]] = {
     "nccl_probe": phase_nccl_probe,
     "single": phase_single,
     "hf": phase_hf,
+    "gloo_probe": phase_gloo_probe,
     "multi": phase_multi,
     "ep": phase_ep,
 }
 
 
 def _phase_main(name: str, outfile: str) -> int:
+    _PHASE_OUT.append(outfile)
     t0 = time.perf_counter()
     try:
         result = RUNNERS[name]()
@@ -908,20 +950,25 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--phase", name, "--phase-out", phase_out]
         t0 = time.perf_counter()
         with open(log, "w") as lf:
+            # A session of its own: on a timeout the phase's ranks go with it.
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
-                proc = subprocess.run(
-                    cmd, cwd=REPO, env=env, stdout=lf, stderr=subprocess.STDOUT, timeout=limit
-                )
-                rc: Any = proc.returncode
+                rc: Any = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 rc = f"timed out after {limit:.0f} s"
-                subprocess.run(["pkill", "-f", f"--phase-out {phase_out}"], check=False)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        results[name] = {}
         try:
             with open(phase_out, encoding="utf-8") as f:
                 results[name] = json.load(f)
         except (OSError, ValueError):
+            pass
+        if rc != 0 or not results[name]:
             with open(log, encoding="utf-8", errors="replace") as f:
-                results[name] = {"error": f"rc {rc}", "log_tail": f.read()[-3000:]}
+                results[name] |= {"error": f"rc {rc}", "log_tail": f.read()[-3000:]}
         with open(log, encoding="utf-8", errors="replace") as f, open(all_logs, "a") as out:
             out.write(f"===== {name} (rc {rc})\n{f.read()[-200_000:]}\n")
         results[name]["rc"] = rc
@@ -971,7 +1018,7 @@ def summary(r: dict) -> str:
                 f"{key}: {x['GBps']:.2f} GB/s = {x['GBps'] / floor:.2f}x the page-cache read "
                 f"({floor:.2f} GB/s); read {x['bytes_read']:,} for {x['bytes_owned']:,} owned"
             )
-    for name in ("nccl_probe", "single", "hf", "multi", "ep"):
+    for name in ("nccl_probe", "single", "hf", "gloo_probe", "multi", "ep"):
         if name in r:
             lines.append(f"{name}: {_failures(r[name])} failure(s)/error(s)")
     return "\n".join(lines)

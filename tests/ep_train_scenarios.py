@@ -138,7 +138,7 @@ class Routed:
             m.register_forward_pre_hook(self._hook)
 
     def _hook(self, module: nn.Module, args: tuple) -> None:
-        self.counts += torch.bincount(args[1].reshape(-1), minlength=8)[:8]
+        self.counts += torch.bincount(args[1].reshape(-1).cpu(), minlength=8)[:8]
 
 
 # ----------------------------------------------------------------------------- training

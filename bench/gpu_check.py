@@ -177,18 +177,22 @@ def _spawn(fn: Callable, world: int, backend: str, *args: Any) -> list[Any]:
     from shardspec.testing import free_port
 
     with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(
-            _rank_entry,
-            args=(world, free_port(), backend, fn, args, outdir),
-            nprocs=world,
-            join=True,
-            start_method="spawn",
-        )
+        crash = "no result"
+        try:
+            mp.start_processes(
+                _rank_entry,
+                args=(world, free_port(), backend, fn, args, outdir),
+                nprocs=world,
+                join=True,
+                start_method="spawn",
+            )
+        except Exception as e:  # a rank crashed (a signal): the others are terminated
+            crash = f"no result: {type(e).__name__}: {e}"
         results = []
         for r in range(world):
             path = os.path.join(outdir, f"{r}.pkl")
             if not os.path.exists(path):
-                results.append(("error", "no result"))
+                results.append(("error", crash))
                 continue
             with open(path, "rb") as f:
                 results.append(pickle.load(f))
@@ -687,6 +691,42 @@ GLOO_OPS = (
 )
 
 
+FUNCOL_OPS = (
+    "funcol.all_reduce",
+    "funcol.all_gather_tensor dim 0",
+    "funcol.all_gather_tensor dim 1",
+    "funcol.reduce_scatter_tensor",
+    "funcol.all_to_all_single",
+)
+
+
+def _funcol_rank(rank: int, world: int, name: str) -> dict:
+    """One of torch's functional collectives (what DTensor's redistribute calls) on a
+    CUDA tensor over gloo."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    dev = _dev()
+    group = dist.group.WORLD
+    x = torch.arange(8 * world, dtype=torch.float32, device=dev).reshape(2 * world, 4) + rank
+    print(f"[rank {rank}] {name} on {dev}", file=sys.stderr, flush=True)
+    if name == "funcol.all_reduce":
+        y = funcol.all_reduce(x, "sum", group)
+    elif name == "funcol.all_gather_tensor dim 0":
+        y = funcol.all_gather_tensor(x, 0, group)
+    elif name == "funcol.all_gather_tensor dim 1":
+        y = funcol.all_gather_tensor(x, 1, group)
+    elif name == "funcol.reduce_scatter_tensor":
+        y = funcol.reduce_scatter_tensor(x, "sum", 0, group)
+    else:
+        y = funcol.all_to_all_single(x, None, None, group)
+    y = funcol.wait_tensor(y)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return {name: f"ok {tuple(y.shape)}"}
+
+
 def _gloo_op_rank(rank: int, world: int, name: str) -> dict:
     return {name: _gloo_ops(rank, world, only=name).get(name)}
 
@@ -834,8 +874,12 @@ def phase_gloo_probe() -> dict:
     """Which gloo collectives take CUDA tensors: one spawn of 2 ranks per collective (a
     crash costs only its own)."""
     out: dict[str, Any] = {}
-    for name in GLOO_OPS:
-        res = _spawn(_gloo_op_rank, 2, "gloo", name)
+    ops = [(n, _gloo_op_rank) for n in GLOO_OPS] + [(n, _funcol_rank) for n in FUNCOL_OPS]
+    only = os.environ.get("GPU_CHECK_OPS")
+    for name, fn in ops:
+        if only and name not in only.split(","):
+            continue
+        res = _spawn(fn, 2, "gloo", name)
         out[name] = [r[1] if r[0] == "ok" else r[1][-600:] for r in res]
         _partial(out)
     return out
@@ -853,7 +897,10 @@ def phase_multi() -> dict:
 # ----------------------------------------------------------------------------- ep
 
 
-def _ep_rank(rank: int, world: int) -> dict:
+EP_FOLDS = ("ep2_efsdp2_tp2", "ep4")
+
+
+def _ep_rank(rank: int, world: int, tag: str) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -862,21 +909,25 @@ def _ep_rank(rank: int, world: int) -> dict:
     from shardspec.testing import Checks
     from tests import ep_train_scenarios as ets
 
+    fold = {"ep2_efsdp2_tp2": ets.FOLD_A, "ep4": ets.FOLD_EP4}[tag]
+
+    def run() -> dict:
+        c = Checks()
+        ets.compare_training(c, f"train example {tag}", ets.example, folded, fold)
+        return _checks_result(c)
+
     out: dict[str, Any] = {}
-    for tag, fold in (("ep2_efsdp2_tp2", ets.FOLD_A), ("ep4", ets.FOLD_EP4)):
-
-        def run(fold: dict = fold, tag: str = tag) -> dict:
-            c = Checks()
-            ets.compare_training(c, f"train example {tag}", ets.example, folded, fold)
-            return _checks_result(c)
-
-        _run_step(out, tag, run)
+    _run_step(out, tag, run)
     return out
 
 
 def phase_ep() -> dict:
-    res = _spawn(_ep_rank, 4, "gloo")
-    return {"backend": "gloo", "ranks": [r[1] for r in res]}
+    out: dict[str, Any] = {"backend": "gloo"}
+    for tag in EP_FOLDS:
+        res = _spawn(_ep_rank, 4, "gloo", tag)
+        out[tag] = [r[1] for r in res]
+        _partial(out)
+    return out
 
 
 # ----------------------------------------------------------------------------- driver
@@ -899,6 +950,11 @@ def _phase_main(name: str, outfile: str) -> int:
         result = RUNNERS[name]()
     except Exception:
         result = {"error": traceback.format_exc()[-4000:]}
+        try:
+            with open(outfile, encoding="utf-8") as f:
+                result = json.load(f) | result  # what the phase had written so far
+        except (OSError, ValueError):
+            pass
     result["phase_s"] = round(time.perf_counter() - t0, 2)
     with open(outfile, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1, default=str)

@@ -6,7 +6,11 @@ tp 2) sequence-parallel, expert (efsdp, ep) with ep innermost.
 * Training against a single process (tests/ep_train_scenarios.py's ``compare_training``:
   first-step gradients, AdamW losses and parameters within tests/test_parallel.py's
   tolerances, routing skewed so that experts 2, 6 and 7 get no token): at expert efsdp 2 x
-  ep 2 (an EP group is a dense tp group) and at ep 4 (efsdp 1), dense fsdp 2 x tp 2. Each
+  ep 2 (an EP group is a dense tp group) and at ep 4 (efsdp 1), dense fsdp 2 x tp 2; the
+  example MoE and transformers' ``Qwen3MoeForCausalLM`` used as it is (its own
+  ``Qwen3MoeSparseMoeBlock`` and ``Qwen3MoeExperts``; ``qwen3_moe_sp``), given positions
+  and the causal mask from the tokens (a forward pre-hook: transformers derives them from
+  the embedding output's length, which sequence parallelism cuts by tp). Each
   rank's MoE block routes its own half of its data group's sequence: the rows reaching the
   experts module are counted.
 * verify of a trainer's own ep-borrows-tp parallelization, built the torchtitan way
@@ -77,6 +81,30 @@ def model() -> nn.Module:
 def check_training(c: Checks, layout: Any) -> None:
     for fold in FOLDS:
         ept.compare_training(c, f"train sp {fold}", model, layout, fold)
+
+
+def _positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """transformers' model derives positions and the causal mask from the embedding
+    output's length, which sequence parallelism cuts by tp: give both from the tokens (a
+    4-D additive mask, which transformers takes as it is)."""
+    n = args[0].shape[1]
+    kwargs.setdefault("position_ids", torch.arange(n)[None])
+    low = torch.finfo(torch.float32).min
+    kwargs.setdefault("attention_mask", torch.full((1, 1, n, n), low).triu(1))
+    kwargs.setdefault("use_cache", False)
+    return args, kwargs
+
+
+def qwen3() -> nn.Module:
+    m = ept.qwen3()
+    m.register_forward_pre_hook(_positions, with_kwargs=True)
+    return m
+
+
+def check_training_qwen3(c: Checks, root: str) -> None:
+    layout = _generated(root, "qwen3_moe_sp").module
+    for fold in FOLDS:
+        ept.compare_training(c, f"train sp qwen3 {fold}", qwen3, layout, fold)
 
 
 def check_local_tokens(c: Checks, layout: Any) -> None:
@@ -206,5 +234,6 @@ def run_all(rank: int, world: int, root: str) -> dict[str, Any]:
             lambda c: check_local_tokens(c, layout),
             lambda c: check_verify(c, layout),
             lambda c: check_training(c, layout),
+            lambda c: check_training_qwen3(c, root),
         ]
     )

@@ -78,6 +78,35 @@ REFUSED_EDITS = {
 }
 
 
+# specs/qwen3_moe_folded.shard made sequence-parallel the same way (transformers'
+# Qwen3MoeForCausalLM calls its LM head as a module: torch's ColwiseParallel gathers there).
+QWEN3_EDITS = (
+    SP_EDITS[0],
+    (
+        "param model.embed_tokens.weight [vocab, hidden] {}",
+        "param model.embed_tokens.weight [vocab, hidden] {\n    shard vocab over tp\n"
+        "    style rowwise output sequence\n}",
+    ),
+    (
+        "    heads out 16\n    shard out over tp\n",
+        "    heads out 16\n    shard out over tp\n    style colwise input sequence\n",
+    ),
+    (
+        "    heads heads 16\n    shard heads over tp\n",
+        "    heads heads 16\n    shard heads over tp\n    style rowwise output sequence\n",
+    ),
+    (
+        "param **.*norm.weight [dim] {}",
+        "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+    ),
+    (
+        "param lm_head.weight [vocab, hidden] {}",
+        "param lm_head.weight [vocab, hidden] {\n    shard vocab over tp\n"
+        "    style colwise input sequence output replicate\n}",
+    ),
+)
+
+
 def sp_text(manifest: str) -> str:
     """specs/deepseek_moe_folded.shard made sequence-parallel with ep innermost."""
     text = (REPO / "specs" / "deepseek_moe_folded.shard").read_text(encoding="utf-8")
@@ -101,10 +130,16 @@ def compile_all(gen: Path) -> None:
     assert shardspec_main(["manifest", "examples.models.moe:tiny", *args, "-o", manifest]) == 0
     base = sp_text(manifest)
     variants = {"moe_sp": base}
+    qwen3 = (REPO / "specs" / "qwen3_moe_folded.shard").read_text(encoding="utf-8")
+    qwen3 = qwen3.replace(
+        '"qwen3_moe_folded.manifest.json"',
+        json.dumps(str(REPO / "specs" / "qwen3_moe_folded.manifest.json")),
+    )
+    variants["qwen3_moe_sp"] = edited(qwen3, QWEN3_EDITS, "specs/qwen3_moe_folded.shard")
     variants.update((name, edited(base, e, name)) for name, e in REFUSED_EDITS.items())
     for name, text in variants.items():
         path = gen / f"{name}.shard"
         path.write_text(text, encoding="utf-8")
-        if name == "moe_sp":
+        if name in ("moe_sp", "qwen3_moe_sp"):
             assert shardspec_main(["lint", str(path)]) == 0, name
         assert shardspec_main(["compile", str(path), "-o", str(gen)]) == 0, name

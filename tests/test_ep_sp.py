@@ -1,8 +1,9 @@
 """Expert parallelism under sequence parallelism, ep borrowing the dense view's tp ranks
 (torchtitan's layout; issue 21 point 3's "TP (and sequence parallelism)" with experts):
-parallelize trains it against one process, verify accepts a trainer's own and names its
-mismatches, parallelize refuses what it does not apply before the model changes. Four gloo
-ranks, one spawn (tests/ep_sp_scenarios.py)."""
+parallelize trains the example MoE and transformers' Qwen3-MoE against one process,
+verify accepts a trainer's own and names its mismatches, parallelize refuses what it does
+not apply before the model changes. Four gloo ranks, one spawn
+(tests/ep_sp_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def test_no_scenario_failed(results: list[dict[str, Any]]) -> None:
 
 def test_training_against_one_process(results: list[dict[str, Any]]) -> None:
     tags = _counts(results, "train sp ")
-    assert len(tags) == len(ep_sp_scenarios.FOLDS), tags
-    # per fold: experts styled (2), a gradient and a parameter per tensor (21 each), the
-    # losses, the skew
-    assert all(n >= 2 + 2 * 21 + ep_train_scenarios.STEPS + 2 for n in tags.values()), tags
+    # the example MoE and transformers' Qwen3-MoE at each fold
+    assert len(tags) == 2 * len(ep_sp_scenarios.FOLDS), tags
+    # per run: experts styled (2), a gradient and a parameter per tensor (over 20 each),
+    # the losses, the skew
+    assert all(n >= 2 + 2 * 20 + ep_train_scenarios.STEPS + 2 for n in tags.values()), tags
 
 
 def test_each_rank_routes_its_own_tokens(results: list[dict[str, Any]]) -> None:

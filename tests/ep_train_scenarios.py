@@ -45,7 +45,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ParallelStyle,
+    PrepareModuleInput,
+    parallelize_module,
+)
 
 from examples.models import moe
 from shardspec.runtime.expert_parallel import ExpertParallel, ExpertParallelModule
@@ -489,9 +493,11 @@ def check_refusals(c: Checks, root: str) -> None:
             "cuts its ffn dimension, etp=S(1)",
         ),
         (
-            "sequence parallel",
-            lambda m: with_sp.parallelize(m, sp_views),
-            "expert parallelism under sequence parallelism is not applied",
+            "sequence parallel with a style on the MoE block",
+            lambda m: with_sp.parallelize(
+                m, sp_views, styles={"layers.0.moe": PrepareModuleInput()}
+            ),
+            "layers.0.moe: under sequence parallelism each tp rank routes its own tokens",
         ),
         (
             "styles on experts",
@@ -519,19 +525,27 @@ def check_refusals(c: Checks, root: str) -> None:
         c.check(f"refuse {what}", same and plain, "the model changed")
 
 
-def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
-    """Every scenario on this rank: failures and the checks made per tag."""
+def run_scenarios(scenarios: list[Callable[[Checks], Any]]) -> dict[str, Any]:
+    """Each scenario in order on this rank, until one raises (recorded): failures and the
+    checks made per tag."""
     checks = Checks()
-    for scenario in (
-        lambda: check_refusals(checks, root),
-        lambda: check_verify(checks),
-        lambda: check_training(checks, root),
-        lambda: check_checkpoint_folds(checks, root),
-        lambda: check_load_hf(checks, root, hf_dir),
-    ):
+    for scenario in scenarios:
         try:
-            scenario()
+            scenario(checks)
         except Exception:
             checks.check("exception", False, traceback.format_exc())
             break
     return {"fail": checks.fail, "count": checks.count}
+
+
+def run_all(rank: int, world: int, root: str, hf_dir: str) -> dict[str, Any]:
+    """Every scenario on this rank: failures and the checks made per tag."""
+    return run_scenarios(
+        [
+            lambda c: check_refusals(c, root),
+            check_verify,
+            lambda c: check_training(c, root),
+            lambda c: check_checkpoint_folds(c, root),
+            lambda c: check_load_hf(c, root, hf_dir),
+        ]
+    )

@@ -27,9 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def compile_variants(gen: Path) -> None:
-    """Lint-clean variants of the example MoE's specs: two parallelize refuses (the single
-    mesh with `style expert_parallel`, moe_one_mesh_ep; the folded one with
-    sequence-parallel norms, moe_folded_sp), and the folded one with expert tensor
+    """Lint-clean variants of the example MoE's specs: the single mesh with `style
+    expert_parallel` (moe_one_mesh_ep, which parallelize refuses); the folded one with
+    sequence-parallel norms (moe_folded_sp, where parallelize refuses a caller's style on
+    the MoE block; tests/test_ep_sp.py trains expert parallelism under sequence
+    parallelism), and the folded one with expert tensor
     parallelism (moe_folded_etp: expert view ep x etp x efsdp); the folded and the
     single-view spec of the example MoE with 4 kv heads (moe_folded_kv4, moe_kv4)."""
     gen.mkdir(parents=True)

@@ -524,9 +524,9 @@ def _ep_tokens(
                     f"view {other!r} (fsdp, dp_replicate), e.g. put {ep.text} before the "
                     f"expert view's fsdp axis; or make the activations of view {other!r} "
                     "sequence-parallel (`style sequence_parallel` on its norms), as "
-                    "torchtitan does when ep borrows tp (a trainer's own parallelization, "
-                    "checked by verify: shardspec's parallelize does not apply expert "
-                    "parallelism under sequence parallelism yet)",
+                    "torchtitan does when ep borrows tp: each tp rank then routes its own "
+                    "slice of the sequence (parallelize applies it with MoESequenceParallel "
+                    "on the MoE block; verify checks a trainer's own)",
                 )
             ]
     return []

@@ -974,7 +974,8 @@ CHECKS: tuple[Check, ...] = (
         "Expert parallelism exchanges each rank's own tokens. Ranks that hold the same "
         "tokens would send every token twice and sum its experts' gradients twice. ep may "
         "take ranks of a tensor-parallel axis only where the MoE's input is cut by sequence "
-        "over it (torchtitan's sequence-parallel norms).",
+        "over it (torchtitan's sequence-parallel norms); parallelize then runs each MoE "
+        "block on its tp rank's own slice of the sequence.",
         "mesh dense { fsdp: *  tp: 2 }\nmesh expert { efsdp: *  ep: 2 }   # ep pairs tp ranks",
         "mesh dense { fsdp: *  tp: 2 }\nmesh expert { ep: 2  efsdp: * }   # ep pairs fsdp ranks",
         True,

@@ -67,6 +67,8 @@ __all__ = [
     "ExpertParallelError",
     "ExpertParallelModule",
     "ExpertTensorParallel",
+    "MoESequenceParallel",
+    "MoESequenceParallelModule",
     "convention_of",
     "copy_to_group",
     "inverse_permutation",
@@ -374,13 +376,14 @@ class ExpertParallelModule(nn.Module):
         return out.to(x.dtype)
 
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _expert_parallel_class(cls: type) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"ExpertParallel{cls.__name__}", (ExpertParallelModule, cls), {})
-    return _CLASSES[cls]
+def _mixed_class(mixin: type, cls: type, prefix: str) -> type:
+    """``cls`` with ``mixin``'s forward in front (one class per pair, as FSDP2 does)."""
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
+    return _CLASSES[mixin, cls]
 
 
 class ExpertParallel(ParallelStyle):
@@ -481,7 +484,7 @@ class ExpertTensorParallel(ExpertParallel):
 def _install(module: nn.Module, mesh: DeviceMesh, experts: int, convention: str) -> nn.Module:
     """Make ``module`` dispatch tokens over ``mesh``'s first dimension (ep) and, on a 2-D
     mesh, sum its partial outputs over the second (etp)."""
-    module.__class__ = _expert_parallel_class(type(module))
+    module.__class__ = _mixed_class(ExpertParallelModule, type(module), "ExpertParallel")
     assert isinstance(module, ExpertParallelModule)
     module._ep_mesh = mesh
     module._ep_size = mesh.size(0)
@@ -500,6 +503,93 @@ def set_grad_scale(module: nn.Module, scale: float) -> None:
     if not isinstance(module, ExpertParallelModule):
         raise ExpertParallelError(f"{type(module).__qualname__} is not expert-parallel")
     module._ep_grad_scale = float(scale)
+
+
+# ----------------------------------------------------------------------------- sequence parallelism
+
+
+@contextmanager
+def _summed_over(module: nn.Module, group: Any) -> Iterator[None]:
+    """Within the block, every plain parameter of ``module`` outside its expert-parallel
+    submodules reads as itself with its gradient summed over ``group`` (Megatron's copy to
+    a model-parallel region); restored on exit, also on error. DTensor parameters are left
+    to DTensor."""
+    saved: list[tuple[nn.Module, str, Any]] = []
+    skip: list[str] = []
+    try:
+        for name, owner in module.named_modules():
+            if any(name == s or name.startswith(s + ".") for s in skip):
+                continue
+            if isinstance(owner, ExpertParallelModule):
+                skip.append(name)
+                continue
+            for pname, p in list(owner._parameters.items()):
+                if p is not None and not isinstance(p, DTensor) and p.requires_grad:
+                    saved.append((owner, pname, p))
+                    owner._parameters[pname] = copy_to_group(p, group)
+        yield
+    finally:
+        for owner, pname, p in reversed(saved):
+            owner._parameters[pname] = p
+
+
+class MoESequenceParallelModule(nn.Module):
+    """Mixed into the class of an MoE block :class:`MoESequenceParallel` parallelized: its
+    forward runs the class's own forward on this rank's sequence slice."""
+
+    _sp_mesh: DeviceMesh
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(_local_tokens(a) for a in args)
+        kwargs = {k: _local_tokens(v) for k, v in kwargs.items()}
+        with _summed_over(self, self._sp_mesh.get_group()):
+            return super().forward(*args, **kwargs)
+
+
+def _local_tokens(x: Any) -> Any:
+    """A DTensor activation as this rank's slice of the sequence (dimension 1) of it; any
+    other argument as it is (a plain tensor is the rank's slice already, as sequence
+    parallelism's residual stream is)."""
+    if not isinstance(x, DTensor):
+        return x
+    if x.device_mesh.ndim != 1:
+        raise ExpertParallelError(
+            f"the MoE block's input is a DTensor on a {x.device_mesh.ndim}-D mesh "
+            f"{x.device_mesh.mesh_dim_names}; sequence parallelism gives it on the 1-D tp mesh"
+        )
+    return x.redistribute(x.device_mesh, [Shard(1)]).to_local()
+
+
+class MoESequenceParallel(ParallelStyle):
+    """The MoE block (the module that routes and calls an expert-parallel experts module)
+    under sequence parallelism, as torchtitan runs it when ep borrows ranks from tp: each tp
+    rank routes its own slice of the sequence.
+
+    Use with ``parallelize_module(moe_block, mesh["tp"], MoESequenceParallel())`` (the dense
+    view's tp). The block's input, sequence-parallel (a DTensor ``Shard(1)`` over tp, as
+    torch's ``SequenceParallel`` norms give it, or this rank's plain slice ``[B, T/tp,
+    ...]``), reaches its own forward as the rank's plain slice; the router, shared experts
+    and anything else in the block compute on those tokens only, so every parameter of the
+    block outside its expert-parallel experts (replicated over tp) has its gradient summed
+    over tp in autograd (each rank's part is its own tokens'); the experts module
+    (:class:`ExpertParallel`) dispatches the slice over ep; the output is the rank's plain
+    slice, as torch's ``RowwiseParallel(output_layouts=Shard(1))`` leaves the residual
+    stream. The block's parameters must be plain (no tensor-parallel style on them).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        name = type(module).__qualname__
+        if isinstance(module, MoESequenceParallelModule):
+            raise ExpertParallelError(f"{name} is already sequence-parallel")
+        if device_mesh.ndim != 1:
+            raise ExpertParallelError(
+                f"MoESequenceParallel needs the 1-D tp mesh, got {device_mesh.ndim} dimensions "
+                f"{device_mesh.mesh_dim_names}"
+            )
+        module.__class__ = _mixed_class(MoESequenceParallelModule, type(module), "SequenceParallel")
+        assert isinstance(module, MoESequenceParallelModule)
+        module._sp_mesh = device_mesh
+        return module
 
 
 def check_experts(module: nn.Module, device_mesh: DeviceMesh, ndim: int) -> int:

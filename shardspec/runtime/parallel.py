@@ -298,24 +298,35 @@ def mismatches(spec: CompiledSpec, model: nn.Module, mesh: Any) -> list[str]:
         problem = layout_problem(plan, params[fqn], vmesh, dmesh)
         if problem is not None:
             out.append(f"{fqn}: {problem}")
-    for owner in sorted({_owner(f)[0] for f, p in plans.items() if is_expert_parallel(spec, p)}):
+    from shardspec.runtime.expert_parallel import ExpertParallelModule, MoESequenceParallelModule
+
+    owners = sorted({_owner(f)[0] for f, p in plans.items() if is_expert_parallel(spec, p)})
+    for owner in owners:
         module = model.get_submodule(owner) if owner else model
-        if not _dispatches(module):
+        if not _styled(module, ExpertParallelModule):
             out.append(
                 f"{owner}: the spec gives it style expert_parallel, but nothing dispatches its "
                 "tokens (it is not shardspec's ExpertParallel module and has no forward hooks "
                 "but FSDP2's): each rank would run its own experts on its own tokens only"
             )
+    for block in sorted({_owner(o)[0] for o in owners if o} if sequence_parallel(spec) else ()):
+        if not _styled(model.get_submodule(block), MoESequenceParallelModule):
+            out.append(
+                f"{block}: the spec's activations are sequence-parallel and its experts "
+                "expert-parallel, but nothing gives this MoE block its rank's own tokens (it "
+                "is not shardspec's MoESequenceParallel module and has no forward hooks but "
+                "FSDP2's, as torchtitan's PrepareModuleInputOutput installs): its router "
+                "would read a sequence-parallel DTensor, or its gradient miss the other tp "
+                "ranks' tokens"
+            )
     return out
 
 
-def _dispatches(module: nn.Module) -> bool:
-    """Whether ``module`` dispatches tokens to its experts' ranks: shardspec's
-    ExpertParallel, or forward hooks of a style's own (torchtitan's ExpertParallel installs
-    them with ``distribute_module``), FSDP2's not counted."""
-    from shardspec.runtime.expert_parallel import ExpertParallelModule
-
-    if isinstance(module, ExpertParallelModule):
+def _styled(module: nn.Module, cls: type) -> bool:
+    """Whether ``module`` is shardspec's ``cls`` (a style's mixin), or has forward hooks of
+    a style's own (torchtitan's ExpertParallel installs them with ``distribute_module``,
+    PrepareModuleInputOutput its own), FSDP2's not counted."""
+    if isinstance(module, cls):
         return True
     hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
     return any(not type(getattr(h, "__self__", None)).__name__.startswith("FSDP") for h in hooks)
@@ -685,7 +696,11 @@ def parallelize(
     rules also cut each expert's ffn dimension over etp), then its own ``fully_shard`` over
     that view's fsdp axis before the blocks', as torchtitan does. The experts' gradients
     end as a single process's mean-loss gradient (each rank's loss the mean over its own
-    tokens): see :func:`expert_grad_scale`.
+    tokens): see :func:`expert_grad_scale`. Under token sequence parallelism (a `style
+    sequence_parallel` rule) each MoE block (an expert-parallel module's parent) gets
+    :class:`~shardspec.runtime.expert_parallel.MoESequenceParallel` over the dense tp: it
+    routes its tp rank's own slice of the sequence, as torchtitan does when ep borrows tp
+    (see :func:`moe_blocks`).
 
     ``mp_policy``, ``reshard_after_forward`` and ``offload_policy`` go to every
     ``fully_shard`` call; ``blocks`` names the FSDP units (default: the members of the
@@ -742,6 +757,12 @@ def parallelize(
         # size 1: leave the modules of tied weights to FSDP alone.
         tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
         tp = {owner: style for owner, style in tp.items() if owner not in tied}
+    sp_blocks = moe_blocks(spec, dense, experts, axis, tp)
+    if sp_blocks:
+        # Each tp rank routes its own slice of its data group's tokens (expert_grad_scale).
+        assert axis is not None
+        tp = with_moe_blocks(tp, sp_blocks)
+        experts = {o: (m, f, s * vmesh.size(axis)) for o, (m, f, s) in experts.items()}
     clash = sorted(o for o in (styles or {}) if o in experts)
     if clash:
         raise SpecError(
@@ -844,8 +865,82 @@ def expert_grad_scale(efsdp: int, world: int) -> float:
     ``world / efsdp`` here, in autograd (with expert tensor parallelism ``world`` is the
     world over etp: the ranks of an etp group hold slices of the same experts, and add
     nothing to each other's gradients). torchtitan's ``set_gradient_divide_factor`` needs
-    NCCL's PREMUL_SUM, which gloo lacks; this works on both."""
+    NCCL's PREMUL_SUM, which gloo lacks; this works on both.
+
+    Under sequence parallelism (``MoESequenceParallel`` on the MoE block) the dense tp ranks
+    hold *different* tokens: each routes its own slice of its data group's sequence, so
+    every token reaches its expert once per data group, not tp times, and the sum counts
+    each data group once: ``parallelize`` multiplies this scale by the dense tp size
+    (``efsdp * tp / world``, i.e. ``efsdp / dp``), wherever ep sits in the expert view."""
     return efsdp / world
+
+
+def sequence_parallel(spec: CompiledSpec) -> bool:
+    """Whether a rule's style cuts the activations by tokens over tp (`style
+    sequence_parallel`, not `input heads`)."""
+    return any(cuts_tokens(k) for k in spec.rule_styles.values())
+
+
+def moe_blocks(
+    spec: CompiledSpec,
+    plans: Mapping[str, ParamPlan],
+    experts: Iterable[str],
+    axis: str | None,
+    tp: Mapping[str, Any],
+) -> list[str]:
+    """Under token sequence parallelism, the MoE blocks (the parent of each expert-parallel
+    module) that :class:`~shardspec.runtime.expert_parallel.MoESequenceParallel` runs on
+    each tp rank's own tokens, as torchtitan does when ep borrows tp; none without
+    sequence parallelism. :class:`SpecError` naming each block it cannot take: one
+    without a parent module, or whose other parameters (the router, shared experts) are
+    cut over ``axis`` (the dense view's tp) or have a style in ``tp`` (the tensor-parallel
+    plan): they compute on the rank's own tokens and are summed over tp."""
+    experts = sorted(experts)
+    if not experts or not sequence_parallel(spec):
+        return []
+    blocks: list[str] = []
+    errors: list[str] = []
+    for owner in experts:
+        block = _owner(owner)[0]
+        if axis is None or not owner or "." not in owner:
+            why = (
+                "the dense view has no tensor-parallel axis"
+                if axis is None
+                else "it has no parent module to route its tokens"
+            )
+            errors.append(f"{owner}: expert parallelism under sequence parallelism: {why}")
+            continue
+        inside = [
+            f
+            for f, p in plans.items()
+            if f.startswith(block + ".") and not any(f.startswith(e + ".") for e in experts)
+        ]
+        cut = [f for f in inside if not isinstance(plans[f].on(axis), core.Replicate)]
+        styled = [o for o in tp if o == block or o.startswith(block + ".")]
+        if cut or styled:
+            what = ", ".join([*(f"{f} (cut over {axis})" for f in cut), *styled])
+            errors.append(
+                f"{block}: under sequence parallelism each {axis} rank routes its own tokens "
+                f"through this MoE block, so its parameters outside the experts (router, "
+                f"shared experts) must be whole on every {axis} rank, with no "
+                f"tensor-parallel style (their gradients are summed over {axis}): {what}"
+            )
+            continue
+        if block not in blocks:
+            blocks.append(block)
+    if errors:
+        raise SpecError(
+            "parallelize cannot apply the expert-parallel style under sequence parallelism "
+            "(the model is unchanged):\n  " + "\n  ".join(errors)
+        )
+    return blocks
+
+
+def with_moe_blocks(tp: Mapping[str, Any], blocks: Iterable[str]) -> dict[str, Any]:
+    """The tensor-parallel plan ``tp`` with ``MoESequenceParallel`` on each of ``blocks``."""
+    from shardspec.runtime.expert_parallel import MoESequenceParallel
+
+    return {**tp, **{b: MoESequenceParallel() for b in blocks}}
 
 
 def _etp_problems(
@@ -937,11 +1032,12 @@ def expert_modules(
                 "experts in FSDP2 over it"
             )
             continue
-        if any(cuts_tokens(k) for k in spec.rule_styles.values()):
+        if etp is not None and sequence_parallel(spec):
             errors.append(
-                f"{owner}: expert parallelism under sequence parallelism is not applied by "
-                "parallelize yet (the experts' gradient scale assumes the dense tp ranks "
-                "hold the same tokens)"
+                f"{owner}: expert tensor parallelism under sequence parallelism is not "
+                f"applied by parallelize: the ranks of an {etp} group must hold the same "
+                "tokens, and sequence parallelism gives each tp rank its own; drop "
+                f"`shard ffn over {etp}`, or the `style sequence_parallel` rules"
             )
             continue
         module = model.get_submodule(owner)
@@ -1043,7 +1139,10 @@ def tp_plan(spec: CompiledSpec, mesh: Any, model: nn.Module | None = None) -> di
         experts = {_owner(f)[0] for f, p in plans.items() if is_expert_parallel(spec, p)}
         dense = {f: p for f, p in plans.items() if _owner(f)[0] not in experts}
         view = dense_view(spec, dense)
-        return build_tp_plan(spec, model, view_meshes(lmesh, mesh, view)[0], dense, None, view)[1]
+        axis, plan = build_tp_plan(
+            spec, model, view_meshes(lmesh, mesh, view)[0], dense, None, view
+        )
+        return with_moe_blocks(plan, moe_blocks(spec, dense, experts, axis, plan))
     if model is not None:
         plans, _ = plan_params(spec, model, lmesh, mesh)
         return build_tp_plan(spec, model, lmesh, plans)[1]

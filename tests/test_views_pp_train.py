@@ -58,6 +58,17 @@ def test_the_stages_forwards_chain_to_the_whole_models() -> None:
     assert torch.equal(stages[1](hidden), want)
 
 
+def test_a_tied_last_stage_without_a_head_is_refused() -> None:
+    """A tied model (``tie_embeddings``: no head module) whose last stage lost its
+    embedding has no weight for its logits: the forward says so, not a TypeError on None."""
+    from examples.models import moe
+
+    model = moe.tiny(tie_embeddings=True)
+    model.embed = None
+    with pytest.raises(RuntimeError, match="a tied last pipeline stage without the embedding"):
+        model(torch.zeros(1, 4, model.config.dim))
+
+
 def test_the_pipeline_axis_is_no_tensor_parallel_axis() -> None:
     """parallelize takes its tensor-parallel axis from the view's model-parallel axes, the
     one of size > 1 where no parameter is cut: at tp 1 that was pp, and the q/k norms'

@@ -143,8 +143,24 @@ class Pipeline:
         return torch.stack([loss.detach() for loss in self.losses]).mean()
 
 
+def forward_backward(
+    model: nn.Module,
+    pipe: Pipeline | None,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor | None:
+    """Forward and backward of one batch: through ``pipe`` (:meth:`Pipeline.step`) where
+    there is one, else through the whole ``model`` with :func:`lm_loss`. The loss
+    (detached) on the last stage or the whole model, ``None`` on the other stages."""
+    if pipe is not None:
+        return pipe.step(inputs, targets)
+    loss = lm_loss(model(inputs), targets)
+    loss.backward()
+    return loss.detach().clone()
+
+
 def make_pipeline(
-    stage_module: llama.Llama,
+    stage_module: nn.Module,
     stage_index: int,
     n_stages: int,
     group: dist.ProcessGroup | None,
@@ -152,13 +168,18 @@ def make_pipeline(
     n_microbatches: int,
     schedule: str = "gpipe",
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss,
+    example_args: Callable[[Any, Sequence[int]], tuple[torch.Tensor, torch.Tensor]] = (
+        stage_example_args
+    ),
 ) -> Pipeline:
     """Wrap ``stage_module`` (stage ``stage_index`` of ``n_stages``, one stage per rank of
     ``group``) in a ``PipelineStage`` with static shapes and a GPipe or 1F1B schedule.
 
     ``batch_shape`` is the whole batch's ``(B, T)``; ``B`` must split into
     ``n_microbatches`` equal microbatches (1F1B also needs ``n_microbatches >= n_stages``).
-    Every rank passes the same ``loss_fn``.
+    Every rank passes the same ``loss_fn``. ``example_args(stage_module, (b, T))`` gives
+    one microbatch's meta input and output (:func:`stage_example_args`, a Llama stage's,
+    by default).
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -169,7 +190,7 @@ def make_pipeline(
     if n_microbatches < 1 or b % n_microbatches:
         raise ValueError(f"batch size {b} does not split into {n_microbatches} equal microbatches")
     device = next(stage_module.parameters()).device
-    input_args, output_args = stage_example_args(stage_module, (b // n_microbatches, t))
+    input_args, output_args = example_args(stage_module, (b // n_microbatches, t))
     stage = PipelineStage(
         stage_module,
         stage_index,
@@ -381,6 +402,7 @@ def run_all(rank: int, world: int) -> tuple[list[str], dict[str, int]]:
 __all__ = [
     "CASES",
     "Pipeline",
+    "forward_backward",
     "lm_loss",
     "make_pipeline",
     "run_all",

@@ -45,7 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from examples.models import llama
 from shardspec.testing import Checks
-from tests.pipeline_harness import lm_loss, make_pipeline
+from tests.pipeline_harness import forward_backward, lm_loss, make_pipeline
 
 LR = 1e-3
 BATCH = 8  # global batch, split over dp_shard, then into microbatches
@@ -101,12 +101,7 @@ class Trainer:
         the last stage (None on the others)."""
         inputs, targets = (dp_part(t, self.mesh) for t in batch(step))
         self.optim.zero_grad()
-        if self.pipe is None:
-            loss = lm_loss(self.model(inputs), targets)
-            loss.backward()
-            value: torch.Tensor | None = loss.detach().clone()
-        else:
-            value = self.pipe.step(inputs, targets)
+        value = forward_backward(self.model, self.pipe, inputs, targets)
         self.optim.step()
         if value is None:
             return None

@@ -432,34 +432,49 @@ class HyperConnectionHead(nn.Module):
 
 
 class MoETransformer(nn.Module):
-    """MoE decoder; ``forward(tokens [B, T]) -> logits [B, T, vocab_size]``."""
+    """MoE decoder; ``forward(tokens [B, T]) -> logits [B, T, vocab_size]``.
+
+    On a pipeline stage (a spec's ``split_stage``) ``embed`` is ``None`` on every stage but
+    the first (the input is then hidden states ``[B, T, dim]``), and ``hc_head``, ``norm``
+    and ``head`` are ``None`` on every stage but the last (the output is then hidden
+    states), as torchtitan's models skip the modules a stage does not hold.
+    """
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.embed: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleDict({str(i): Block(config) for i in range(config.n_layers)})
         self.hc_head = (
             HyperConnectionHead(config.dim, config.hc_mult) if config.hc_mult > 0 else None
         )
-        self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.head = (
+        self.norm: RMSNorm | None = RMSNorm(config.dim, config.norm_eps)
+        self.head: nn.Linear | None = (
             None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
         )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens)
+        # tokens: ids [B, T] on the first stage (or the whole model), else hidden [B, T, dim].
+        h = tokens if self.embed is None else self.embed(tokens)
         cfg = self.config
         cos, sin = rope_cos_sin(
             tokens.shape[1], cfg.head_dim, cfg.rope_theta, device=h.device, dtype=h.dtype
         )
         for layer in self.layers.values():
             h = layer(h, cos, sin)
+        if self.norm is None:  # not the last pipeline stage: hand the hidden states on
+            return h
         if self.hc_head is not None:
             h = self.hc_head(h)
         h = self.norm(h)
-        weight = self.embed.weight if self.head is None else self.head.weight
-        return F.linear(h, weight)
+        if self.head is not None:
+            return F.linear(h, self.head.weight)
+        if self.embed is None:
+            raise RuntimeError(
+                "a tied last pipeline stage without the embedding needs a head module "
+                "holding the tied weight (tie head.weight = embed.weight in the spec)"
+            )
+        return F.linear(h, self.embed.weight)
 
 
 def local_expert_state(

@@ -520,11 +520,13 @@ def _style_kwargs(stated: Mapping[str, Any], sequence: bool = False) -> dict[str
 
 
 def tp_axes(spec: CompiledSpec, view: str | None = None) -> tuple[str, ...]:
-    """The model-parallel axes: every axis but the fsdp one (of view ``view``'s)."""
+    """The model-parallel axes: every axis but the fsdp one (of view ``view``'s) and the
+    pipeline axis (its ranks hold other stages, not other parts of a tensor)."""
+    pp = spec.pipeline.axis if spec.pipeline is not None else None
     if view is not None and spec.views is not None:
         fsdp = spec.views.fsdp_of(view)
-        return tuple(a for a in spec.views.axes_of(view) if a != fsdp)
-    return tuple(a for a in spec.axes if a != spec.fsdp_axis)
+        return tuple(a for a in spec.views.axes_of(view) if a not in (fsdp, pp))
+    return tuple(a for a in spec.axes if a not in (spec.fsdp_axis, pp))
 
 
 def _owner(fqn: str) -> tuple[str, str]:
@@ -1049,9 +1051,11 @@ def expert_modules(
         except ExpertParallelError as e:
             errors.append(f"{owner}: {e}")
             continue
+        # The ranks of one pipeline stage: the others hold other layers' experts.
+        pp = spec.pipeline.axis if spec.pipeline is not None else None
         world = 1
-        for n in vmesh.sizes:
-            world *= n
+        for a, n in zip(vmesh.names, vmesh.sizes, strict=True):
+            world *= n if a != pp else 1
         # The ranks of an etp group hold slices of the same experts: they add nothing to
         # each other's gradients.
         ranks = world // (vmesh.size(etp) if etp is not None else 1)

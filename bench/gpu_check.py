@@ -288,10 +288,88 @@ def _device_patches() -> None:
             return llama_tiny(**k).to(dev)
 
     cas.llama = _Llama()
+    ps.full = ets.full = _full
+    if dev == "cuda" or os.environ.get("GPU_CHECK_C10D_GATHER"):
+        _c10d_all_gather()
     ebatch, example = ets.batch, ets.example
     ets.batch = lambda step: ebatch(step).to(dev)
     ets.example = lambda *a, **k: example(*a, **k).to(dev)
     ps._on_device = dev
+
+
+def _c10d_all_gather() -> None:
+    """DTensor's all-gathers through c10d's ``all_gather_into_tensor`` instead of the
+    functional collective: on CUDA tensors over gloo (the only way several ranks share one
+    GPU; NCCL refuses), torch 2.11's ``_c10d_functional.all_gather_into_tensor`` crashes
+    the process (SIGSEGV in ``wait_tensor``), while c10d's own all-gather works. DTensor
+    calls it inside its redistribution's autograd functions, so a plain tensor will do."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if getattr(funcol.all_gather_tensor, "_c10d", False):
+        return
+
+    def all_gather_tensor(self: Any, gather_dim: int, group: Any, tag: str = "") -> Any:
+        if isinstance(group, tuple):
+            pg = group[0].get_group(group[1])
+        elif isinstance(group, DeviceMesh):
+            pg = group.get_group()
+        else:
+            pg = group
+        n = dist.get_world_size(pg)
+        x = self.contiguous()
+        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x, group=pg)
+        return torch.cat(out.chunk(n, 0), dim=gather_dim) if gather_dim != 0 else out
+
+    all_gather_tensor._c10d = True  # type: ignore[attr-defined]
+    funcol.all_gather_tensor = all_gather_tensor
+
+
+def _full(t: Any) -> Any:
+    """The whole tensor of a DTensor: torch's ``full_tensor()``, or, where this torch cannot
+    gather the layout (torch 2.11 cannot read a ``_StridedShard`` on a mesh dimension of its
+    own as a shard order), every rank's local tensor put where the layout arithmetic (the
+    one tests/test_layout_torch.py checks against torch 2.13) says it belongs."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from shardspec.core.layout import Mesh
+    from shardspec.core.layout import torch_placement_indices as indices
+    from shardspec.runtime.dtensor import from_torch
+
+    if not isinstance(t, DTensor):
+        return t
+    try:
+        return t.full_tensor()
+    except ValueError:
+        pass
+    mesh = t.device_mesh
+    places = tuple(from_torch(p, t.ndim) for p in t.placements)
+    mine = (t.to_local().detach().cpu(), tuple(mesh.get_coordinate() or ()), dist.get_rank())
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    ranks = set(mesh.mesh.flatten().tolist())
+    lm = Mesh(tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape))
+    whole = torch.empty(t.shape, dtype=t.dtype)
+    for local, coord, rank in every:
+        if rank in ranks:
+            _put(whole, local, list(indices(tuple(t.shape), lm, places, coord)))
+    return whole.to(t.device)
+
+
+def _put(dst: Any, src: Any, runs: list, dim: int = 0) -> None:
+    """Copy ``src`` into ``dst`` at the per-dimension index runs ``runs`` (global)."""
+    if dim == len(runs):
+        dst.copy_(src)
+        return
+    pos = 0
+    for a, b in runs[dim]:
+        _put(dst.narrow(dim, a, b - a), src.narrow(dim, pos, b - a), runs, dim + 1)
+        pos += b - a
 
 
 def _big_state(spec: Any, mesh: Any, adam: bool = False) -> dict:

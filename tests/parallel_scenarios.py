@@ -17,6 +17,10 @@ is caught by the test.
   for norms included) and round-trips through ``save``/``load`` and ``load_hf``; with
   torch's plain ``ColwiseParallel`` on the fused w13, ``verify`` names exactly the w13s
   and ``save`` refuses; a Megatron-style local-shard model plus FSDP2 passes ``verify``.
+* ``strided compute``: the fused w13, cut per component over tp (``_StridedShard``),
+  trains with no torch function seeing a ``_StridedShard`` DTensor (what torch 2.11's
+  sharding propagation cannot do): the forward computes on local shards, and the loss
+  and gradients equal a single process's.
 * ``errors``: parallelize refuses a mesh without the spec's axes, a model already
   parallelized, a module whose style cannot be derived, a tied weight sharded over tp
   (also where the spec ignores the alias: GPT-2's tied head), leaving the model unchanged
@@ -52,6 +56,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.overrides import TorchFunctionMode
 
 from examples.models import hf as hf_models
 from examples.models import llama
@@ -311,6 +317,58 @@ def scenario_reshard(c: Checks, root: str) -> None:
     for k in sa:
         delta = (sa[k] - sb[k]).abs().max().item()
         c.check(tag, delta == 0.0, f"{k}: continued run differs by {delta} (want bitwise)")
+
+
+class NoStridedCompute(TorchFunctionMode):
+    """Refuses any torch function called with a DTensor placed ``_StridedShard``, as torch
+    2.11's sharding propagation in effect does (it transposes such a weight without moving
+    its dimension, then cannot plan the redistribution it thinks it needs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    # Bookkeeping, not computation: attribute reads, and FSDP2's unsharded-parameter setup.
+    ALLOWED = frozenset({"__get__", "__set__", "detach", "requires_grad_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", str(func))
+        for a in (*args, *(kwargs or {}).values()):
+            strided = isinstance(a, DTensor) and any(
+                isinstance(p, _StridedShard) for p in a.placements
+            )
+            if strided and name not in self.ALLOWED:
+                self.seen.append(name)
+                raise RuntimeError(f"{name} on a _StridedShard DTensor")
+        return func(*args, **(kwargs or {}))
+
+
+def scenario_strided_compute(c: Checks) -> None:
+    """The fused w13 (cut per component over tp, ``_StridedShard``) computes on its local
+    shards: a forward and backward in which no torch function sees a ``_StridedShard``
+    DTensor give the single process's loss and gradients (torch 2.11 could not run it)."""
+    import generated.llama as layout
+
+    tag = "strided compute"
+    mesh = layout.build_mesh(tp=2)
+    ref, model = seeded(llama.tiny)(), seeded(llama.tiny)()
+    layout.parallelize(model, mesh)
+    w13 = model.layers["0"].feed_forward.w13.weight
+    c.check(tag, isinstance(w13.placements[-1], _StridedShard), f"w13 {w13.placements}")
+    tokens = batch(0, 256)
+    mode = NoStridedCompute()
+    with mode:
+        loss = lm_loss(model, dp_part(tokens, mesh))
+    loss.backward()
+    c.check(tag, not mode.seen, f"computed with a _StridedShard DTensor: {mode.seen}")
+    lm_loss(ref, tokens).backward()
+    ref_params = dict(ref.named_parameters())
+    for fqn in ("layers.0.feed_forward.w13.weight", "layers.0.feed_forward.w2.weight"):
+        p, want = dict(model.named_parameters())[fqn], ref_params[fqn].grad
+        assert p.grad is not None and want is not None
+        delta = (full(p.grad) - want).abs().max().item()
+        c.check(tag, delta <= 1e-5 * want.abs().max().item(), f"{fqn}: grad delta {delta}")
+        c.check(tag, type(p) is type(w13) and isinstance(p, DTensor), f"{fqn} not a DTensor")
 
 
 def _handmade(layout, model: nn.Module, mesh, *, torch_w13: bool) -> nn.Module:
@@ -695,6 +753,7 @@ def run_all(rank: int, world: int, big_module: str, build_dir: str) -> tuple[lis
                 ("options", lambda: scenario_options(c)),
                 ("reshard", lambda: scenario_reshard(c, root)),
                 ("handmade", lambda: scenario_handmade(c, root)),
+                ("strided compute", lambda: scenario_strided_compute(c)),
             ),
         )
     return c.fail, c.count

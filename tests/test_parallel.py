@@ -29,6 +29,7 @@ MIN_CHECKS = {
     "options": 14,
     "reshard": 30,
     "handmade": 15 * 4 + 4,
+    "strided compute": 1 + 1 + 2 * 2,
 }
 # The same for the refusals (each refusal checks the message and every parameter).
 MIN_CHECKS_REFUSALS = {"errors": 6 * 16, "styles": 8 * 16 + 2, "custom": 2 * 16 + 2}

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -396,11 +396,95 @@ class _SpecCut:
 class SpecColwise(_SpecCut, ColwiseParallel):
     """torch's ``ColwiseParallel`` (input and output layouts, hooks), with each parameter
     cut as the spec says: per component for a fused dimension (``_StridedShard``), not the
-    contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up."""
+    contiguous ``Shard(0)`` that would hand one TP rank all of gate and none of up.
+
+    A module cut per component computes on its local shards: torch's input and output
+    layouts are kept, but the matmul itself runs on the rank's rows of every component
+    (``[gate_r; up_r]``) as plain tensors, exactly what DTensor's sharding propagation does
+    where it can. Some torch releases cannot propagate a ``_StridedShard`` parameter through
+    the module's ops at all (torch 2.11 transposes it without moving its dimension, then
+    fails to plan the redistribution it thinks it needs: ``use_strided_shard_as_shard_order
+    ... unable to be interpreted``); the parameters stay DTensors on the spec's layout for
+    FSDP2, optimizers and checkpoints, and their gradients reach them through
+    ``to_local``."""
 
     def __init__(self, param_placements: Mapping[str, core.Placement], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.param_placements = dict(param_placements)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        strided = [p for p in self.param_placements.values() if isinstance(p, core.StridedShard)]
+        if strided:
+            module._shardspec_local_compute = []  # type: ignore[assignment]
+            module._shardspec_split = strided[0].split_factor  # type: ignore[assignment]
+            # Puts the parameters back if the forward raised (the output hook did not run).
+            module.register_forward_hook(_restore_params, prepend=True, always_call=True)
+        return module
+
+    @staticmethod
+    def _prepare_input_fn(
+        input_layouts: Any,
+        desired_input_layouts: Any,
+        mod: nn.Module,
+        inputs: Any,
+        device_mesh: Any,
+    ) -> Any:
+        prepared = ColwiseParallel._prepare_input_fn(
+            input_layouts, desired_input_layouts, mod, inputs, device_mesh
+        )
+        stack = getattr(mod, "_shardspec_local_compute", None)
+        if stack is None:
+            return prepared
+        # The module's DTensor parameters become their local shards for this call (the
+        # gradient of a local shard reaches the parameter through to_local's backward).
+        saved: dict[str, Any] = {}
+        for leaf, param in list(mod._parameters.items()):
+            if isinstance(param, DTensor):
+                saved[leaf] = param
+                mod._parameters[leaf] = param.to_local()
+        stack.append(saved)
+        # Every rank's gradient of its replicated input is its part of the sum.
+        grad = tuple(Partial() for _ in prepared.placements)
+        return prepared.to_local(grad_placements=grad)
+
+    @staticmethod
+    def _prepare_output_fn(
+        output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any, device_mesh: Any
+    ) -> Any:
+        if getattr(mod, "_shardspec_local_compute", None) is None:
+            return ColwiseParallel._prepare_output_fn(
+                output_layouts, use_local_output, mod, outputs, device_mesh
+            )
+        _restore_params(mod)
+        want = tuple(_normalized(p, outputs.ndim) for p in output_layouts)
+        split = int(getattr(mod, "_shardspec_split", 1))
+        here = (_StridedShard(outputs.ndim - 1, split_factor=split),)
+        if want == here and use_local_output:
+            return outputs
+        value = DTensor.from_local(outputs, device_mesh, here, run_check=False)
+        if want != here:
+            value = value.redistribute(placements=want)
+        return value.to_local() if use_local_output else value
+
+
+def _restore_params(mod: nn.Module, *_: Any) -> None:
+    """Put back the DTensor parameters a per-component :class:`SpecColwise` module
+    computes with as local shards during its forward."""
+    stack = getattr(mod, "_shardspec_local_compute", None)
+    if stack:
+        for leaf, param in stack.pop().items():
+            mod._parameters[leaf] = param
+
+
+def _normalized(p: Any, ndim: int) -> Any:
+    """``p`` with a negative shard dimension made positive (``_StridedShard`` kept)."""
+    dim = getattr(p, "dim", None)
+    if dim is None or dim >= 0:
+        return p
+    if isinstance(p, _StridedShard):
+        return _StridedShard(dim + ndim, split_factor=p.split_factor)
+    return Shard(dim + ndim)
 
 
 class SpecRowwise(_SpecCut, RowwiseParallel):

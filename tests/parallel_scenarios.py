@@ -8,7 +8,9 @@ is caught by the test.
   parameter's full tensor match a single-process run of the same model on the same global
   batch within fp32 tolerance. For the example llama (fused wqkv/w13), the same llama at
   dim 512 (a spec variant without manifest), and transformers' Qwen2ForCausalLM and
-  Qwen3ForCausalLM (per-head q/k norms, `style sequence_parallel input heads`) as they are.
+  Qwen3ForCausalLM (per-head q/k norms, `style sequence_parallel input heads`) as they are;
+  the example MoE with AdamW's ``foreach`` kernels (CUDA's default; they take no mix of
+  plain tensors and DTensors, so its replicated head must be a DTensor too).
 * ``reshard``: train at dp_shard 2 x tp 2, ``save``; load at dp_shard 4 x tp 1, continue.
   The loaded state equals the saved one bitwise, and the continued run equals, bitwise,
   the same continuation from torch's own full-state reshard (``set_state_dict``).
@@ -111,7 +113,13 @@ def train(model, optim, steps, mesh, vocab: int) -> list[float]:
 
 
 def compare_training(
-    c: Checks, tag: str, build: Callable[[], nn.Module], layout, mesh, vocab: int
+    c: Checks,
+    tag: str,
+    build: Callable[[], nn.Module],
+    layout,
+    mesh,
+    vocab: int,
+    foreach: bool | None = None,
 ) -> None:
     """``parallelize`` against a single process on the same global batches.
 
@@ -137,9 +145,9 @@ def compare_training(
         c.check(tag, delta <= 1e-5 * scale + 1e-9, f"{fqn}: grad delta {delta} (max {scale})")
     ref.zero_grad()
     model.zero_grad()
-    ref_optim = torch.optim.AdamW(ref.parameters(), lr=LR)
+    ref_optim = torch.optim.AdamW(ref.parameters(), lr=LR, foreach=foreach)
     ref_losses = train(ref, ref_optim, range(STEPS), None, vocab)
-    optim = torch.optim.AdamW(model.parameters(), lr=LR)
+    optim = torch.optim.AdamW(model.parameters(), lr=LR, foreach=foreach)
     losses = train(model, optim, range(STEPS), mesh, vocab)
     for i, (a, b) in enumerate(zip(losses, ref_losses, strict=True)):
         c.check(tag, abs(a - b) <= 1e-5 * max(1.0, abs(b)), f"step {i}: loss {a} vs {b}")
@@ -192,7 +200,9 @@ def scenario_train(c: Checks, big_module: str) -> None:
 
     mesh_moe = moe_layout.build_mesh(ep=2)
     build_moe = seeded(moe.tiny, init=moe.init_weights)
-    compare_training(c, "train moe", build_moe, moe_layout, mesh_moe, 256)
+    # foreach: the optimizer's default on CUDA, whose kernels take no mix of plain tensors
+    # and DTensors (the replicated head is a Replicate DTensor, as every parameter is).
+    compare_training(c, "train moe", build_moe, moe_layout, mesh_moe, 256, foreach=True)
     # Meta-device start, as the README says: parallelize, to_empty, initialize, recompute
     # RoPE's non-persistent inv_freq; the logits equal the reference's.
     tag = "meta qwen2"

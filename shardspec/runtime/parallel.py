@@ -908,7 +908,8 @@ def parallelize(
             **fsdp_kwargs,
         )
     for dp_mesh, fqns in replicated.values():
-        _average_grads([params[f] for f in fqns if f in params], dp_mesh)
+        converted = _replicate_as_dtensors(model, [f for f in fqns if f in params], dp_mesh)
+        _average_grads(converted, dp_mesh)
     bad = mismatches(spec, model, mesh)
     if bad:  # torch's machinery did not give the layout it was asked for
         raise SpecError(
@@ -1183,6 +1184,46 @@ def _check_user_styles(
             "hooks such as PrepareModuleOutput on a module without parameters the spec cuts",
             "SS032",
         )
+
+
+def _replicate_as_dtensors(model: nn.Module, fqns: list[str], dp: DeviceMesh) -> list[nn.Parameter]:
+    """The parameters the spec replicates over the fsdp axis (FSDP2 leaves them alone) as
+    ``Replicate`` DTensors on ``dp``, so that every parameter of the model is a DTensor:
+    torch's optimizers default to ``foreach`` kernels on CUDA, which cannot take plain
+    tensors and DTensors in one call ("got mixed torch.Tensor and DTensor"). Their modules
+    compute with the local tensors (a forward pre-hook puts them in place, a hook restores
+    the DTensors, also when the forward raises), so the module's own forward, which mixes
+    them with plain activations, runs as before; the gradient reaches the DTensor through
+    ``to_local`` and is averaged over ``dp`` (:func:`_average_grads`)."""
+    out: dict[int, nn.Parameter] = {}
+    for fqn in fqns:
+        owner, _, leaf = fqn.rpartition(".")
+        module = model.get_submodule(owner)
+        param = module._parameters[leaf]
+        if param is None or isinstance(param, DTensor):
+            continue
+        new = out.get(id(param))
+        if new is None:
+            value = DTensor.from_local(param.detach(), dp, [Replicate()], run_check=False)
+            new = out[id(param)] = nn.Parameter(value, requires_grad=param.requires_grad)
+        module._parameters[leaf] = new
+        if not hasattr(module, "_shardspec_local_compute"):
+            module._shardspec_local_compute = []  # type: ignore[assignment]
+            module.register_forward_pre_hook(_replicas_to_local)
+            module.register_forward_hook(_restore_params, prepend=True, always_call=True)
+    return list(out.values())
+
+
+def _replicas_to_local(module: nn.Module, args: Any) -> None:
+    """Forward pre-hook of :func:`_replicate_as_dtensors`: the module's ``Replicate``
+    DTensor parameters become their local tensors for this call."""
+    saved: dict[str, Any] = {}
+    for leaf, param in list(module._parameters.items()):
+        if isinstance(param, DTensor) and all(p.is_replicate() for p in param.placements):
+            saved[leaf] = param
+            grad = tuple(Replicate() for _ in param.placements)
+            module._parameters[leaf] = param.to_local(grad_placements=grad)
+    module._shardspec_local_compute.append(saved)  # type: ignore[union-attr,operator]
 
 
 def _average_grads(params: Iterable[nn.Parameter], dp: DeviceMesh) -> None:

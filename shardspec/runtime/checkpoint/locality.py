@@ -30,6 +30,22 @@ def file_rank(relative_path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def wire_device(backend: str, device: torch.device) -> torch.device:
+    """Where a point-to-point message of a tensor on ``device`` travels with the default
+    group's ``backend``: the tensor's own device where the backend sends from it (NCCL for
+    CUDA, given alone or in a ``"cpu:gloo,cuda:nccl"`` list), else host memory. gloo's send
+    and receive take CUDA pointers for host ones (``writev ... Bad address``, then the
+    process aborts), seen with several ranks sharing one GPU over gloo."""
+    if device.type == "cpu":
+        return device
+    parts: dict[str, str] = {}
+    for part in backend.split(","):
+        dev, _, name = part.rpartition(":")
+        parts[dev] = name
+    chosen = parts.get(device.type, parts.get("", ""))
+    return device if chosen and chosen != "gloo" else torch.device("cpu")
+
+
 class LocalityLoadPlanner(ShardspecLoadPlanner):
     """A staging load planner that reads only this rank's own files when the checkpoint
     was saved on the same mesh with the same structure (``marker`` is the checkpoint's
@@ -146,15 +162,17 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
         # rank sends what it read from its own files to the other replicas, and receives
         # the rest from the rank whose file holds it, pairs matched by this order.
         ops, pending, received = [], [], 0
+        backend = str(dist.get_backend())
         for item in sorted(self.own_items, key=order):
-            unit, _ = self.local[item.dest_index.fqn]
+            unit, live = self.local[item.dest_index.fqn]
             peers = [p for p in unit.replicas if p != self.rank]
             if peers:
-                data = self._read(item)
+                data = self._read(item).to(wire_device(backend, live.device))
                 ops += [dist.P2POp(dist.isend, data, peer) for peer in peers]
         for owner, item in sorted(self.recv_items, key=lambda x: order(x[1])):
             _, live = self.local[item.dest_index.fqn]
-            tmp = torch.empty(tuple(item.lengths), dtype=live.dtype, device=live.device)
+            wire = wire_device(backend, live.device)
+            tmp = torch.empty(tuple(item.lengths), dtype=live.dtype, device=wire)
             ops.append(dist.P2POp(dist.irecv, tmp, owner))
             pending.append((item, tmp))
             received += tmp.numel() * tmp.element_size()
@@ -165,7 +183,8 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
             if self.capture:  # the received chunk is the staged copy
                 self._pieces[self._piece_key(item)] = tmp
             else:
-                self._region(item).copy_(tmp)
+                self._region(item).copy_(tmp)  # to the live tensor's device, if it was sent
+                # through host memory
         merged: dict[str, Any] = {}
         for _, part in gathered:
             merged.update(part)

@@ -965,7 +965,10 @@ def phase_gloo_probe() -> dict:
 
 def phase_multi() -> dict:
     out: dict[str, Any] = {"backend": "gloo"}
+    only = os.environ.get("GPU_CHECK_STEPS")
     for step in MULTI_STEPS:
+        if only and step not in only.split(","):
+            continue
         res = _spawn(_multi_rank, 4, "gloo", step)
         out[step] = [r[1] for r in res]
         _partial(out)

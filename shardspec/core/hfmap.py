@@ -454,6 +454,49 @@ _TORCH_KINDS = (
 )
 
 
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # the largest finite value
+SCALE_FORMATS = ("float32", "ue8m0")
+
+
+@dataclass(frozen=True)
+class BlockQuant:
+    """An ``hf`` block's block-scaled FP8 declaration (DeepSeek-V3's format, Qwen3's FP8
+    releases): every HF key matching ``glob`` (``drop``'s glob syntax) is stored as
+    ``dtype`` with a dequantization scale per ``block`` of its last two dimensions (a 3-D
+    tensor ``[E, R, C]`` has one per expert), in the HF tensor named ``scale`` with ``{key}``
+    replaced by the weight's key: ``w[r, c] = float32(q[r, c]) * scale[r // R, c // C]``,
+    the scale's shape ``(..., ceil(rows / R), ceil(cols / C))``. ``scale_format``:
+    ``float32`` (the inverse scale as float32, DeepSeek's ``weight_scale_inv``) or
+    ``ue8m0`` (a power of two, stored as float32 or as ``float8_e8m0fnu``). Export
+    quantizes each block with scale ``amax / FP8_MAX[dtype]`` (rounded up to a power of two
+    for ``ue8m0``). ``line``: back into the spec."""
+
+    glob: str
+    scale: str = "{key}_scale_inv"
+    block: tuple[int, int] = (128, 128)
+    scale_format: str = "float32"
+    dtype: str = "float8_e4m3fn"
+    line: int = 0
+
+    @cached_property
+    def regex(self) -> re.Pattern[str]:
+        return _glob_regex(self.glob)
+
+    def scale_key(self, hf_key: str) -> str:
+        return self.scale.replace("{key}", hf_key)
+
+    def scale_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The scale tensor's shape for a weight of ``shape`` (2-D, or stacked 3-D)."""
+        *lead, rows, cols = shape
+        r, c = self.block
+        return (*lead, -(-rows // r), -(-cols // c))
+
+    def __str__(self) -> str:
+        b = f" block {self.block[0]} x {self.block[1]}"
+        fmt = " ue8m0" if self.scale_format == "ue8m0" else ""
+        return f"fp8 {self.glob} scale {self.scale}{b}{fmt}"
+
+
 @dataclass(frozen=True)
 class HFMap:
     """A spec's whole ``hf`` block."""
@@ -462,9 +505,27 @@ class HFMap:
     drops: tuple[str, ...] = ()  # HF key globs that nothing consumes
     ties: tuple[tuple[str, str], ...] = ()  # (alias, source): alias is the same tensor
     keeps: tuple[str, ...] = ()  # storage-name globs the HF checkpoint does not provide
+    quants: tuple[BlockQuant, ...] = ()  # block-scaled FP8 HF tensors (first match wins)
 
     def __bool__(self) -> bool:
-        return bool(self.rules or self.drops or self.ties or self.keeps)
+        return bool(self.rules or self.drops or self.ties or self.keeps or self.quants)
+
+    def quant_of(self, hf_key: str) -> BlockQuant | None:
+        """The FP8 declaration of HF key ``hf_key`` (a weight, not its scale), if any."""
+        for q in self.quants:
+            if q.regex.match(hf_key):
+                return q
+        return None
+
+    def is_scale(self, hf_key: str) -> bool:
+        """Whether ``hf_key`` is the scale of a declared FP8 weight (consumed with it)."""
+        for q in self.quants:
+            head, sep, tail = q.scale.partition("{key}")
+            if sep and hf_key.startswith(head) and hf_key.endswith(tail):
+                weight = hf_key[len(head) : len(hf_key) - len(tail)]
+                if weight and q.regex.match(weight):
+                    return True
+        return False
 
     @cached_property
     def _drop_res(self) -> tuple[re.Pattern[str], ...]:

@@ -19,6 +19,8 @@ tp 2) sequence-parallel, expert (efsdp, ep) with ep innermost.
   and the root on fsdp): accepted; without ``MoESequenceParallel``, or with the experts on
   an ep mesh of the trainer's own that pairs other ranks than the spec's, each mismatch
   named.
+* Checkpoints: trained at efsdp 2 x ep 2 under sequence parallelism, saved, loaded bitwise
+  into the ep-outermost fold of specs/deepseek_moe_folded.shard and back at ep 4.
 * Refusals before the model changes: expert tensor parallelism under sequence
   parallelism, a router cut over tp inside a sequence-parallel MoE block, a caller's style
   on the MoE block.
@@ -225,6 +227,33 @@ def check_refusals(c: Checks, root: str, layout: Any) -> None:
         c.check(tag, unchanged, "the model changed")
 
 
+def check_checkpoint(c: Checks, root: str, layout: Any) -> None:
+    """save, load accept the ep-borrows-tp fold (issue 21 point 4): trained at efsdp 2 x
+    ep 2 under sequence parallelism, saved, then loaded bitwise into the ep-outermost fold
+    of specs/deepseek_moe_folded.shard (``moe_folded_nohc``: dense fsdp 2 x tp 2, expert
+    ep 2 x efsdp 2) and back into the sequence-parallel spec at ep 4."""
+    folded = _generated(root, "moe_folded_nohc").module
+    src = model()
+    views = layout.build_mesh(tp=2, ep=2)
+    layout.parallelize(src, views)
+    ept.train(src, torch.optim.SGD(src.parameters(), lr=ept.SGD_LR), range(2), views)
+    saved = {k: ept.full(v.detach()).clone() for k, v in src.named_parameters()}
+    path = os.path.join(root, "ep-sp-ckpt")
+    layout.save({"model": src.state_dict()}, path, mesh=views)
+    for tag, dest, fold in (
+        ("ckpt sp into ep outermost", folded, ept.FOLD_A),
+        ("ckpt sp back at ep 4", layout, {"tp": 2, "ep": 4}),
+    ):
+        other = ept.example(seed=77, **MODEL_ARGS)
+        mesh = dest.build_mesh(**fold)
+        dest.parallelize(other, mesh)
+        first = next(iter(other.named_parameters()))
+        c.check(tag, not torch.equal(ept.full(first[1]), saved[first[0]]), "starts equal")
+        dest.load({"model": other.state_dict()}, path, mesh=mesh)
+        for k, v in other.named_parameters():
+            c.check(tag, torch.equal(ept.full(v.detach()), saved[k]), f"{k}: not bitwise")
+
+
 def run_all(rank: int, world: int, root: str) -> dict[str, Any]:
     """Every scenario on this rank: failures and the checks made per tag."""
     layout = _generated(root, "moe_sp")
@@ -235,5 +264,6 @@ def run_all(rank: int, world: int, root: str) -> dict[str, Any]:
             lambda c: check_verify(c, layout),
             lambda c: check_training(c, layout),
             lambda c: check_training_qwen3(c, root),
+            lambda c: check_checkpoint(c, root, layout),
         ]
     )

@@ -123,7 +123,8 @@ def edited(text: str, edits: tuple[tuple[str, str], ...], what: str) -> str:
 
 
 def compile_all(gen: Path) -> None:
-    """moe_sp (lint clean, compiled) and REFUSED_EDITS' variants (compiled) into ``gen``."""
+    """moe_sp, qwen3_moe_sp and moe_folded_nohc (lint clean, compiled) and REFUSED_EDITS'
+    variants (compiled) into ``gen``."""
     gen.mkdir(parents=True, exist_ok=True)
     manifest = str(gen / "moe_sp.manifest.json")
     args = [f"--arg={k}={v}" for k, v in MODEL_ARGS.items()]
@@ -137,9 +138,19 @@ def compile_all(gen: Path) -> None:
     )
     variants["qwen3_moe_sp"] = edited(qwen3, QWEN3_EDITS, "specs/qwen3_moe_folded.shard")
     variants.update((name, edited(base, e, name)) for name, e in REFUSED_EDITS.items())
+    # The same model on specs/deepseek_moe_folded.shard's own fold (ep outermost, no
+    # sequence parallelism): where the checkpoint scenario loads what moe_sp saved.
+    folded = (REPO / "specs" / "deepseek_moe_folded.shard").read_text(encoding="utf-8")
+    folded = folded.replace('"deepseek_moe.manifest.json"', json.dumps(manifest))
+    folded = re.sub(r'(?ms)^hf "[^"]*" \{.*?^\}\n?', "", folded)
+    heads = (
+        ("    heads out head_dim\n", "    heads out 16\n"),
+        ("    heads heads head_dim\n", "    heads heads 16\n"),
+    )
+    variants["moe_folded_nohc"] = edited(folded, (*heads, SP_EDITS[-1]), "the folded spec")
     for name, text in variants.items():
         path = gen / f"{name}.shard"
         path.write_text(text, encoding="utf-8")
-        if name in ("moe_sp", "qwen3_moe_sp"):
+        if name in ("moe_sp", "qwen3_moe_sp", "moe_folded_nohc"):
             assert shardspec_main(["lint", str(path)]) == 0, name
         assert shardspec_main(["compile", str(path), "-o", str(gen)]) == 0, name

@@ -61,3 +61,10 @@ def test_verify_accepts_a_trainers_own_and_names_mismatches(
 def test_refusals_leave_the_model_unchanged(results: list[dict[str, Any]]) -> None:
     tags = _counts(results, "refuse sp ")
     assert len(tags) == 3 and all(n == 2 for n in tags.values()), tags
+
+
+def test_checkpoints_move_between_the_sp_fold_and_others(results: list[dict[str, Any]]) -> None:
+    tags = _counts(results, "ckpt sp ")
+    # per destination: the fresh model differs, then every parameter (over 20) bitwise
+    assert set(tags) == {"ckpt sp into ep outermost", "ckpt sp back at ep 4"}, tags
+    assert all(n >= 1 + 20 for n in tags.values()), tags

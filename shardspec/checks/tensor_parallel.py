@@ -10,6 +10,9 @@ classes and ties):
 * SS109: a per-head norm (a ``[head_dim]`` weight beside projections cut over tp by heads)
   replicated over tp without `style sequence_parallel input heads`: its gradient is a
   per-rank part that nothing sums.
+* SS115: sequence parallelism half declared: in a view whose norms are
+  `style sequence_parallel`, a rowwise module without `output sequence`, or a token
+  embedding that is not `rowwise output sequence`, writes the residual stream whole.
 
 A *block* is the smallest module holding two or more Linear or Embedding modules (an
 attention, an MLP; the model itself for the embedding and the head): the check reasons from
@@ -483,9 +486,68 @@ def check_head_norms(res: Resolved) -> list[Diagnostic]:
     return out
 
 
+def check_sequence_parallel(res: Resolved) -> list[Diagnostic]:
+    """SS115: in a view where a `style sequence_parallel` rule cuts the activations by
+    tokens, a module that writes the residual stream whole: a rowwise module (stated or
+    derived) without `output sequence`, or a token embedding that is not `rowwise output
+    sequence`. The sequence-parallel norms read their input as the rank's slice of the
+    sequence (torch's SequenceParallel annotates it `Shard(1)`), so a whole one is taken
+    for a slice: the sequence comes out tp times too long, or wrong."""
+    if res.mesh is None or res.manifest is None:
+        return []
+    from shardspec.checks.layouts import rule_styles
+    from shardspec.core.styles import cuts_tokens
+
+    sp: dict[str, ir.Rule] = {}
+    for rule in res.spec.rules:
+        st = rule.style
+        if st is not None and cuts_tokens(
+            {"kind": st.kind.text, "input": st.input.text if st.input is not None else None}
+        ):
+            sp.setdefault(res.rule_views.get(rule.index, ""), rule)
+    if not sp:
+        return []
+    derived = rule_styles(res)
+    out: list[Diagnostic] = []
+    for index, (fqn, kind, module, _) in sorted(derived.items()):
+        rule = res.spec.rules[index]
+        norm = sp.get(res.rule_views.get(index, ""))
+        if norm is None or module not in (LINEAR, EMBEDDING):
+            continue
+        st = rule.style
+        stated = st.kind.text if st is not None else None
+        if stated == "none" or (stated is None and kind == "?"):
+            continue  # the module's own forward: lint cannot see what it writes
+        style = stated or kind
+        output = st.output.text if st is not None and st.output is not None else None
+        if output == "sequence":
+            continue
+        if style == "rowwise":
+            what = f"{fqn} is rowwise without `output sequence`: its output is whole"
+        elif module == EMBEDDING and style != "colwise":
+            what = f"the token embedding {fqn} is not cut over tp: its output is whole"
+        else:
+            continue
+        line = norm.pattern.span.line
+        out.append(
+            diag(
+                "SS115",
+                f"{what} on every rank, but `style sequence_parallel` (line {line}) reads "
+                "the residual stream as each rank's slice of the sequence: a whole tensor "
+                "would be taken for a slice",
+                (st.kind.span if st is not None else rule.pattern.span),
+                "state `style rowwise output sequence` (for the embedding: `shard vocab "
+                "over tp` too), as Megatron's and torchtitan's sequence parallelism "
+                "do; or drop `style sequence_parallel` from the norms",
+            )
+        )
+    return out
+
+
 TENSOR_PARALLEL_CHECKS = (
     check_unpaired_cuts,
     check_tied_sharded,
     check_custom_modules,
     check_head_norms,
+    check_sequence_parallel,
 )

@@ -999,6 +999,25 @@ CHECKS: tuple[Check, ...] = (
         "    style sequence_parallel input heads\n}",
         True,
     ),
+    Check(
+        "SS115",
+        "half-sequence-parallel",
+        E,
+        "In a view whose norms are `style sequence_parallel`, a rowwise module has no "
+        "`output sequence`, or the token embedding is not `rowwise output sequence`.",
+        "Sequence parallelism cuts the residual stream by tokens over tp: torch's "
+        "SequenceParallel norms take their input as the rank's slice of the sequence. Every "
+        "module that writes the residual stream must leave it so (a rowwise module "
+        "reduce-scattered, `output sequence`, and the embedding too), or a whole tensor is "
+        "taken for a slice: the sequence comes out tp times too long, or the model computes "
+        "wrongly.",
+        "param attn.wo.weight [hidden, heads] {\n    shard heads over tp\n}\n"
+        "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+        "param attn.wo.weight [hidden, heads] {\n    shard heads over tp\n"
+        "    style rowwise output sequence\n}\n"
+        "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
+        True,
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -52,7 +53,7 @@ def _save(kind: str, folder: Path) -> None:
         model = hf.phi3_tiny()
     elif kind == "gpt2":
         model = hf.gpt2_tiny()
-    elif kind == "deepseek_v3":
+    elif kind in ("deepseek_v3", "deepseek_v3_fp8"):
         model = hf.deepseek_v3_tiny()
     elif kind == "gpt_oss":
         model = hf.gpt_oss_tiny()
@@ -62,7 +63,61 @@ def _save(kind: str, folder: Path) -> None:
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config.pop("transformers_version", None)
+    if kind == "deepseek_v3_fp8":
+        config["quantization_config"] = _fp8_checkpoint(folder)
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+
+
+# The tensors DeepSeek-V3's FP8 release stores in float8_e4m3fn, each with a float32
+# `weight_scale_inv` per 128 x 128 block (the attention and MLP projections, the experts'
+# included); the embeddings, norms, router and lm_head stay in BF16, the router's
+# e_score_correction_bias in F32.
+FP8_WEIGHT = re.compile(r"model\.layers\.[0-9]+\.(self_attn|mlp)\..*(_proj|_mqa)\.weight")
+BLOCK = 128
+
+
+def _fp8_checkpoint(folder: Path) -> dict[str, object]:
+    """Rewrite the float32 checkpoint in ``folder`` as DeepSeek ships its FP8 one, each
+    block quantized as the format defines it (scale = the block's amax / 448; the scale
+    stored is its inverse's inverse, ``weight_scale_inv``, by which the FP8 values are
+    multiplied); the ``quantization_config`` that says so."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        for key, t in load_file(path).items():
+            if FP8_WEIGHT.fullmatch(key):
+                out[key], out[f"{key}_scale_inv"] = _quantize(t)
+            elif key.endswith("e_score_correction_bias"):
+                out[key] = t.float()
+            else:
+                out[key] = t.to(torch.bfloat16)
+        path.unlink()
+    for index in folder.glob("*.index.json"):
+        index.unlink()
+    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
+    return {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [BLOCK, BLOCK],
+    }
+
+
+def _quantize(w):  # (torch.Tensor) -> (fp8 tensor, float32 scales)
+    """``w`` [R, C] as float8_e4m3fn per 128 x 128 block, and the blocks' scales."""
+    import torch
+
+    rows, cols = w.shape
+    nr, nc = -(-rows // BLOCK), -(-cols // BLOCK)
+    padded = torch.zeros(nr * BLOCK, nc * BLOCK, dtype=torch.float32)
+    padded[:rows, :cols] = w.float()
+    blocks = padded.view(nr, BLOCK, nc, BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = amax / 448.0
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q.view(nr * BLOCK, nc * BLOCK)[:rows, :cols].contiguous(), scale
 
 
 # spec HF manifest -> the model it describes
@@ -74,6 +129,7 @@ MANIFESTS = {
     "phi3.hf.json": "phi3",  # transformers' own models, used as they are
     "gpt2.hf.json": "gpt2",
     "deepseek_v3.hf.json": "deepseek_v3",
+    "deepseek_v3_fp8.hf.json": "deepseek_v3_fp8",  # its FP8 release's format
     "gpt_oss.hf.json": "gpt_oss",
 }
 

@@ -261,7 +261,8 @@ def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     text = render_case("hf")
     assert "from typing import TYPE_CHECKING, Any\n" in text
     assert (
-        "from shardspec.runtime import (\n    Buffer,\n    CompiledSpec,\n    HFMap,\n    Hook,\n"
+        "from shardspec.runtime import (\n    BlockQuant,\n    Buffer,\n    CompiledSpec,\n"
+        "    HFMap,\n    Hook,\n"
         "    MapRule,\n    Param,\n    ParamTable,\n    RuleSpec,\n    RuntimeModule,\n"
         "    Transform,\n    require,\n)\n"
     ) in text
@@ -272,6 +273,12 @@ def test_hf_golden_case_has_the_table_and_the_wrappers(in_repo: Path) -> None:
     assert 'drops=("model.rotary_emb.inv_freq", "**.attn.bias"),' in text
     assert 'ties=(("lm_head.weight", "model.embed_tokens.weight"),),' in text
     assert 'keeps=("hc_head.*",),' in text
+    # fp8 lines: every field written out, defaults included (a table to read line by line)
+    assert (
+        '        BlockQuant(\n            "model.layers.*.self_attn.*_proj.weight",\n'
+        '            "{key}_scale",\n            (128, 64),\n            "ue8m0",\n'
+        '            "float8_e4m3fn",\n            50,\n        ),\n'
+    ) in text
     assert "def load_hf(\n" in text and "def export_hf(\n" in text
     assert "return _hf.load_hf(SPEC, HF, model, path, mesh, **options)" in text
     assert "return _hf.export_hf(SPEC, HF, model, path, mesh, **options)" in text

@@ -149,7 +149,12 @@ def statements(draw: st.DrawFn) -> list[str]:
         ]
     if kind == "hf":
         line = [draw(PATTERNS), "->", draw(PATTERNS)]
-        return ["hf", '"h}.json"', "{", *line, "# a } in a comment", "\n", "drop", "a.{x,y}", "}"]
+        # an fp8 line, its options in any order (`{key}` a brace the block's end skips)
+        options = [["scale", "{key}_s"], ["block", draw(NUMBERS), "x", draw(NUMBERS)]]
+        options += [[w] for w in ("ue8m0", "float32", "e4m3", "e5m2", draw(NAMES))]
+        fp8 = ["fp8", draw(PATTERNS), *(w for o in draw(st.permutations(options))[:2] for w in o)]
+        return ["hf", '"h}.json"', "{", *line, "# a } in a comment", "\n", "drop", "a.{x,y}",
+                *fp8, "}"]  # fmt: skip
     return ["pipeline", draw(NAMES), "{", "first", draw(PATTERNS), "split", "layers.{l}", "}"]
 
 

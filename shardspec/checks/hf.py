@@ -532,7 +532,9 @@ def check_hf_units(
     # Only sound map lines take part (hfmap cannot fill a template whose captures differ
     # from its other side's); indices are translated back to the spec's map lines.
     good = [i for i in range(len(full.rules)) if i not in bad]
-    hfmap = HFMap(tuple(full.rules[i] for i in good), full.drops, full.ties, full.keeps)
+    hfmap = HFMap(
+        tuple(full.rules[i] for i in good), full.drops, full.ties, full.keeps, full.quants
+    )
     out: list[Diagnostic] = []
     groups, by_name = _groups(res)
     acc = _Acc(hfmap, good, keys=hf_manifest is not None)
@@ -851,8 +853,8 @@ def _check_keys(
     bases = _bases(units)
     rest = sorted(tensors.keys() - acc.needed.keys() - read)
     for key in rest:
-        if hfmap.tie_of(key) is not None or hfmap.dropped(key):
-            continue
+        if hfmap.tie_of(key) is not None or hfmap.dropped(key) or hfmap.is_scale(key):
+            continue  # (a scale is its fp8 line's: checks/fp8.py)
         if _consumed(hfmap, key, units, bases, unsure):
             continue
         unexpected[_group_key(key)].append(key)
@@ -872,17 +874,9 @@ def _check_keys(
                 else "map it (`HF_NAME -> UNIT`), `drop` it, or `tie` it to the key it duplicates",
             )
         )
-    rest_groups = groups[MAX_GROUPS:]
-    if rest_groups:
-        n = sum(len(k) for k in rest_groups)
-        out.append(
-            diag(
-                "SS073",
-                f"{n} more unexpected HF keys, such as {rest_groups[0][0]!r}",
-                _key_span(hfm, rest_groups[0][0]),
-                "map them, or `drop` them",
-            )
-        )
+    out += rest_of_groups(
+        "SS073", groups[MAX_GROUPS:], hfm, "unexpected HF keys", "map them, or `drop` them"
+    )
     out += _check_drops(res, hfmap, hfm, acc, units)
     for g in hf.drops:
         if glob_problem(g.pattern.text) is not None:
@@ -1025,6 +1019,18 @@ def _consumed(
         if index is None or (u.shape and 0 <= index < u.shape[0]):
             return True
     return False
+
+
+def rest_of_groups(
+    code: str, rest: list[list[str]], hfm: HFManifest, what: str, hint: str
+) -> list[Diagnostic]:
+    """One finding for the groups of keys beyond the first :data:`MAX_GROUPS` (each group a
+    sorted list of keys): how many keys, and the first."""
+    if not rest:
+        return []
+    n = sum(len(keys) for keys in rest)
+    first = rest[0][0]
+    return [diag(code, f"{n} more {what}, such as {first!r}", _key_span(hfm, first), hint)]
 
 
 def _key_span(hfm: HFManifest, key: str) -> Span:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardspec.checks.coverage import COVERAGE_CHECKS
+from shardspec.checks.fp8 import check_fp8_items, check_fp8_keys
 from shardspec.checks.heads import check_heads_items
 from shardspec.checks.hf import check_hf_items, check_hf_units, no_hf_manifest
 from shardspec.checks.layouts import LAYOUT_CHECKS
@@ -42,11 +43,14 @@ def check(
     if spec.hf is not None:
         found, hf_bad = check_hf_items(spec)
         diags.extend(found)
+        diags.extend(check_fp8_items(spec))
         diags.extend(no_hf_manifest(spec))
         if use_hf_manifest:
             hf_loaded = load_spec_hf_manifest(spec)
             hf_manifest = hf_loaded.manifest
             diags.extend(hf_loaded.findings)
+            if hf_manifest is not None:
+                diags.extend(check_fp8_keys(spec, hf_manifest))
     res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
     res.hf_manifest = hf_manifest
     if res.mesh_error and res.mesh_error_code == "SS004":

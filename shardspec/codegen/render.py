@@ -367,13 +367,23 @@ def _hf_context(
         )
         for r in hfmap.rules
     )
-    fields = [("rules", rules), ("drops", hfmap.drops), ("ties", hfmap.ties)]
-    fields.append(("keeps", hfmap.keeps))
+    fields: list[tuple[str, object]] = [
+        ("rules", rules),
+        ("drops", hfmap.drops),
+        ("ties", hfmap.ties),
+        ("keeps", hfmap.keeps),
+    ]
+    quants = tuple(
+        Call("BlockQuant", (q.glob, q.scale, q.block, q.scale_format, q.dtype, q.line))
+        for q in hfmap.quants
+    )
+    if quants:  # (a module without fp8 lines is what it was before them)
+        fields.append(("quants", quants))
     lines = ["HF = HFMap("]
     for name, value in fields:
         lines.extend(layout(value, INDENT, f"{name}=", ","))
     lines.append(")")
-    imports = ["HFMap"]
+    imports = ["BlockQuant", "HFMap"] if quants else ["HFMap"]
     if hfmap.rules:
         imports.append("MapRule")
     if any(r.parts for r in hfmap.rules):
@@ -396,6 +406,12 @@ def _hf_context(
     if any(r.dtypes for r in hfmap.rules):
         legend += "; dtypes: its HF tensors' dtypes in the HF manifest, which load_hf checks"
     legend += ")."
+    if quants:
+        legend += (
+            " BlockQuant(HF key glob, scale key template, block, scale format, FP8 dtype, spec "
+            "line): HF tensors stored block-scaled in FP8, dequantized on load and quantized on "
+            "export in the HF layout."
+        )
     text = comment(words) + "\n" + comment(legend.split())
     return {"table": "\n".join(lines), "imports": ", ".join(imports), "comment": text}
 

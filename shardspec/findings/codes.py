@@ -999,6 +999,75 @@ CHECKS: tuple[Check, ...] = (
         "    style sequence_parallel input heads\n}",
         True,
     ),
+    # --- block-scaled FP8 Hugging Face tensors (`fp8` lines of the hf block) -----------
+    Check(
+        "SS110",
+        "bad-quant-item",
+        E,
+        "An hf block's `fp8` line is malformed: a glob with `{...}` or an empty segment, a "
+        "scale template without exactly one `{key}` (or with globs, or naming the weight "
+        "itself), a block size of 0, an option given twice (`ue8m0` and `float32`, `e4m3` "
+        "and `e5m2` count as one option each), or the same glob on two lines.",
+        "The line says how every matching Hugging Face tensor is stored and where its "
+        "scales are: load_hf dequantizes with it and export_hf quantizes with it, so an "
+        "ambiguous line would read or write the wrong bytes.",
+        "fp8 model.layers.*.mlp.*_proj.weight scale weight_scale_inv",
+        "fp8 model.layers.*.mlp.*_proj.weight scale {key}_scale_inv",
+    ),
+    Check(
+        "SS111",
+        "hf-quant-undeclared",
+        E,
+        "The HF manifest stores a tensor in an FP8 dtype (`F8_E4M3`, `F8_E5M2`, "
+        "`F8_E8M0`) that no `fp8` line covers, is not the scale of one, and is not dropped.",
+        "FP8 bytes are meaningless without their block scales: load_hf refuses an FP8 "
+        "tensor it was not told how to dequantize, so the load would fail on the real "
+        "checkpoint. Lint says so before the job starts.",
+        'hf "hf.json" {\n    model.layers.{i}.mlp.up_proj.weight -> layers.{i}.w1\n}'
+        "   # F8_E4M3 in the checkpoint",
+        'hf "hf.json" {\n    model.layers.{i}.mlp.up_proj.weight -> layers.{i}.w1\n'
+        "    fp8 model.layers.*.mlp.*_proj.weight\n}",
+        True,
+    ),
+    Check(
+        "SS112",
+        "hf-quant-scale",
+        E,
+        "An FP8 weight's scale is wrong in the HF manifest: its key is missing, its dtype is "
+        "not F32 (or, for `ue8m0`, F32 or F8_E8M0), its shape is not one per block "
+        "(`ceil(rows / R) x ceil(cols / C)`, per expert for a stacked `[E, R, C]` weight), "
+        "or the scale key is itself matched by an fp8 glob or read by a map line.",
+        "Every block's values are its FP8 bytes times its scale: a missing or misshapen "
+        "scale cannot be applied, and a scale read as a weight would be dequantized itself.",
+        "fp8 model.layers.*.mlp.*_proj.weight   # the checkpoint has ...weight_scale, not "
+        "...weight_scale_inv",
+        "fp8 model.layers.*.mlp.*_proj.weight scale {key}_scale",
+        True,
+    ),
+    Check(
+        "SS113",
+        "hf-quant-dtype",
+        E,
+        "A tensor that an `fp8` line covers is not stored in the line's FP8 dtype (BF16 "
+        "where the line says FP8, F8_E5M2 where it says e4m3), or is not at least 2-D.",
+        "DeepSeek-format checkpoints keep embeddings, norms, the router and its "
+        "e_score_correction_bias in BF16/F32 beside FP8 linear layers: a glob that also "
+        "covers those would dequantize BF16 bytes as FP8. Blocks tile a weight's last two "
+        "dimensions, so a 1-D tensor has none.",
+        "fp8 model.layers.*.**.weight   # covers model.layers.0.input_layernorm.weight (BF16)",
+        "fp8 model.layers.*.mlp.*_proj.weight\nfp8 model.layers.*.self_attn.*_proj.weight",
+        True,
+    ),
+    Check(
+        "SS114",
+        "unused-quant-item",
+        W,
+        "An `fp8` line matches no key of the HF manifest (or every key it matches is a scale).",
+        "Usually a typo in the glob, which leaves the FP8 tensors it meant undeclared.",
+        "fp8 model.layers.*.mlp.*_prj.weight",
+        "fp8 model.layers.*.mlp.*_proj.weight",
+        True,
+    ),
     Check(
         "SS115",
         "half-sequence-parallel",

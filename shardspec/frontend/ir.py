@@ -289,6 +289,26 @@ class HFConfig(Node):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class HFFp8Option(Node):
+    """One option of an ``fp8`` line: ``scale TEMPLATE`` (kind ``scale``, ``text`` the
+    template), ``block R x C`` (kind ``block``, ``block`` the sizes), or a word (kind
+    ``word``: ``ue8m0``, ``float32``, ``e4m3`` or ``e5m2``)."""
+
+    kind: str
+    text: str = ""
+    block: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class HFFp8(Node):
+    """``fp8 GLOB [scale TEMPLATE] [block R x C] [ue8m0] [e4m3 | e5m2]``: the HF keys
+    matching ``glob`` are stored block-scaled in FP8; ``options`` in file order."""
+
+    glob: Pattern
+    options: tuple[HFFp8Option, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFBlock(Node):
     """``hf "manifest.hf.json" { ... }``; each list keeps its items in file order."""
 
@@ -299,6 +319,7 @@ class HFBlock(Node):
     ties: tuple[HFTie, ...] = ()
     keeps: tuple[HFGlob, ...] = ()
     configs: tuple[HFConfig, ...] = ()
+    fp8: tuple[HFFp8, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

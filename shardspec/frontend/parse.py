@@ -291,6 +291,7 @@ _HF_LISTS: dict[type, str] = {
     ir.HFTie: "ties",
     _Keep: "keeps",
     ir.HFConfig: "configs",
+    ir.HFFp8: "fp8",
 }
 _PIPE_LISTS: dict[type, str] = {
     _First: "first",
@@ -546,6 +547,23 @@ class _ToIR:
         name, expr = children
         factors = self._factors(expr)
         return ir.HFConfig(**self._at(meta), name=self._name(name), factors=factors)
+
+    def fp8_scale(self, meta, children):
+        return ir.HFFp8Option(**self._at(meta), kind="scale", text=str(children[0]))
+
+    def fp8_block(self, meta, children):
+        rows, cols = (int(c) for c in children if c.type == "INT")
+        return ir.HFFp8Option(**self._at(meta), kind="block", block=(rows, cols))
+
+    def fp8_word(self, meta, children):
+        return ir.HFFp8Option(**self._at(meta), kind="word", text=str(children[0]))
+
+    def hf_fp8(self, meta, children):
+        return ir.HFFp8(
+            **self._at(meta),
+            glob=self._pattern(children[1]),
+            options=tuple(c for c in children[2:] if isinstance(c, ir.HFFp8Option)),
+        )
 
     def hf_stmt(self, meta, children):
         manifest = next((c for c in children if isinstance(c, Token)), None)

@@ -48,7 +48,7 @@ _TOKEN_NAMES = {
 
 # The first words of statements, of pipeline and hf block lines, and of a rule's body lines.
 _STATEMENTS = ("fsdp", "hf", "ignore", "manifest", "mesh", "param", "pipeline")
-_HF_ITEMS = ("config", "drop", "keep", "tie")
+_HF_ITEMS = ("config", "drop", "fp8", "keep", "tie")
 _PIPE_ITEMS = ("first", "last", "split", "tie")
 _BODY_ITEMS = ("checkpoint", "fuse", "heads", "local", "replicate", "shard", "style")
 
@@ -321,6 +321,62 @@ def _hf_parts(w: _Where) -> str:
     )
 
 
+_FP8_LINE = re.compile(r"\s*fp8\b")
+_FP8_WORDS = ("scale", "block", "ue8m0", "float32", "e4m3", "e5m2")
+_FP8_OPTIONS = (
+    "an fp8 line's options are `scale TEMPLATE`, `block R x C`, `ue8m0` (or `float32`) "
+    "and `e4m3` (or `e5m2`)"
+)
+
+
+def _fp8_line(w: _Where) -> str:
+    """The usual mistakes in an hf block's ``fp8`` line (the error on it, or first on the
+    next line): the block size, the scale template, an option spelled otherwise (which the
+    parser reads as the start of a map line, then misses its ``->``)."""
+    line = w.before_or_prior
+    if not _FP8_LINE.match(line):
+        return _fp8_keyword(w, line)
+    before = line.rstrip()
+    if "X" in w.expected or ("INT" in w.expected and before.endswith("block")):
+        return "write the block size as `block 128 x 128` (rows x columns)"
+    if "PATTERN" in w.expected and before.endswith("scale"):
+        return (
+            "write `scale {key}_scale_inv`, without quotes: the scale's key, `{key}` standing "
+            "for the weight's"
+        )
+    if "PATTERN" in w.expected and before.strip() == "fp8":
+        return "write `fp8 GLOB`, the HF keys stored in FP8: `fp8 model.layers.*.mlp.*_proj.weight`"
+    if "ARROW" not in w.expected:
+        return ""
+    # The word after the glob that is no option (the parser took it for a map line's name).
+    words = line.split()[2:]
+    known = {*_FP8_WORDS, "x"}
+    odd = next(
+        (
+            x
+            for i, x in enumerate(words)
+            if x not in known and not x.isdigit() and (i == 0 or words[i - 1] != "scale")
+        ),
+        None,
+    )
+    if odd is None:
+        return ""
+    guess = next((o for o in ("ue8m0", "e4m3", "e5m2") if o[-4:] in odd.lower()), None)
+    guess = guess or closest(odd.lower(), _FP8_WORDS)
+    mean = f"did you mean `{guess}`? " if guess else ""
+    return f"`{odd}` is no option of an fp8 line: {mean}{_FP8_OPTIONS}"
+
+
+def _fp8_keyword(w: _Where, line: str) -> str:
+    """``fp8`` misspelled at the start of an hf block's line."""
+    first = line.split()[:1]
+    if "ARROW" not in w.expected or not first or first[0] == "fp8" or "->" in line:
+        return ""
+    if closest(first[0].lower(), ("fp8",)) is None:
+        return ""
+    return f"did you mean `fp8`? write `fp8 GLOB [options]`; {_FP8_OPTIONS}"
+
+
 def _tie(w: _Where) -> str:
     """A ``tie`` line without its ``=``: in a pipeline block or in an hf block."""
     if not ("EQUAL" in w.expected and re.search(r"\btie\s+\S+\s*$", w.before)):
@@ -416,6 +472,8 @@ def _rule_line(w: _Where) -> str:
     """An unknown word where a rule's body line starts."""
     if not ("SHARD" in w.expected and w.word and w.word != "}"):
         return ""
+    if w.word == "fp8":
+        return "`fp8` goes inside an `hf { ... }` block"
     if re.search(r"\bshard\s+\w+\s+over\s+\w+\s*$", w.before):
         return "several axes on one dimension go in parentheses, outer first: `over (tp, dp)`"
     guess = closest(w.word.lower(), _BODY_ITEMS)
@@ -429,6 +487,7 @@ def _rule_line(w: _Where) -> str:
 _HINTS: tuple[Callable[[_Where], str], ...] = (
     _unclosed_block,
     _hf_parts,
+    _fp8_line,
     # hf and pipeline blocks
     _Hint(
         "an hf map line is written `HF_NAME -> MODEL_NAME` (`model.norm.weight -> norm.weight`)",

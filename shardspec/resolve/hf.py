@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
+from shardspec.core.hfmap import BlockQuant, HFMap, MapRule, Part, Transform
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 
@@ -38,7 +38,51 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
         drops=tuple(d.pattern.text for d in block.drops),
         ties=tuple((t.alias.text, t.source.text) for t in block.ties),
         keeps=tuple(k.pattern.text for k in block.keeps),
+        quants=tuple(block_quant(q) for q in block.fp8),
     )
+
+
+# An fp8 line's words: the scale format and the FP8 dtype each word sets.
+FP8_WORDS = {
+    "float32": ("scale_format", "float32"),
+    "ue8m0": ("scale_format", "ue8m0"),
+    "e4m3": ("dtype", "float8_e4m3fn"),
+    "e5m2": ("dtype", "float8_e5m2"),
+}
+
+
+def fp8_settings(item: ir.HFFp8) -> dict[str, list[ir.HFFp8Option]]:
+    """The options of an ``fp8`` line by the :class:`BlockQuant` field each sets (``scale``,
+    ``block``, ``scale_format``, ``dtype``), in file order."""
+    out: dict[str, list[ir.HFFp8Option]] = {}
+    for o in item.options:
+        field = FP8_WORDS[o.text][0] if o.kind == "word" else o.kind
+        out.setdefault(field, []).append(o)
+    return out
+
+
+def block_quant(item: ir.HFFp8) -> BlockQuant:
+    """The ``fp8`` line as the mapping model's declaration (an option given twice, which
+    SS110 reports: its first)."""
+    values: dict[str, object] = {}
+    for field, opts in fp8_settings(item).items():
+        o = opts[0]
+        values[field] = (
+            o.text if o.kind == "scale" else o.block if o.kind == "block" else FP8_WORDS[o.text][1]
+        )
+    return BlockQuant(item.glob.text, line=item.span.line, **values)  # type: ignore[arg-type]
+
+
+def scale_template_problem(text: str) -> str | None:
+    """Why ``text`` is not an fp8 line's scale key template (a key with ``{key}`` once,
+    which the weight's key replaces), or ``None``."""
+    if text.count("{key}") != 1:
+        return "the scale template names the weight's key as `{key}`, once"
+    if "*" in text or "{" in text.replace("{key}", "") or "}" in text.replace("{key}", ""):
+        return "a scale template is one key with `{key}` in it: no `*` and no other `{...}`"
+    if text == "{key}":
+        return "the scale cannot be the weight itself: add a suffix, as in `{key}_scale_inv`"
+    return _segments_problem(text.replace("{key}", "k"))
 
 
 def with_dtypes(hfmap: HFMap, hfm: HFManifest | None) -> HFMap:

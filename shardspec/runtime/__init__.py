@@ -5,7 +5,7 @@ with the compiler; they are re-exported here so that a generated module imports 
 ``shardspec.runtime``.
 """
 
-from shardspec.core.hfmap import HFMap, MapRule, Part, Transform
+from shardspec.core.hfmap import BlockQuant, HFMap, MapRule, Part, Transform
 from shardspec.core.layout import Dim, Fusion, LayoutError, Mesh, ParamLayout, RuleSpec
 from shardspec.core.paramtable import ParamTable
 from shardspec.core.stages import PipelineSpec
@@ -21,6 +21,7 @@ from shardspec.runtime.spec import (
 )
 
 __all__ = [
+    "BlockQuant",
     "Buffer",
     "CompiledSpec",
     "Dim",

@@ -56,7 +56,12 @@ CASES = [
         "spec": spec(norms="\n    style sequence_parallel\n}\n"),
         "manifest": MANIFEST,
         "modules": MODULES,
-        "expect": [("SS109", 12, "is replicated over tp", "layers.*.attn.{q,k}_norm.weight")],
+        # (the token-cutting style also makes the rowwise o_proj a writer of the whole
+        # residual stream, SS115)
+        "expect": [
+            ("SS109", 12, "is replicated over tp", "layers.*.attn.{q,k}_norm.weight"),
+            ("SS115", 8, "layers.0.attn.o_proj.weight is rowwise without `output sequence`"),
+        ],
     },
     {
         "name": "attention cut over tp without heads lines",

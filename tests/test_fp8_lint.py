@@ -308,3 +308,12 @@ def test_undeclared_fp8_keys_are_grouped_and_capped(tmp_path: Path) -> None:
     assert {f["code"] for f in found} == {"SS111", "SS073"}, found  # (the weights: unmapped)
     assert len(undeclared) == MAX_GROUPS + 1 and rc == 1
     assert undeclared[-1]["message"].startswith("3 more FP8 HF keys no fp8 line declares")
+
+
+def test_a_declaration_prints_as_the_line_that_makes_it() -> None:
+    from shardspec.core.hfmap import BlockQuant
+
+    q = BlockQuant("model.layers.*.**.weight", block=(64, 32), scale_format="ue8m0")
+    assert str(q) == "fp8 model.layers.*.**.weight scale {key}_scale_inv block 64 x 32 ue8m0"
+    e5m2 = BlockQuant("w.*", dtype="float8_e5m2")
+    assert str(e5m2) == "fp8 w.* scale {key}_scale_inv block 128 x 128 e5m2"

@@ -494,7 +494,8 @@ class BlockQuant:
     def __str__(self) -> str:
         b = f" block {self.block[0]} x {self.block[1]}"
         fmt = " ue8m0" if self.scale_format == "ue8m0" else ""
-        return f"fp8 {self.glob} scale {self.scale}{b}{fmt}"
+        kind = " e5m2" if self.dtype == "float8_e5m2" else ""
+        return f"fp8 {self.glob} scale {self.scale}{b}{fmt}{kind}"
 
 
 @dataclass(frozen=True)

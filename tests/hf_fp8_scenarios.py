@@ -312,7 +312,48 @@ def _values(state: dict[str, torch.Tensor], hfmap: HFMap) -> dict[str, torch.Ten
     return out
 
 
-def run_all(rank: int, world: int, root: str, cases: list[FP8Case]) -> dict[str, Item]:
+@dataclass(frozen=True)
+class DamagedCase:
+    """Load the FP8 checkpoint ``hf`` whose scale ``key`` holds a NaN in block (0, 0):
+    only the ranks whose boxes that block covers read it."""
+
+    case: FP8Case
+    hf: str
+    key: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.hf} (damaged {self.key})"
+
+
+def damaged_case(root: str, d: DamagedCase, item: Item) -> None:
+    """Records whether this rank raised, what, and whether its model kept its 7.0s."""
+    from shardspec.runtime import hf as hfrt
+
+    mod = importlib.import_module(d.case.module)
+    hfmap = dataclasses.replace(mod.HF, quants=quants(d.case.globs, d.case.block, d.case.fmt))
+    mesh = mod.build_mesh(**dict(d.case.sizes))
+    model = _fresh(d.case, mod, mesh)
+    try:
+        hfrt.load_hf(mod.SPEC, hfmap, model, os.path.join(root, d.hf), mesh, other_dtypes=True)
+        item.extra["raised"] = None
+    except hfrt.HFError as e:
+        item.extra["raised"] = str(e)
+    item.extra["unchanged"] = all(  # this rank's own shards (no gather: others loaded)
+        bool((_local(t) == 7.0).all()) for t in model.state_dict(keep_vars=True).values()
+    )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t.detach()
+
+
+def run_all(rank: int, world: int, root: str, cases: list[Any]) -> dict[str, Item]:
     from tests.hf_split_scenarios import run_each
 
-    return run_each(root, cases, fp8_case)
+    def one(root: str, case: Any, item: Item) -> None:
+        (damaged_case if isinstance(case, DamagedCase) else fp8_case)(root, case, item)
+
+    return run_each(root, cases, one)

@@ -369,6 +369,11 @@ CASES = [
 ]
 
 
+# A NaN in the first scale block of layer 0's o_proj, which tp cuts by columns: the ranks
+# holding its first columns read the block, the others do not.
+DAMAGED = sc.DamagedCase(CASES[0], "llama_5x7_nan", "model.layers.0.self_attn.o_proj.weight")
+
+
 def _write_all(root: Path) -> None:
     from examples.models import hf as hfm
     from tests.test_hf import _randomize
@@ -386,6 +391,20 @@ def _write_all(root: Path) -> None:
         base = case.hf.split("_")[0] if case.model == "llama" else case.hf
         sc.write_fp8(str(root / src[base]), str(root / case.hf), qs, rest=rest)
         sc.write_dequantized(str(root / case.hf), str(root / case.truth), qs)
+    _nan_scale(root / CASES[0].hf, root / DAMAGED.hf, DAMAGED.key + "_scale_inv")
+
+
+def _nan_scale(src: Path, dst: Path, scale: str) -> None:
+    """A copy of checkpoint ``src`` whose ``scale`` holds a NaN in block (0, 0)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    wm = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = load_file(str(dst / wm[scale]))
+    tensors[scale][0, 0] = float("nan")
+    save_file(tensors, str(dst / wm[scale]), metadata={"format": "pt"})
 
 
 def _compile_128(gen: Path, hf_dir: Path) -> None:
@@ -411,7 +430,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("hf_fp8")
     _write_all(root)
     _compile_128(root / "gen", root / "ds32_128")
-    ranks = run_ranks(sc.run_all, 4, str(root), CASES, timeout=900)
+    ranks = run_ranks(sc.run_all, 4, str(root), [*CASES, DAMAGED], timeout=900)
     return {"root": root, "ranks": ranks}
 
 
@@ -444,6 +463,11 @@ def test_the_checkpoints_are_fp8_and_mixed(results: dict) -> None:
         "model.layers.1.mlp.gate.e_score_correction_bias",
     ):
         assert dtypes[key] == torch.bfloat16, key
+    # 128 x 128 blocks: MLA's kv_a_proj_with_mqa has 160 rows, a partial block, as the real
+    # model's 576 rows have
+    big = hf_state(str(results["root"] / "ds128"))
+    kv = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
+    assert big[kv].shape == (160, 128) and big[kv + "_scale_inv"].shape == (2, 1)
 
 
 def test_cuts_cut_blocks(results: dict) -> None:
@@ -467,3 +491,17 @@ def test_the_reference_differs_from_a_plain_cast(results: dict) -> None:
     q = hf_state(str(root / "ds"))["model.layers.0.mlp.up_proj.weight"]
     ref = hf_state(str(root / "ds_deq"))["model.layers.0.mlp.up_proj.weight"]
     assert not torch.equal(q.to(torch.float32), ref)
+
+
+def test_a_damaged_scale_fails_the_ranks_that_read_it(results: dict) -> None:
+    """No collective: a NaN scale block fails exactly the ranks whose boxes it covers,
+    each naming the scale key and the block, each with its model unchanged; the ranks
+    that do not read it load (README: treat any rank's HFError as a failed load)."""
+    items = [r[DAMAGED.label] for r in results["ranks"]]
+    assert not [f for it in items for f in it.fail]
+    raised = [it.extra["raised"] for it in items]
+    failed = [r for r, e in enumerate(raised) if e is not None]
+    assert failed and len(failed) < len(items), raised
+    for r in failed:
+        assert f"{DAMAGED.key}_scale_inv: scale nan at block [0, 0]" in raised[r]
+        assert items[r].extra["unchanged"]

@@ -282,6 +282,8 @@ def _tensor_problems(
         bq = hfmap.quant_of(source_key)
         if bq is not None:
             problems += _quant_problems(ckpt, file_keys, source_key, got, sl.get_dtype(), bq)
+            if not dtype.is_floating_point:
+                problems.append(f"{source_key}: FP8 data for a {dtype} tensor ({name})")
             continue
         found = _dtype_problem(sl.get_dtype(), dtype, hfmap.rules[rule], other_dtypes)
         if found is not None:

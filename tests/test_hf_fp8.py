@@ -5,7 +5,8 @@ quantizes per block and says so in ``config.json``.
 The reference is the format's definition, written in ``tests/hf_fp8_scenarios.py`` (block
 by block, in loops), not the runtime's code. On 4 gloo ranks (one spawn): transformers'
 tiny DeepSeek-V3 (MLA, MoE, the router's ``e_score_correction_bias``) from an FP8
-checkpoint whose other tensors are bf16, as DeepSeek ships them, on dp_shard 2 x ep 2 and,
+checkpoint whose other tensors are bf16, as DeepSeek ships them, on dp_shard 2 x ep 2, on
+dp_shard 2 x tp 2 (a variant of its spec compiled by the test) and,
 with dimensions that are multiples of 128 and 128 x 128 blocks, on dp_shard 4; the example
 Llama (rope rows, fused q|k|v and gate|up) on dp_shard 2 x tp 2 with blocks that its cuts
 cut, float32 and UE8M0 scales. Each load equals the reference dequantization bitwise
@@ -357,6 +358,15 @@ CASES = [
         DEEPSEEK, (("dp_shard", 2), ("ep", 2)), "deepseek", "ds", "ds_deq", (8, 8), rest="bfloat16"
     ),
     FP8Case(
+        "deepseek_v3_tp",  # compiled by _compile_tp
+        (("dp_shard", 2), ("tp", 2)),
+        "deepseek",
+        "ds",
+        "ds_deq",
+        (8, 8),
+        rest="bfloat16",
+    ),
+    FP8Case(
         "deepseek_v3_128",  # compiled by _compile_128
         (("dp_shard", 4), ("ep", 1)),
         "deepseek",
@@ -385,7 +395,7 @@ def _write_all(root: Path) -> None:
     write_checkpoint(root / "ds32")
     write_checkpoint(root / "ds32_128", **dict(DS128))
     src = {"llama": "llama32", "ds": "ds32", "ds128": "ds32_128"}
-    for case in CASES:
+    for case in {c.hf: c for c in CASES}.values():  # each checkpoint once
         qs = sc.quants(case.globs, case.block, case.fmt)
         rest = getattr(torch, case.rest) if case.rest else None
         base = case.hf.split("_")[0] if case.model == "llama" else case.hf
@@ -425,11 +435,50 @@ def _compile_128(gen: Path, hf_dir: Path) -> None:
     shardspec("compile", str(gen / "deepseek_v3_128.shard"), "-o", str(gen))
 
 
+# specs/deepseek_v3.shard on dp_shard x tp: the experts' ffn, and every other 2-D weight's
+# rows but the embeddings', lm_head's and the router's, over tp (placements only: `style
+# none`, as a load needs no forward).
+TP_EDITS = (
+    ("    dp_shard: *\n    ep: 2\n", "    dp_shard: *\n    tp: 2\n"),
+    (
+        "    shard experts over ep\n    style none\n}\nparam model.layers.*.mlp.experts.down_proj",
+        "    shard ffn over tp\n    style none\n}\nparam model.layers.*.mlp.experts.down_proj",
+    ),
+    (
+        "[experts, hidden, ffn] {\n    shard experts over ep\n",
+        "[experts, hidden, ffn] {\n    shard ffn over tp\n",
+    ),
+    (
+        "param **.weight [out, in] {}\n",
+        "param model.layers.*.mlp.gate.weight [out, in] {}\n"
+        "param model.embed_tokens.weight [out, in] {}\nparam lm_head.weight [out, in] {}\n"
+        "param **.weight [out, in] {\n    shard out over tp\n    style none\n}\n",
+    ),
+)
+
+
+def _compile_tp(gen: Path) -> None:
+    """specs/deepseek_v3.shard with ``TP_EDITS``, compiled to ``gen/deepseek_v3_tp.py``."""
+    from tests.test_hf import shardspec
+
+    text = (REPO / "specs" / "deepseek_v3.shard").read_text(encoding="utf-8")
+    for old, new in TP_EDITS:
+        assert text.count(old) == 1, f"specs/deepseek_v3.shard changed: {old!r}"
+        text = text.replace(old, new)
+    gen.mkdir(parents=True, exist_ok=True)
+    for name in ("deepseek_v3.manifest.json", "deepseek_v3.hf.json"):
+        (gen / name).write_bytes((REPO / "specs" / name).read_bytes())
+    (gen / "deepseek_v3_tp.shard").write_text(text, encoding="utf-8")
+    shardspec("lint", str(gen / "deepseek_v3_tp.shard"))
+    shardspec("compile", str(gen / "deepseek_v3_tp.shard"), "-o", str(gen))
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("hf_fp8")
     _write_all(root)
     _compile_128(root / "gen", root / "ds32_128")
+    _compile_tp(root / "gen")
     ranks = run_ranks(sc.run_all, 4, str(root), [*CASES, DAMAGED], timeout=900)
     return {"root": root, "ranks": ranks}
 

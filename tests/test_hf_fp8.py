@@ -275,6 +275,35 @@ def test_a_damaged_checkpoint_is_refused_and_the_model_unchanged(
     assert all(bool((p == 7.0).all()) for p in model.parameters())
 
 
+def test_ue8m0_scales_stored_as_e8m0_load_as_float32_ones(llama_fp8: Path, tmp_path: Path) -> None:
+    """UE8M0 scales may be stored as F8_E8M0 (a byte of exponent): the same values as
+    their float32 copy, the same load, bitwise; a float32 line refuses them."""
+    qs = sc.quants(sc.LLAMA_GLOBS, BLOCK, "ue8m0")
+    sc.write_fp8(str(llama_fp8.parent / "llama"), str(tmp_path / "f32"), qs)
+
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tmp_path / "f32", tmp_path / "e8")
+    for f in sorted((tmp_path / "e8").glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for k in [k for k in tensors if k.endswith("_scale_inv")]:
+            tensors[k] = tensors[k].to(torch.float8_e8m0fnu)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    assert any(t.dtype == torch.float8_e8m0fnu for t in hf_state(str(tmp_path / "e8")).values())
+    layout, float32, model = _layout_and_model()  # float32: the same lines, float32 scales
+    hfmap = dataclasses.replace(layout.HF, quants=qs)
+    states = []
+    for name in ("f32", "e8"):
+        _, _, model = _layout_and_model()
+        hfrt.load_hf(layout.SPEC, hfmap, model, str(tmp_path / name), MESH)
+        states.append(model.state_dict())
+    assert all(same_bits(states[0][k], states[1][k]) for k in states[0])
+    with pytest.raises(hfrt.HFError, match="the file stores F8_E8M0, a float32 scale is F32"):
+        hfrt.load_hf(layout.SPEC, float32, model, str(tmp_path / "e8"), MESH)
+
+
 def test_a_scale_without_its_declaration_is_unexpected(llama_fp8: Path) -> None:
     """Without the FP8 lines the scales are keys nothing reads, and the FP8 weights do
     not fit the manifest's dtypes: the load is refused, the model unchanged."""
@@ -554,3 +583,92 @@ def test_a_damaged_scale_fails_the_ranks_that_read_it(results: dict) -> None:
     for r in failed:
         assert f"{DAMAGED.key}_scale_inv: scale nan at block [0, 0]" in raised[r]
         assert items[r].extra["unchanged"]
+
+
+# ---------------------------------------------------------------- fuzz: damaged FP8 data
+
+_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e8m0fnu, torch.int32)
+_WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.uint8)
+
+
+@st.composite
+def _damage(draw: Any) -> dict[str, Any]:
+    """Each kind of damage, or none (so that some checkpoints stay loadable)."""
+
+    def maybe(strategy: Any) -> Any:
+        return draw(st.one_of(st.none(), strategy))
+
+    finite = st.floats(1e-30, 1e30).map(
+        lambda x: int(torch.tensor([x]).view(torch.int32)[0]) & 0xFFFFFFFF
+    )
+    return {
+        "bits": draw(st.one_of(finite, st.integers(0, 2**32 - 1))),  # one block's scale
+        "block": (draw(st.integers(0, 7)), draw(st.integers(0, 7))),
+        "scale_dtype": maybe(st.sampled_from(_SCALE_DTYPES)),
+        "weight_dtype": maybe(st.sampled_from(_WEIGHT_DTYPES)),
+        "grow": maybe(st.tuples(st.integers(-1, 1), st.integers(-1, 1))),  # the scale's shape
+    }
+
+
+def _apply(damage: dict) -> Any:
+    def change(t: dict, wm: dict) -> None:
+        s = t[SCALE].clone()
+        bits = torch.tensor([damage["bits"]], dtype=torch.int64).to(torch.int32)
+        s[damage["block"]] = bits.view(torch.float32)[0]
+        if damage["grow"] is not None:
+            rows, cols = (n + g for n, g in zip(s.shape, damage["grow"], strict=True))
+            s = torch.nn.functional.pad(s, (0, 1, 0, 1))[:rows, :cols].contiguous()
+        t[SCALE] = s if damage["scale_dtype"] is None else s.to(damage["scale_dtype"])
+        if damage["weight_dtype"] is not None:
+            t[KEY] = t[KEY].to(torch.float32).to(damage["weight_dtype"])
+
+    return change
+
+
+def test_fuzzed_fp8_tensors_load_or_refuse_cleanly(llama_fp8: Path) -> None:
+    """One FP8 weight and its scale damaged at random (a scale block's bits, the scale's
+    dtype and shape, the weight's dtype), 40 cases: load_hf loads exactly when the result
+    is defined, and then equals the reference dequantization bitwise (through the hand
+    conversion); otherwise it raises an HFError with the model unchanged; never another
+    exception. Both outcomes occur."""
+    seen = {"loaded": 0, "refused": 0}
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(damage=_damage())
+    def one(damage: dict) -> None:
+        seen[_load_damaged(llama_fp8, damage)] += 1
+
+    one()
+    assert seen["refused"] > 0 and seen["loaded"] > 0, seen
+
+
+def _load_damaged(llama_fp8: Path, damage: dict) -> str:
+    """``"refused"`` (an HFError, the model unchanged) or ``"loaded"`` (checked)."""
+    import tempfile
+
+    from examples.models import hf as hfm
+    from examples.models import llama
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _damaged(llama_fp8, Path(tmp) / "ckpt", _apply(damage))
+        stored = hf_state(str(folder))
+        layout, hfmap, model = _layout_and_model()
+        try:
+            hfrt.load_hf(layout.SPEC, hfmap, model, str(folder), MESH)
+        except hfrt.HFError as e:
+            assert all(bool((p == 7.0).all()) for p in model.parameters()), (damage, str(e))
+            return "refused"
+    q, s = stored[KEY], stored[SCALE]
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32, damage
+    assert s.shape == (8, 8) and bool((torch.isfinite(s) & (s > 0)).all()), damage
+    deq = {}
+    for k, t in stored.items():
+        bq = hfmap.quant_of(k)
+        if bq is not None:
+            deq[k] = sc.ref_dequantize(t, stored[bq.scale_key(k)], BLOCK)
+        elif not hfmap.is_scale(k):
+            deq[k] = t
+    want = hfm.llama_from_hf(deq, llama.LlamaConfig())
+    for fqn, p in model.state_dict().items():
+        assert same_bits(p, want[fqn].float()), (fqn, damage)
+    return "loaded"

@@ -305,13 +305,18 @@ def test_ue8m0_scales_stored_as_e8m0_load_as_float32_ones(llama_fp8: Path, tmp_p
 
 
 def test_a_scale_without_its_declaration_is_unexpected(llama_fp8: Path) -> None:
-    """Without the FP8 lines the scales are keys nothing reads, and the FP8 weights do
-    not fit the manifest's dtypes: the load is refused, the model unchanged."""
+    """Without the FP8 lines the scales are keys nothing reads, and FP8 weights are
+    refused whatever the options (their values need their scales): the load is refused,
+    the model unchanged."""
     import generated.llama as layout
 
     _, _, model = _layout_and_model()
     with pytest.raises(hfrt.HFError, match=f"{SCALE}: unexpected key"):
         hfrt.load_hf(layout.SPEC, layout.HF, model, str(llama_fp8), MESH)
+    # the scales dropped, the FP8 weights are still refused: never cast without scales
+    dropped = dataclasses.replace(layout.HF, drops=(*layout.HF.drops, "**_scale_inv"))
+    with pytest.raises(hfrt.HFError, match=f"{KEY}: the file stores F8_E4M3, which no fp8"):
+        hfrt.load_hf(layout.SPEC, dropped, model, str(llama_fp8), MESH, other_dtypes=True)
     assert all(bool((p == 7.0).all()) for p in model.parameters())
 
 

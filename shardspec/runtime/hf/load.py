@@ -286,6 +286,8 @@ def _tensor_problems(
                 problems.append(f"{source_key}: FP8 data for a {dtype} tensor ({name})")
             continue
         found = _dtype_problem(sl.get_dtype(), dtype, hfmap.rules[rule], other_dtypes)
+        if sl.get_dtype() in FP8_SAFETENSORS.values():
+            found = f"the file stores {sl.get_dtype()}, which no fp8 line declares", _UNSCALED
         if found is not None:
             problems.append(f"{source_key}: {found[0]} (in {rel}, for {name})")
             hints[found[1]] = None
@@ -336,6 +338,11 @@ _CROSS_KIND = (
     "load_hf never casts between integer, bool and floating data: the header may have been "
     "relabelled (F32 bytes called I32), or the checkpoint needs a conversion of its own "
     "(a quantized one)"
+)
+_UNSCALED = (
+    "FP8 weights are stored with block scales (DeepSeek-V3's weight_scale_inv): cast "
+    "without them, their values are wrong. Declare them in the hf block (fp8 GLOB scale "
+    "{key}_scale_inv block 128 x 128), and load_hf dequantizes them"
 )
 _NOT_MANIFEST = (
     "A dtype other than the HF manifest's: a relabelled header, or another checkpoint than "

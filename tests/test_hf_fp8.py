@@ -368,6 +368,45 @@ def test_an_export_keeps_unmatched_keys_and_writes_the_config(tmp_path: Path) ->
     )
 
 
+def test_an_export_without_fp8_drops_a_copied_fp8_quantization_config(tmp_path: Path) -> None:
+    """A config copied from an FP8 checkpoint, with an export that writes no FP8 tensor:
+    its fp8 quantization_config goes (transformers would read the tensors as FP8); other
+    keys stay."""
+    import generated.llama as layout
+
+    _, hfmap, model = _layout_and_model()
+    config = {
+        "model_type": "llama",
+        "quantization_config": fp8.quantization_config(hfmap.quants[0]),
+    }
+    hfrt.export_hf(layout.SPEC, layout.HF, model, str(tmp_path / "out"), MESH, config=config)
+    data = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert data == {"model_type": "llama"}
+
+
+def test_a_tie_alias_not_written_takes_its_scale_along(tmp_path: Path) -> None:
+    """lm_head.weight tied to the embedding, both declared FP8: the alias is left out, and
+    so is its scale (the index names only what the files hold)."""
+    layout, hfmap, model = _layout_and_model()
+    with torch.no_grad():
+        model.output.weight.copy_(model.tok_embeddings.weight)
+    both = (
+        BlockQuant("lm_head.weight", block=BLOCK),
+        BlockQuant("model.embed_tokens.weight", block=BLOCK),
+    )
+    hfmap = dataclasses.replace(hfmap, quants=(*both, *hfmap.quants))
+    out = tmp_path / "out"
+    report = hfrt.export_hf(
+        layout.SPEC, hfmap, model, str(out), MESH, config={"tie_word_embeddings": True}
+    )
+    assert report.aliases_not_written == ["lm_head.weight"]
+    state = hf_state(str(out))
+    assert "model.embed_tokens.weight_scale_inv" in state
+    assert not {"lm_head.weight", "lm_head.weight_scale_inv"} & set(state)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(state)
+
+
 # -------------------------------------------------------------- 4 gloo ranks, one spawn
 
 DS128 = (

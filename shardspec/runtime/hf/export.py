@@ -351,18 +351,30 @@ def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
 
 def _write_config(config: Any, path: str, quant: BlockQuant | None = None) -> None:
     """``config.json`` in the folder ``path``, from ``config``; with ``quant`` (the
-    export wrote block-scaled FP8 tensors), its ``quantization_config`` says so."""
+    export wrote block-scaled FP8 tensors), its ``quantization_config`` says so; without,
+    an FP8 ``quantization_config`` (a config copied from an FP8 checkpoint) is removed,
+    since transformers would read the export's tensors as FP8."""
     if config is None:
         return
     target = os.path.join(path, "config.json")
     _copy_config(config, target)
+    data = read_json(target)
+    if not isinstance(data, dict):
+        if quant is None:
+            return  # not a transformers config, but the caller's to give
+        raise HFError(f"config: {target} is not a JSON object for the quantization_config")
     if quant is not None:
-        data = read_json(target)
-        if not isinstance(data, dict):
-            raise HFError(f"config: {target} is not a JSON object")
         data["quantization_config"] = quantization_config(quant)
-        with open(target, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
+    elif _is_fp8(data.get("quantization_config")):
+        del data["quantization_config"]  # copied from an FP8 checkpoint: not this export
+    else:
+        return
+    with open(target, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+
+
+def _is_fp8(qc: Any) -> bool:
+    return isinstance(qc, Mapping) and qc.get("quant_method") == "fp8"
 
 
 def _copy_config(config: Any, target: str) -> None:
@@ -645,8 +657,10 @@ def _export_steps(
     tie_error = ties.pop(None, None)
     # aliases not written, from every writer
     for key in _gather_keys({k for k in ties if k is not None}, session.gather):
-        out.tensors.pop(key, None)
-        out.writer_of.pop(key, None)
+        bq = hfmap.quant_of(key)
+        for k in (key, bq.scale_key(key)) if bq is not None else (key,):
+            out.tensors.pop(k, None)
+            out.writer_of.pop(k, None)
         report.aliases_not_written.append(key)
     quant_error = _quantize_tensors(hfmap, out)
     writers = sorted(set(plan.writer.values()))

@@ -716,3 +716,23 @@ def _load_damaged(llama_fp8: Path, damage: dict) -> str:
     for fqn, p in model.state_dict().items():
         assert same_bits(p, want[fqn].float()), (fqn, damage)
     return "loaded"
+
+
+def test_the_reference_is_transformers_own_dequantization(results: dict) -> None:
+    """The owner agrees with the test's reference: transformers' own FP8 dequantization
+    (``Fp8Dequantize``, what ``from_pretrained`` runs on an FP8 checkpoint) gives the
+    reference's values bitwise for every FP8 tensor of the DeepSeek checkpoint (whole 8 x 8
+    blocks: transformers derives the block from the scale grid, so it reads only shapes
+    that are whole blocks)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    state = hf_state(str(results["root"] / "ds"))
+    deq = Fp8Dequantize(None)._dequantize_one
+    checked = 0
+    for key, q in state.items():
+        if q.dtype != torch.float8_e4m3fn:
+            continue
+        s = state[key + "_scale_inv"]
+        assert same_bits(deq(q, s, torch.float32), sc.ref_dequantize(q, s, (8, 8))), key
+        checked += 1
+    assert checked == 28

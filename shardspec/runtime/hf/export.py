@@ -652,7 +652,7 @@ def _export_steps(
     report.bytes_sent, report.bytes_received = messages.bytes_sent, messages.bytes_received
     received = exchange(messages, session.world, session.group)
     fulls = _assemble(plan, transfers, received, rank)
-    out = _hf_tensors(plan, fulls, rank, cast, hfmap)
+    out = _hf_tensors(plan, fulls, rank, cast)
     ties = _tie_decisions(hfmap, out.tensors, _config_ties(config))
     tie_error = ties.pop(None, None)
     # aliases not written, from every writer
@@ -739,7 +739,7 @@ def _assemble(
 
 
 def _hf_tensors(
-    plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, cast: _Cast, hfmap: HFMap
+    plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, cast: _Cast
 ) -> _RankTensors:
     """The Hugging Face tensors this rank writes (its units through the mapping's
     transforms, split parts placed in their tensor, each in its dtype: ``cast``; a
@@ -753,7 +753,7 @@ def _hf_tensors(
             if writer != rank:
                 continue
             part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
-            bq = hfmap.quant_of(key)
+            bq = plan.hfmap.quant_of(key)
             part = part.to(torch.float32 if bq is not None else cast.of(key, part.dtype))
             if bq is not None:
                 out.writer_of[bq.scale_key(key)] = writer

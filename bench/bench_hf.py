@@ -309,15 +309,18 @@ class _LazyHF(Mapping):
         return len(self._where)
 
 
-def load_full(model: Any, path: str, model_cfg: dict[str, int]) -> None:
-    """Baseline (a): every rank reads every tensor, converts by hand, distributes."""
+def load_full(
+    model: Any, path: str, model_cfg: dict[str, int], hf: Mapping[str, Any] | None = None
+) -> None:
+    """Baseline (a): every rank reads every tensor, converts by hand, distributes
+    (``hf``: the HF state dict to read instead of ``path``'s, read lazily)."""
     import torch
     from torch.distributed.tensor import distribute_tensor
 
     from examples.models import hf as hfm
     from examples.models.llama import LlamaConfig
 
-    full = hfm.llama_from_hf(_LazyHF(path), LlamaConfig(**model_cfg))
+    full = hfm.llama_from_hf(_LazyHF(path) if hf is None else hf, LlamaConfig(**model_cfg))
     with torch.no_grad():
         for fqn, p in model.named_parameters():
             dt = distribute_tensor(full.pop(fqn), p.device_mesh, p.placements)
@@ -465,7 +468,6 @@ def _rank(rank: int, world: int, opts: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from examples.models.llama import Llama, LlamaConfig
     from shardspec.runtime import dtensor as rt
     from shardspec.runtime import hf
 
@@ -476,11 +478,7 @@ def _rank(rank: int, world: int, opts: dict) -> dict:
     spec = bench_spec(cfg)
     hfmap = bench_hfmap(cfg)
     mesh = rt.build_mesh(spec, **opts["sizes"])
-    with torch.device("meta"):
-        model = Llama(LlamaConfig(**cfg))
-    rt.distribute(spec, model, mesh)
-    model.to_empty(device="cpu")
-    locals_ = {fqn: p.detach().to_local() for fqn, p in model.named_parameters()}
+    model, locals_ = distributed_llama(spec, cfg, mesh)
     owned = sum(t.numel() * t.element_size() for t in locals_.values())
 
     def ours() -> Any:
@@ -592,6 +590,21 @@ def _rank(rank: int, world: int, opts: dict) -> dict:
                 info["io"].setdefault(tag, []).append(io)
             order.reverse()
     return info
+
+
+def distributed_llama(spec: Any, cfg: dict[str, int], mesh: Any) -> tuple[Any, dict[str, Any]]:
+    """The Llama of ``cfg`` distributed on ``spec``'s layout (uninitialized memory), and
+    its parameters' local shards by name."""
+    import torch
+
+    from examples.models.llama import Llama, LlamaConfig
+    from shardspec.runtime import dtensor as rt
+
+    with torch.device("meta"):
+        model = Llama(LlamaConfig(**cfg))
+    rt.distribute(spec, model, mesh)
+    model.to_empty(device="cpu")
+    return model, {fqn: p.detach().to_local() for fqn, p in model.named_parameters()}
 
 
 def _counted(fn: Callable[[], Any]) -> tuple[Any, dict, dict, dict]:

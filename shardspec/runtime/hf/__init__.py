@@ -11,6 +11,11 @@ unexpected and mis-shaped keys, files outside the checkpoint directory, missing 
 truncated files), and the slices are read into staging buffers that are copied into the
 model only when every read succeeded.
 
+Block-scaled FP8 tensors (``HFMap.quants``, DeepSeek-V3's ``weight_scale_inv`` format):
+a rank reads the FP8 bytes of its own box and only the scale blocks that cover it, and
+dequantizes them before the line's transforms; ``export_hf`` quantizes each such tensor per
+block on the rank that writes it (:mod:`~shardspec.runtime.hf.fp8`).
+
 ``export_hf`` writes the model as sharded safetensors files with an index. Each stored
 chunk is sent once, by the replica the checkpoint writer balancing chose, to the rank
 that writes the tensor (through host memory, over the export's gloo group:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from shardspec.core.hfmap import (
+    BlockQuant,
     HFMap,
     Source,
     Split,
@@ -41,6 +42,7 @@ from shardspec.runtime.hf.common import (
 )
 from shardspec.runtime.hf.exchange import Messages, exchange, stage_messages
 from shardspec.runtime.hf.folders import ExportSession, Gather, attempt, attempt_value, target
+from shardspec.runtime.hf.fp8 import quantization_config, quantize, quantized_nbytes
 from shardspec.runtime.spec import CompiledSpec, SpecError
 from shardspec.runtime.units import (
     CheckpointError,
@@ -69,6 +71,7 @@ class _ExportPlan:
     sources: dict[str, Source]  # unit name -> the Hugging Face tensor(s) it is written as
     writer: dict[str, int]  # unit name -> the rank that writes its tensor(s)
     chunks: dict[str, list[_Chunk]]  # unit name -> its stored chunks, each with its sender
+    hfmap: HFMap
 
 
 def _export_plan(
@@ -94,7 +97,7 @@ def _export_plan(
     chunks = _global_chunks(m.names, lm, m.params, plan_of)
     todo = [units[n] for n in sorted(sources)]
     writer = _colocate_ties(hfmap, sources, _assign(_bundles(todo, sources), lm.world))
-    return _ExportPlan(todo, sources, writer, chunks)
+    return _ExportPlan(todo, sources, writer, chunks, hfmap)
 
 
 def _global_chunks(
@@ -346,10 +349,35 @@ def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
     return t.contiguous()
 
 
-def _write_config(config: Any, path: str) -> None:
+def _write_config(config: Any, path: str, quant: BlockQuant | None = None) -> None:
+    """``config.json`` in the folder ``path``, from ``config``; with ``quant`` (the
+    export wrote block-scaled FP8 tensors), its ``quantization_config`` says so; without,
+    an FP8 ``quantization_config`` (a config copied from an FP8 checkpoint) is removed,
+    since transformers would read the export's tensors as FP8."""
     if config is None:
         return
     target = os.path.join(path, "config.json")
+    _copy_config(config, target)
+    data = read_json(target)
+    if not isinstance(data, dict):
+        if quant is None:
+            return  # not a transformers config, but the caller's to give
+        raise HFError(f"config: {target} is not a JSON object for the quantization_config")
+    if quant is not None:
+        data["quantization_config"] = quantization_config(quant)
+    elif _is_fp8(data.get("quantization_config")):
+        del data["quantization_config"]  # copied from an FP8 checkpoint: not this export
+    else:
+        return
+    with open(target, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+
+
+def _is_fp8(qc: Any) -> bool:
+    return isinstance(qc, Mapping) and qc.get("quant_method") == "fp8"
+
+
+def _copy_config(config: Any, target: str) -> None:
     if isinstance(config, (str, os.PathLike)):
         src = os.fspath(config)
         if os.path.isdir(src):
@@ -530,8 +558,29 @@ def _export_hf(
     sources, problems = resolve_sources(hfmap, m.units, strict=True)
     raise_problems(problems + _written_twice(sources), path)
     cast.check(key for src in sources.values() for key in src.keys)
+    _export_quant(hfmap, sources)
     session = ExportSession(path, rank, _export_group(process_group))
     return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite)
+
+
+def _export_quant(hfmap: HFMap, sources: Mapping[str, Source]) -> BlockQuant | None:
+    """The FP8 declaration the export's block-scaled tensors share (transformers'
+    ``quantization_config`` holds one block size and one FP8 format), or None when the
+    export writes none; two that differ are an error, before anything is written."""
+    used: dict[tuple, BlockQuant] = {}
+    for src in sources.values():
+        for key in src.keys:
+            bq = hfmap.quant_of(key)
+            if bq is not None:
+                used.setdefault((bq.block, bq.dtype, bq.scale_format), bq)
+    if len(used) > 1:
+        lines = ", ".join(f"line {bq.line}: {bq} ({bq.dtype})" for bq in used.values())
+        raise HFError(
+            f"export_hf: the hf block's FP8 lines differ in block size, FP8 dtype or scale "
+            f"format ({lines}); transformers' quantization_config states one of each, so "
+            "the export could not say how its tensors are stored; nothing was written"
+        )
+    return next(iter(used.values()), None)
 
 
 @dataclass
@@ -608,9 +657,12 @@ def _export_steps(
     tie_error = ties.pop(None, None)
     # aliases not written, from every writer
     for key in _gather_keys({k for k in ties if k is not None}, session.gather):
-        out.tensors.pop(key, None)
-        out.writer_of.pop(key, None)
+        bq = hfmap.quant_of(key)
+        for k in (key, bq.scale_key(key)) if bq is not None else (key,):
+            out.tensors.pop(k, None)
+            out.writer_of.pop(k, None)
         report.aliases_not_written.append(key)
+    quant_error = _quantize_tensors(hfmap, out)
     writers = sorted(set(plan.writer.values()))
     file_of = {
         r: f"model-{i + 1:05d}-of-{len(writers):05d}.safetensors" for i, r in enumerate(writers)
@@ -620,14 +672,19 @@ def _export_steps(
         report.file = file_of[rank]
         report.tensors = len(tensors)
         report.bytes_written = sum(t.numel() * t.element_size() for t in tensors.values())
-    mine = tie_error or (
-        attempt(lambda: session.write(tensors, file_of[rank])) if tensors else None
+    mine = (
+        tie_error
+        or quant_error
+        or (attempt(lambda: session.write(tensors, file_of[rank])) if tensors else None)
     )
     session.written(mine)
     error = None
     if rank == 0:
         index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), cast)
-        error = attempt(lambda: session.finish(index, lambda folder: _write_config(config, folder)))
+        quant = _export_quant(hfmap, plan.sources)
+        error = attempt(
+            lambda: session.finish(index, lambda folder: _write_config(config, folder, quant))
+        )
     session.finished_by_rank0(error)
     return report
 
@@ -685,8 +742,9 @@ def _hf_tensors(
     plan: _ExportPlan, fulls: Mapping[str, torch.Tensor], rank: int, cast: _Cast
 ) -> _RankTensors:
     """The Hugging Face tensors this rank writes (its units through the mapping's
-    transforms, split parts placed in their tensor, each in its dtype: ``cast``), and
-    every key's writer."""
+    transforms, split parts placed in their tensor, each in its dtype: ``cast``; a
+    block-scaled FP8 key in float32, quantized by :func:`_quantize_tensors`), and every
+    key's writer."""
     out = _RankTensors()
     for u in plan.units:
         src, writer = plan.sources[u.name], plan.writer[u.name]
@@ -695,7 +753,10 @@ def _hf_tensors(
             if writer != rank:
                 continue
             part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
-            part = part.to(cast.of(key, part.dtype))
+            bq = plan.hfmap.quant_of(key)
+            part = part.to(torch.float32 if bq is not None else cast.of(key, part.dtype))
+            if bq is not None:
+                out.writer_of[bq.scale_key(key)] = writer
             if src.split is None:
                 out.tensors[key] = part
                 continue
@@ -705,6 +766,22 @@ def _hf_tensors(
                 whole = out.tensors[key] = torch.empty(src.shape, dtype=part.dtype)
             _place_part(whole, part, src.split)
     return out
+
+
+def _quantize_tensors(hfmap: HFMap, out: _RankTensors) -> str | None:
+    """Replace each block-scaled FP8 key's float32 tensor in ``out`` by its FP8 tensor
+    and add its scale (:func:`~shardspec.runtime.hf.fp8.quantize`: the writer holds the
+    whole tensor, so each block has exactly one writer); an error as text for a tensor
+    that cannot be quantized (every rank then raises it)."""
+    for key in sorted(out.tensors):
+        bq = hfmap.quant_of(key)
+        if bq is None:
+            continue
+        try:
+            out.tensors[key], out.tensors[bq.scale_key(key)] = quantize(out.tensors[key], bq)
+        except ValueError as e:
+            return f"HFError: {key}: {e}; its FP8 export (line {bq.line}: {bq}) is impossible"
+    return None
 
 
 def _place_part(whole: torch.Tensor, part: torch.Tensor, split: Split) -> None:
@@ -724,12 +801,16 @@ def _index(
     cast: _Cast,
 ) -> dict[str, Any]:
     """The checkpoint's ``model.safetensors.index.json``."""
-    total = sum(
-        math.prod(u.shape) // len(plan.sources[u.name].keys) * cast.of(key, u.dtype).itemsize
-        for u in plan.units
-        for key in plan.sources[u.name].keys
-        if key not in skipped
-    )
+    size_of: dict[str, int] = {}  # every key written (a split one once), in bytes
+    for u in plan.units:
+        src = plan.sources[u.name]
+        for key in src.keys:
+            bq = plan.hfmap.quant_of(key)
+            if bq is not None:
+                size_of[key] = quantized_nbytes(bq, src.shape)
+            else:
+                size_of[key] = math.prod(src.shape) * cast.of(key, u.dtype).itemsize
+    total = sum(n for key, n in size_of.items() if key not in skipped)
     return {
         "metadata": {"total_size": total},
         "weight_map": {k: file_of[r] for k, r in sorted(writer_of.items())},

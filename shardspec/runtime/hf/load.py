@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from shardspec.core.hfmap import (
+    BlockQuant,
     HFMap,
     Source,
     Split,
@@ -32,6 +33,7 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     weight_map_of,
 )
+from shardspec.runtime.hf.fp8 import FP8_SAFETENSORS, DequantSlice, scale_dtypes
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
     unit_commit,
@@ -61,12 +63,14 @@ def _read_box(
     offsets: Sequence[int],
     sizes: Sequence[int],
     split: Split | None = None,
+    sl: Any = None,
 ) -> torch.Tensor:
     """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
     its part ``split``), read with safetensors slicing (only the box's bytes; a grouped
-    part's strided indices as strided slices)."""
+    part's strided indices as strided slices); ``sl``: the slice to read instead of the
+    file's own (an FP8 tensor's :class:`~shardspec.runtime.hf.fp8.DequantSlice`)."""
     per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
-    sl = handle.get_slice(key)
+    sl = handle.get_slice(key) if sl is None else sl
     if not per_dim:
         return handle.get_tensor(key)
     dim_runs = [strided_runs(idx) for idx in per_dim]
@@ -134,6 +138,7 @@ class _Box:
     key: str
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    quant: BlockQuant | None = None  # block-scaled FP8 in the file: dequantized as read
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,7 @@ def load_hf(
     _open_files(ckpt, report)
     problems, hints = _tensor_problems(ckpt, keys, hfmap, other_dtypes)
     raise_problems(problems, path, hints)
-    reads = _rank_reads(m.local, sources, keys.read_from)
+    reads = _rank_reads(m.local, sources, keys.read_from, hfmap)
     _place(_stage(ckpt, reads, report, _progress(_nbytes(reads), progress, rank)))
     return report
 
@@ -228,7 +233,12 @@ def _needed_keys(
                 out.problems.append(f"{key}: missing from the checkpoint (needed for {name})")
     aliases = {a for a, _ in hfmap.ties}
     for key in sorted(weight_map):
-        if key not in out.expected and key not in aliases and not hfmap.dropped(key):
+        if (
+            key not in out.expected
+            and key not in aliases
+            and not hfmap.dropped(key)
+            and not hfmap.is_scale(key)
+        ):
             out.problems.append(
                 f"{key}: unexpected key (the hf mapping neither reads nor drops it)"
             )
@@ -269,17 +279,70 @@ def _tensor_problems(
                 f"{list(keys.expected[key])}"
             )
         name, rule, dtype = keys.unit_of[key]
+        bq = hfmap.quant_of(source_key)
+        if bq is not None:
+            problems += _quant_problems(ckpt, file_keys, source_key, got, sl.get_dtype(), bq)
+            if not dtype.is_floating_point:
+                problems.append(f"{source_key}: FP8 data for a {dtype} tensor ({name})")
+            continue
         found = _dtype_problem(sl.get_dtype(), dtype, hfmap.rules[rule], other_dtypes)
+        if sl.get_dtype() in FP8_SAFETENSORS.values():
+            found = f"the file stores {sl.get_dtype()}, which no fp8 line declares", _UNSCALED
         if found is not None:
             problems.append(f"{source_key}: {found[0]} (in {rel}, for {name})")
             hints[found[1]] = None
     return problems, list(hints)
 
 
+def _quant_problems(
+    ckpt: _Checkpoint,
+    file_keys: Mapping[str, set[str]],
+    key: str,
+    shape: tuple[int, ...],
+    got: str,
+    bq: BlockQuant,
+) -> list[str]:
+    """A block-scaled FP8 key's problems: its dtype is the declared FP8 dtype, and its
+    scale is in the checkpoint with the shape and a dtype of its format (its values are
+    checked where a rank reads them)."""
+    out = []
+    want = FP8_SAFETENSORS[bq.dtype]
+    if got != want:
+        out.append(
+            f"{key}: the file stores {got}, the hf block declares it {bq.dtype} ({want}) "
+            f"stored block-scaled (line {bq.line}: {bq})"
+        )
+    skey = bq.scale_key(key)
+    rel = ckpt.weight_map.get(skey)
+    if rel is None or skey not in file_keys[rel]:
+        where = "from the checkpoint" if rel is None else f"from {rel}, where the index puts it"
+        return [*out, f"{skey}: missing {where} (the scale of {key}, line {bq.line}: {bq})"]
+    ssl = ckpt.handles[rel].get_slice(skey)
+    sshape, sdtype = tuple(ssl.get_shape()), ssl.get_dtype()
+    if len(shape) < 2 or sshape != bq.scale_shape(shape):
+        blocks = f"{bq.block[0]} x {bq.block[1]}"
+        want_shape = list(bq.scale_shape(shape)) if len(shape) >= 2 else "none (not 2-D)"
+        out.append(
+            f"{skey}: shape {list(sshape)}, the scale of {key} {list(shape)} in blocks of "
+            f"{blocks} has shape {want_shape}"
+        )
+    if sdtype not in scale_dtypes(bq):
+        out.append(
+            f"{skey}: the file stores {sdtype}, a {bq.scale_format} scale is "
+            f"{' or '.join(scale_dtypes(bq))}"
+        )
+    return out
+
+
 _CROSS_KIND = (
     "load_hf never casts between integer, bool and floating data: the header may have been "
     "relabelled (F32 bytes called I32), or the checkpoint needs a conversion of its own "
     "(a quantized one)"
+)
+_UNSCALED = (
+    "FP8 weights are stored with block scales (DeepSeek-V3's weight_scale_inv): cast "
+    "without them, their values are wrong. Declare them in the hf block (fp8 GLOB scale "
+    "{key}_scale_inv block 128 x 128), and load_hf dequantizes them"
 )
 _NOT_MANIFEST = (
     "A dtype other than the HF manifest's: a relabelled header, or another checkpoint than "
@@ -313,9 +376,15 @@ def _rank_reads(
     local: Mapping[str, tuple[Unit, torch.Tensor]],
     sources: Mapping[str, Source],
     read_from: Mapping[str, str],
+    hfmap: HFMap,
 ) -> list[_UnitRead]:
     """The slices that fill this rank's (non-empty, mapped) storage-unit chunks."""
     out = []
+
+    def box(key: str, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Box:
+        key = read_from[key]
+        return _Box(key, offsets, sizes, hfmap.quant_of(key))
+
     for unit, tensor in local.values():
         src = sources.get(unit.key)
         if src is None or unit.empty:
@@ -323,11 +392,11 @@ def _rank_reads(
         if src.stacked:
             first, count = unit.offsets[0], unit.sizes[0]
             boxes = tuple(
-                _Box(read_from[src.keys[e]], unit.offsets[1:], unit.sizes[1:])
+                box(src.keys[e], unit.offsets[1:], unit.sizes[1:])
                 for e in range(first, first + count)
             )
         else:
-            boxes = (_Box(read_from[src.keys[0]], unit.offsets, unit.sizes),)
+            boxes = (box(src.keys[0], unit.offsets, unit.sizes),)
         out.append(_UnitRead(unit, tensor, src, boxes))
     return out
 
@@ -345,10 +414,10 @@ def _stage(
     staged = []
     try:
         for r in reads:
-            box = _read_unit(ckpt, r)
+            box, read, owned = _read_unit(ckpt, r)
             report.reads += len(r.boxes)
-            report.bytes_read += box.numel() * box.element_size()
-            report.bytes_owned += math.prod(r.unit.sizes) * box.element_size()
+            report.bytes_read += read
+            report.bytes_owned += owned
             data = box.to(dtype=r.tensor.dtype, device=r.tensor.device)
             staged.append(_Staged(r.unit, r.tensor, data))
             report.units += 1
@@ -364,14 +433,35 @@ def _stage(
     return staged
 
 
-def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> torch.Tensor:
-    """One chunk's boxes, read (and stacked for a stacked source)."""
+def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]:
+    """One chunk's boxes, read (and stacked for a stacked source), with the bytes read
+    and the bytes the chunk owns, in the files' dtypes (an FP8 box owns its FP8 bytes and
+    its share of its tensor's scale bytes: 4 per block of ``R x C`` elements)."""
     src = r.source
-    parts = [
-        _read_box(ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split)
-        for b in r.boxes
-    ]
-    return torch.stack(parts) if src.stacked else parts[0]
+    parts, read, owned = [], 0, 0
+    for b in r.boxes:
+        n = math.prod(b.sizes)
+        if b.quant is None:
+            part = _read_box(
+                ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split
+            )
+            read += part.numel() * part.element_size()
+            owned += n * part.element_size()
+        else:
+            skey = b.quant.scale_key(b.key)
+            sl = DequantSlice(
+                ckpt.handle(b.key).get_slice(b.key),
+                ckpt.handle(skey).get_slice(skey),
+                b.quant,
+                skey,
+            )
+            part = _read_box(
+                ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl
+            )
+            read += sl.bytes_read
+            owned += n + n * 4 // math.prod(b.quant.block)
+        parts.append(part)
+    return (torch.stack(parts) if src.stacked else parts[0]), read, owned
 
 
 def _place(staged: Sequence[_Staged]) -> None:

@@ -1,0 +1,149 @@
+"""Block-scaled FP8 tensors (DeepSeek-V3's ``weight_scale_inv`` format, declared by an
+``hf`` block's :class:`~shardspec.core.hfmap.BlockQuant`): the block arithmetic of
+``load_hf`` and ``export_hf``, in torch only.
+
+The format: an FP8 tensor ``q`` of shape ``(..., rows, cols)`` and a float32 tensor
+``scale`` of shape ``(..., ceil(rows / R), ceil(cols / C))``; the value is
+``w[..., r, c] = float32(q[..., r, c]) * scale[..., r // R, c // C]``.
+
+Load (:class:`DequantSlice`): a rank reads the FP8 bytes of its own box and only the scale
+blocks that cover it, and dequantizes them in the Hugging Face layout; the reader's
+transforms and splits then apply as to any tensor.
+
+Export (:func:`quantize`): per block, ``scale = amax / FP8_MAX[dtype]`` (``amax`` the
+largest ``|w|`` of the block, in float32), ``q = clamp(w / scale)`` cast to the FP8 dtype
+(round to nearest even); a block of zeros gets scale 1.0 (its ``q`` is zero, exact), and a
+scale that would underflow float32's normal range is raised to the smallest normal.
+``ue8m0``: the scale rounded up to a power of two. The scales are written as float32.
+Dequantizing in float32 and quantizing again gives back the same bytes and scales
+(``fl(fl(448 * s) / 448) == s`` for every ``s = fl(a / 448)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from shardspec.core.hfmap import FP8_MAX, BlockQuant
+
+# BlockQuant.dtype -> the torch dtype and the safetensors dtype name of the FP8 tensor
+FP8_TORCH = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+FP8_SAFETENSORS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+# transformers' ``quantization_config.fmt`` of each FP8 dtype
+FP8_FMT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def scale_dtypes(bq: BlockQuant) -> tuple[str, ...]:
+    """The safetensors dtypes a scale of ``bq`` may be stored in."""
+    return ("F32", "F8_E8M0") if bq.scale_format == "ue8m0" else ("F32",)
+
+
+def bad_scales(scale: torch.Tensor, bq: BlockQuant) -> str | None:
+    """Why the scale values ``scale`` (float32) cannot dequantize, or None: each must be
+    finite and positive, and a power of two for ``ue8m0``."""
+    bad = ~(torch.isfinite(scale) & (scale > 0))
+    if bool(bad.any()):
+        at = [int(i) for i in bad.nonzero()[0]]
+        return f"scale {float(scale[tuple(at)])} at block {at} (scales must be finite and > 0)"
+    if bq.scale_format == "ue8m0":
+        mantissa, _ = torch.frexp(scale)
+        off = mantissa != 0.5
+        if bool(off.any()):
+            at = [int(i) for i in off.nonzero()[0]]
+            return f"scale {float(scale[tuple(at)])} at block {at} is not a power of two (ue8m0)"
+    return None
+
+
+class DequantSlice:
+    """A safetensors slice of an FP8 tensor that reads as its dequantized float32 values:
+    ``self[slices]`` (one ``slice(start, stop, step)`` per dimension, as load's reader
+    asks) reads those FP8 elements and the scale blocks that cover them, and nothing else.
+    ``bytes_read`` counts both; a damaged scale among those read is an error naming
+    ``scale_key``."""
+
+    def __init__(self, data: Any, scale: Any, bq: BlockQuant, scale_key: str) -> None:
+        self.data, self.scale, self.bq, self.scale_key = data, scale, bq, scale_key
+        self.bytes_read = 0
+
+    def __getitem__(self, index: tuple[slice, ...]) -> torch.Tensor:
+        q = self.data[index]
+        *lead, rows, cols = index
+        if q.numel() == 0:
+            return torch.empty(q.shape, dtype=torch.float32)
+        blocks = [_covering(sl, n) for sl, n in zip((rows, cols), self.bq.block, strict=True)]
+        cover = tuple(slice(b[0], b[-1] + 1) for b in blocks)
+        s = self.scale[tuple(lead) + cover]
+        self.bytes_read += q.numel() * q.element_size() + s.numel() * s.element_size()
+        s = s.to(torch.float32)
+        why = bad_scales(s, self.bq)
+        if why is not None:
+            raise ValueError(f"{self.scale_key}: {why}")
+        for d, b in ((-2, blocks[0]), (-1, blocks[1])):
+            s = s.index_select(d, torch.tensor([i - b[0] for i in b], dtype=torch.long))
+        return q.to(torch.float32) * s
+
+
+def _covering(sl: slice, block: int) -> list[int]:
+    """For each index of the (non-empty) slice ``sl``, the index of its block."""
+    return [i // block for i in range(sl.start, sl.stop, sl.step or 1)]
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, block: Sequence[int]) -> torch.Tensor:
+    """The float32 values of the whole FP8 tensor ``q`` with its scales ``scale``."""
+    full = _expand(scale.to(torch.float32), q.shape, block)
+    return q.to(torch.float32) * full
+
+
+def _expand(scale: torch.Tensor, shape: Sequence[int], block: Sequence[int]) -> torch.Tensor:
+    """``scale`` with each block's value repeated over the block, cut to ``shape``."""
+    rows, cols = shape[-2:]
+    out = scale.repeat_interleave(block[0], dim=-2).narrow(-2, 0, rows)
+    return out.repeat_interleave(block[1], dim=-1).narrow(-1, 0, cols)
+
+
+def quantize(w: torch.Tensor, bq: BlockQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` of ``w`` (2-D, or stacked 3-D: a scale per matrix) under ``bq``:
+    the module's rule. Raises ValueError for a non-finite value (no scale can hold it)."""
+    w = w.to(torch.float32)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("it holds NaN or infinite values, which FP8 blocks cannot scale")
+    *lead, rows, cols = w.shape
+    r, c = bq.block
+    nr, nc = -(-rows // r), -(-cols // c)
+    padded = torch.zeros((*lead, nr * r, nc * c), dtype=torch.float32)
+    padded[..., :rows, :cols] = w.abs()
+    amax = padded.unflatten(-1, (nc, c)).unflatten(-3, (nr, r)).amax(dim=(-3, -1))
+    fmax = FP8_MAX[bq.dtype]
+    scale = amax / fmax
+    scale = torch.where(amax == 0, 1.0, scale.clamp(min=torch.finfo(torch.float32).tiny))
+    if bq.scale_format == "ue8m0":
+        mantissa, exponent = torch.frexp(scale)
+        scale = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).to(exponent))
+    q = (w / _expand(scale, w.shape, bq.block)).clamp(-fmax, fmax).to(FP8_TORCH[bq.dtype])
+    return q, scale
+
+
+def quantization_config(bq: BlockQuant) -> dict[str, Any]:
+    """transformers' ``quantization_config`` (``FineGrainedFP8Config``) of ``bq``."""
+    out: dict[str, Any] = {
+        "activation_scheme": "dynamic",
+        "fmt": FP8_FMT[bq.dtype],
+        "quant_method": "fp8",
+        "weight_block_size": list(bq.block),
+    }
+    if bq.scale_format == "ue8m0":
+        out["scale_fmt"] = "ue8m0"
+    return out
+
+
+def quantized_nbytes(bq: BlockQuant, shape: Sequence[int]) -> int:
+    """The bytes of an FP8 tensor of ``shape`` and its float32 scales."""
+    n = 1
+    for s in shape:
+        n *= s
+    m = 1
+    for s in bq.scale_shape(shape):
+        m *= s
+    return n * FP8_TORCH[bq.dtype].itemsize + m * 4

@@ -736,3 +736,57 @@ def test_the_reference_is_transformers_own_dequantization(results: dict) -> None
         assert same_bits(deq(q, s, torch.float32), sc.ref_dequantize(q, s, (8, 8))), key
         checked += 1
     assert checked == 28
+
+
+def test_the_fp8_spec_loads_deepseeks_fp8_release_end_to_end(tmp_path: Path) -> None:
+    """The language and the runtime together: specs/deepseek_v3_fp8.shard (its `fp8`
+    lines, compiled into generated/deepseek_v3_fp8.py) loads a checkpoint written as
+    DeepSeek-V3's FP8 release is (examples/make_hf_manifests.py: FP8 projections with a
+    float32 `weight_scale_inv` per 128 x 128 block, the rest BF16, the router's bias F32)
+    into transformers' own model, which then equals, parameters and buffers bitwise, what
+    transformers itself loads from the same checkpoint dequantized by the format's
+    definition (``ref_dequantize``; transformers stacks the per-expert keys itself)."""
+    from safetensors.torch import load_file, save_file
+
+    import generated.deepseek_v3_fp8 as layout
+    from examples import make_hf_manifests
+    from examples.models import hf as hf_models
+
+    folder = tmp_path / "fp8"
+    folder.mkdir()
+    make_hf_manifests._save("deepseek_v3_fp8", folder)
+    stored = load_file(folder / "model.safetensors")
+    axes = layout.SPEC.axes
+    one_rank = FakeMesh(axes, (1,) * len(axes), (0,) * len(axes))
+    model = hf_models.deepseek_v3_tiny()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    report = layout.load_hf(model, str(folder), one_rank, other_dtypes=True)
+    # one rank owns everything: it reads every byte once (its owned share of a partial
+    # block's scale is rounded down, hence at most the scales' bytes apart)
+    scales = sum(v.numel() * v.element_size() for k, v in stored.items() if "_scale_inv" in k)
+    assert report.bytes_owned <= report.bytes_read <= report.bytes_owned + scales
+    fp8_keys = [k for k, v in stored.items() if v.dtype == torch.float8_e4m3fn]
+    assert len(fp8_keys) > 10
+    # The owner: transformers loading the same checkpoint dequantized by the format's
+    # definition (its own key conversion stacks the per-expert tensors).
+    deq = {
+        k: sc.ref_dequantize(v, stored[f"{k}_scale_inv"], (128, 128))
+        if v.dtype == torch.float8_e4m3fn
+        else v.float()
+        for k, v in stored.items()
+        if not k.endswith("_scale_inv")
+    }
+    ref_dir = tmp_path / "dequantized"
+    ref_dir.mkdir()
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("quantization_config")
+    (ref_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    save_file(deq, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+    owner = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
+    want = owner.state_dict()
+    got = model.state_dict()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert same_bits(got[key], value), key

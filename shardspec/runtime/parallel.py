@@ -1200,26 +1200,33 @@ def _replicate_as_dtensors(model: nn.Module, fqns: list[str], dp: DeviceMesh) ->
         owner, _, leaf = fqn.rpartition(".")
         module = model.get_submodule(owner)
         param = module._parameters[leaf]
-        if param is None or isinstance(param, DTensor):
+        if param is None:
+            continue
+        if isinstance(param, DTensor):  # a style made it one: its gradient still averages
+            out.setdefault(id(param), param)
             continue
         new = out.get(id(param))
         if new is None:
             value = DTensor.from_local(param.detach(), dp, [Replicate()], run_check=False)
             new = out[id(param)] = nn.Parameter(value, requires_grad=param.requires_grad)
         module._parameters[leaf] = new
-        if not hasattr(module, "_shardspec_local_compute"):
-            module._shardspec_local_compute = []  # type: ignore[assignment]
+        replicas = module.__dict__.setdefault("_shardspec_replicas", set())
+        if not replicas:  # hooks once per module
+            module.__dict__.setdefault("_shardspec_local_compute", [])
             module.register_forward_pre_hook(_replicas_to_local)
             module.register_forward_hook(_restore_params, prepend=True, always_call=True)
+        replicas.add(leaf)
     return list(out.values())
 
 
 def _replicas_to_local(module: nn.Module, args: Any) -> None:
-    """Forward pre-hook of :func:`_replicate_as_dtensors`: the module's ``Replicate``
-    DTensor parameters become their local tensors for this call."""
+    """Forward pre-hook of :func:`_replicate_as_dtensors`: the parameters it made
+    ``Replicate`` DTensors become their local tensors for this call (the module's other
+    DTensor parameters, a style's, stay as they are)."""
     saved: dict[str, Any] = {}
-    for leaf, param in list(module._parameters.items()):
-        if isinstance(param, DTensor) and all(p.is_replicate() for p in param.placements):
+    for leaf in module._shardspec_replicas:  # type: ignore[union-attr]
+        param = module._parameters[leaf]
+        if isinstance(param, DTensor):
             saved[leaf] = param
             grad = tuple(Replicate() for _ in param.placements)
             module._parameters[leaf] = param.to_local(grad_placements=grad)

@@ -1210,12 +1210,16 @@ def _replicate_as_dtensors(model: nn.Module, fqns: list[str], dp: DeviceMesh) ->
             value = DTensor.from_local(param.detach(), dp, [Replicate()], run_check=False)
             new = out[id(param)] = nn.Parameter(value, requires_grad=param.requires_grad)
         module._parameters[leaf] = new
-        replicas = module.__dict__.setdefault("_shardspec_replicas", set())
+        # A list, in the model's order: every rank must swap (and so reach the gradient
+        # hooks' all-reduces) in the same order, which a set of names, hashed differently
+        # in each process, does not keep.
+        replicas = module.__dict__.setdefault("_shardspec_replicas", [])
         if not replicas:  # hooks once per module
             module.__dict__.setdefault("_shardspec_local_compute", [])
             module.register_forward_pre_hook(_replicas_to_local)
             module.register_forward_hook(_restore_params, prepend=True, always_call=True)
-        replicas.add(leaf)
+        if leaf not in replicas:
+            replicas.append(leaf)
     return list(out.values())
 
 

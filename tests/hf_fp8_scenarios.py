@@ -280,7 +280,14 @@ def _compare_export(item: Item, out: str, hf_dir: str, case: FP8Case) -> None:
         item.fail.append(f"{item.label} export: keys differ: {sorted(got.keys() ^ want.keys())}")
     item.extra["export fp8 keys"] = sum(t.dtype == torch.float8_e4m3fn for t in got.values())
     with open(os.path.join(out, "model.safetensors.index.json"), encoding="utf-8") as f:
-        total = json.load(f)["metadata"]["total_size"]
+        index = json.load(f)
+    total = index["metadata"]["total_size"]
+    # the index names every tensor the files hold (scales included), in the file holding it
+    if set(index["weight_map"]) != set(got):
+        item.fail.append(
+            f"{item.label} export: the index names {sorted(set(index['weight_map']) ^ set(got))}"
+            " differently from the files"
+        )
     if total != sum(t.numel() * t.element_size() for t in got.values()):
         item.fail.append(f"{item.label} export: the index's total_size {total} is wrong")
     hfmap = HFMap(quants=quants(case.globs, case.block, case.fmt))

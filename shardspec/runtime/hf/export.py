@@ -749,14 +749,16 @@ def _hf_tensors(
     for u in plan.units:
         src, writer = plan.sources[u.name], plan.writer[u.name]
         for k, key in enumerate(src.keys):
+            # Every rank records every key's writer (rank 0 writes the index from it),
+            # the scales of FP8 keys included.
             out.writer_of[key] = writer
+            bq = plan.hfmap.quant_of(key)
+            if bq is not None:
+                out.writer_of[bq.scale_key(key)] = writer
             if writer != rank:
                 continue
             part = _to_hf(fulls[u.name][k] if src.stacked else fulls[u.name], src.transforms)
-            bq = plan.hfmap.quant_of(key)
             part = part.to(torch.float32 if bq is not None else cast.of(key, part.dtype))
-            if bq is not None:
-                out.writer_of[bq.scale_key(key)] = writer
             if src.split is None:
                 out.tensors[key] = part
                 continue

@@ -152,6 +152,19 @@ def test_damaged_scale_values(value: float, says: str) -> None:
     assert fp8.bad_scales(torch.ones(2, 2), bq) is None
 
 
+def test_a_damaged_scale_is_named_at_its_place_in_the_whole_tensor() -> None:
+    """A box away from the tensor's start reads a part of the scales: the block named is
+    the whole scale tensor's, for the matrix's blocks and a stacked tensor's expert."""
+    bq = BlockQuant("w", block=(2, 2))
+    q = torch.ones(3, 8, 8).to(torch.float8_e4m3fn)
+    scale = torch.ones(3, 4, 4)
+    scale[2, 3, 2] = float("nan")
+    box = fp8.DequantSlice(q, scale, bq, "w_scale_inv")
+    with pytest.raises(ValueError, match=r"w_scale_inv: scale nan at block \[2, 3, 2\]"):
+        box[slice(1, 3, 1), slice(6, 8, 1), slice(4, 8, 1)]
+    assert box[slice(0, 2, 1), slice(6, 8, 1), slice(4, 8, 1)].shape == (2, 2, 4)
+
+
 def test_quantize_refuses_non_finite_values() -> None:
     w = torch.ones(4, 4)
     w[2, 3] = float("nan")

@@ -40,19 +40,30 @@ def scale_dtypes(bq: BlockQuant) -> tuple[str, ...]:
     return ("F32", "F8_E8M0") if bq.scale_format == "ue8m0" else ("F32",)
 
 
-def bad_scales(scale: torch.Tensor, bq: BlockQuant) -> str | None:
+def bad_scales(
+    scale: torch.Tensor, bq: BlockQuant, origin: Sequence[tuple[int, int]] = ()
+) -> str | None:
     """Why the scale values ``scale`` (float32) cannot dequantize, or None: each must be
-    finite and positive, and a power of two for ``ue8m0``."""
+    finite and positive, and a power of two for ``ue8m0``. ``scale`` may be a part of the
+    whole scale tensor: ``origin`` gives, per dimension, (start, step) of the part, so that
+    the block named is the whole tensor's."""
+
+    def where(mask: torch.Tensor) -> tuple[float, list[int]]:
+        at = [int(i) for i in mask.nonzero()[0]]
+        value = float(scale[tuple(at)])
+        starts = list(origin) or [(0, 1)] * len(at)
+        return value, [a + i * step for i, (a, step) in zip(at, starts, strict=True)]
+
     bad = ~(torch.isfinite(scale) & (scale > 0))
     if bool(bad.any()):
-        at = [int(i) for i in bad.nonzero()[0]]
-        return f"scale {float(scale[tuple(at)])} at block {at} (scales must be finite and > 0)"
+        value, at = where(bad)
+        return f"scale {value} at block {at} (scales must be finite and > 0)"
     if bq.scale_format == "ue8m0":
         mantissa, _ = torch.frexp(scale)
         off = mantissa != 0.5
         if bool(off.any()):
-            at = [int(i) for i in off.nonzero()[0]]
-            return f"scale {float(scale[tuple(at)])} at block {at} is not a power of two (ue8m0)"
+            value, at = where(off)
+            return f"scale {value} at block {at} is not a power of two (ue8m0)"
     return None
 
 
@@ -77,7 +88,8 @@ class DequantSlice:
         s = self.scale[tuple(lead) + cover]
         self.bytes_read += q.numel() * q.element_size() + s.numel() * s.element_size()
         s = s.to(torch.float32)
-        why = bad_scales(s, self.bq)
+        origin = [(sl.start or 0, sl.step or 1) for sl in lead] + [(b[0], 1) for b in blocks]
+        why = bad_scales(s, self.bq, origin)
         if why is not None:
             raise ValueError(f"{self.scale_key}: {why}")
         for d, b in ((-2, blocks[0]), (-1, blocks[1])):

@@ -141,7 +141,14 @@ def check_fp8_keys(spec: ir.Spec, hfm: HFManifest) -> list[Diagnostic]:
             continue
         if q is None:
             # (a key that a malformed line covers: SS110 is the cause)
-            if t.dtype.startswith("F8_") and not hfmap.dropped(key) and not full.quant_of(key):
+            # (a tie alias no line reads is never read: its source is, under its own name)
+            alias = hfmap.tie_of(key) is not None and not any(hfmap.consumers(key))
+            if (
+                t.dtype.startswith("F8_")
+                and not hfmap.dropped(key)
+                and not full.quant_of(key)
+                and not alias
+            ):
                 undeclared.setdefault(_group_key(key), []).append(key)
             continue
         used.add(q.line)

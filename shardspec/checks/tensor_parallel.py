@@ -499,7 +499,10 @@ def check_sequence_parallel(res: Resolved) -> list[Diagnostic]:
     from shardspec.core.styles import cuts_tokens
 
     sp: dict[str, ir.Rule] = {}
+    matched = {m.winner for _, m in res.params}
     for rule in res.spec.rules:
+        if rule.index not in matched:  # a rule that places nothing (SS041) asks nothing
+            continue
         st = rule.style
         if st is not None and cuts_tokens(
             {"kind": st.kind.text, "input": st.input.text if st.input is not None else None}

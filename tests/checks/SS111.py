@@ -45,6 +45,16 @@ CASES = [
         "expect": [],
     },
     {
+        "name": "an FP8 tie alias that no line reads needs no line (its source is read)",
+        "spec": SPEC.replace(
+            "    fp8 model.layers.*.gate\n",
+            "    fp8 model.layers.*.gate\n    tie model.mtp.up = model.layers.0.up\n",
+        ),
+        "manifest": MANIFEST,
+        "hf_manifest_text": fp8_hf_text({**FP8_TENSORS, "model.mtp.up": ([4, 8], "F8_E4M3")}),
+        "expect": [],
+    },
+    {
         "name": "every FP8 weight declared",
         "spec": SPEC,
         "manifest": MANIFEST,

@@ -78,6 +78,17 @@ CASES = [
         "expect": [],
     },
     {
+        "name": "a sequence_parallel rule that places nothing asks nothing (SS041 says so)",
+        "spec": spec("", "", norm="").replace(
+            "param attn_norm.weight [dim] {}\n",
+            "param attn_norm.weight [dim] {}\n"
+            "param nothing.*norm.weight [dim] {\n    style sequence_parallel\n}\n",
+        ),
+        "manifest": MANIFEST,
+        "modules": MODULES,
+        "expect": [("SS041", 13, "matches no parameter")],
+    },
+    {
         "name": "norms that cut heads, not tokens, ask nothing of rowwise modules",
         "spec": spec("", "", norm="\n    style sequence_parallel input heads\n"),
         "manifest": MANIFEST,

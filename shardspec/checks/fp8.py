@@ -1,5 +1,5 @@
 """Checks on an hf block's ``fp8`` lines: Hugging Face tensors stored block-scaled in FP8
-(DeepSeek-V3's ``weight`` + ``weight_scale_inv``, Qwen3's FP8 releases).
+(DeepSeek-V3's ``weight`` + ``weight_scale_inv``).
 
 * :func:`check_fp8_items` needs nothing but the spec (SS110 malformed lines);
 * :func:`check_fp8_keys` needs the HF manifest (no model manifest): FP8 keys no line

@@ -460,8 +460,8 @@ SCALE_FORMATS = ("float32", "ue8m0")
 
 @dataclass(frozen=True)
 class BlockQuant:
-    """An ``hf`` block's block-scaled FP8 declaration (DeepSeek-V3's format, Qwen3's FP8
-    releases): every HF key matching ``glob`` (``drop``'s glob syntax) is stored as
+    """An ``hf`` block's block-scaled FP8 declaration (DeepSeek-V3's format): every HF
+    key matching ``glob`` (``drop``'s glob syntax) is stored as
     ``dtype`` with a dequantization scale per ``block`` of its last two dimensions (a 3-D
     tensor ``[E, R, C]`` has one per expert), in the HF tensor named ``scale`` with ``{key}``
     replaced by the weight's key: ``w[r, c] = float32(q[r, c]) * scale[r // R, c // C]``,

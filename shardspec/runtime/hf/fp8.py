@@ -15,8 +15,10 @@ largest ``|w|`` of the block, in float32), ``q = clamp(w / scale)`` cast to the 
 (round to nearest even); a block of zeros gets scale 1.0 (its ``q`` is zero, exact), and a
 scale that would underflow float32's normal range is raised to the smallest normal.
 ``ue8m0``: the scale rounded up to a power of two. The scales are written as float32.
-Dequantizing in float32 and quantizing again gives back the same bytes and scales
-(``fl(fl(448 * s) / 448) == s`` for every ``s = fl(a / 448)``).
+With float32 scales, dequantizing in float32 and quantizing again gives back the same
+bytes and scales (``fl(fl(448 * s) / 448) == s`` for every ``s = fl(a / 448)``); with
+``ue8m0`` scales, the same values, not always the same bytes (a block's amax can move it
+to the next power of two).
 """
 
 from __future__ import annotations

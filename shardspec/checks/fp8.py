@@ -26,7 +26,7 @@ from shardspec.checks.hf import (
     _more_n,
     rest_of_groups,
 )
-from shardspec.core.hfmap import BlockQuant, HFMap
+from shardspec.core.hfmap import FP8_SAFETENSORS, SCALE_DTYPES, BlockQuant, HFMap
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend import ir
@@ -39,10 +39,6 @@ from shardspec.resolve.hf import (
     scale_template_problem,
 )
 
-# The safetensors dtype of each FP8 dtype an fp8 line names.
-SAFETENSORS_FP8 = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-# The safetensors dtypes a scale may have, per scale format.
-SCALE_DTYPES = {"float32": ("F32",), "ue8m0": ("F32", "F8_E8M0")}
 _FP8_WORDS = {"scale_format": "`float32` or `ue8m0`", "dtype": "`e4m3` or `e5m2`"}
 _FP8_FORM = (
     "write `fp8 GLOB [scale {key}_scale_inv] [block 128 x 128] [ue8m0] [e4m3 | e5m2]`, "
@@ -152,7 +148,7 @@ def check_fp8_keys(spec: ir.Spec, hfm: HFManifest) -> list[Diagnostic]:
                 undeclared.setdefault(_group_key(key), []).append(key)
             continue
         used.add(q.line)
-        want = SAFETENSORS_FP8.get(q.dtype, q.dtype)
+        want = FP8_SAFETENSORS.get(q.dtype, q.dtype)
         if t.dtype != want:
             _first(dtypes, ("dtype", q.line, t.dtype), key, key)
             continue
@@ -294,7 +290,7 @@ def _dtype_finding(kind: tuple[str, int, str], found: list[Any], item: ir.HFFp8)
             item.glob.span,
             "narrow the glob to the 2-D (or stacked 3-D) linear weights",
         )
-    want = SAFETENSORS_FP8.get(q.dtype, q.dtype)
+    want = FP8_SAFETENSORS.get(q.dtype, q.dtype)
     if got.startswith("F8_"):
         hint = f"write `{'e5m2' if got == 'F8_E5M2' else 'e4m3'}` on the line"
     else:

@@ -456,6 +456,10 @@ _TORCH_KINDS = (
 
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # the largest finite value
 SCALE_FORMATS = ("float32", "ue8m0")
+# The safetensors dtype of each FP8 dtype, and the safetensors dtypes a scale may be stored
+# in, per scale format: one table for lint (checks/fp8.py) and load_hf (runtime/hf/fp8.py).
+FP8_SAFETENSORS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+SCALE_DTYPES = {"float32": ("F32",), "ue8m0": ("F32", "F8_E8M0")}
 
 
 @dataclass(frozen=True)

@@ -28,18 +28,17 @@ from typing import Any
 
 import torch
 
-from shardspec.core.hfmap import FP8_MAX, BlockQuant
+from shardspec.core.hfmap import FP8_MAX, SCALE_DTYPES, BlockQuant
 
 # BlockQuant.dtype -> the torch dtype and the safetensors dtype name of the FP8 tensor
 FP8_TORCH = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
-FP8_SAFETENSORS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 # transformers' ``quantization_config.fmt`` of each FP8 dtype
 FP8_FMT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
 def scale_dtypes(bq: BlockQuant) -> tuple[str, ...]:
     """The safetensors dtypes a scale of ``bq`` may be stored in."""
-    return ("F32", "F8_E8M0") if bq.scale_format == "ue8m0" else ("F32",)
+    return SCALE_DTYPES.get(bq.scale_format, ("F32",))
 
 
 def bad_scales(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from shardspec.core.hfmap import (
+    FP8_SAFETENSORS,
     BlockQuant,
     HFMap,
     Source,
@@ -33,7 +34,7 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     weight_map_of,
 )
-from shardspec.runtime.hf.fp8 import FP8_SAFETENSORS, DequantSlice, scale_dtypes
+from shardspec.runtime.hf.fp8 import DequantSlice, scale_dtypes
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
     unit_commit,

@@ -62,6 +62,16 @@ class Axis:
     hf: tuple[int, ...]
     pos: tuple[int, ...]
 
+    @functools.cached_property
+    def bounds(self) -> tuple[int, int]:
+        """The least and the greatest HF index held."""
+        return min(self.hf), max(self.hf)
+
+    @functools.cached_property
+    def position_of(self) -> dict[int, int]:
+        """HF index -> local position."""
+        return dict(zip(self.hf, self.pos, strict=True))
+
 
 @dataclass(frozen=True)
 class Holding:
@@ -116,14 +126,31 @@ def _unit_to_global(fusion: Fusion, comp: str) -> tuple[int, int, int]:
     raise KeyError(comp)  # pragma: no cover - callers pass known names
 
 
-def _position(
-    held: Sequence[Ranges], to_global: Sequence[tuple[int, int, int] | None], d: int, u: int
-) -> int:
-    """The local position along dim ``d`` of the unit's index ``u`` (a component's index
-    goes to the fused dimension's first)."""
-    g = to_global[d]
-    x = u if g is None else (u // g[0]) * g[1] + g[2] + u % g[0]
-    return local_position(held[d], x)
+def _run_positions(held: Ranges, g: tuple[int, int, int] | None, a: int, b: int) -> range | list:
+    """The local positions of the unit's indices ``a..b`` along a dimension whose held
+    global indices are ``held`` (``g``: a component's map to the fused dimension, see
+    :func:`_unit_to_global`). A run of held indices lies inside one held range (a
+    component's, inside one group), so each piece costs one lookup."""
+    if g is None:
+        p = local_position(held, a)
+        return range(p, p + b - a)
+    per, size, start = g
+    out: list[int] = []
+    u = a
+    while u < b:
+        group, j = divmod(u, per)
+        end = min(b, (group + 1) * per)
+        p = local_position(held, group * size + start + j)
+        out.extend(range(p, p + end - u))
+        u = end
+    return out
+
+
+def _positions(
+    held: Sequence[Ranges], to_global: Sequence[tuple[int, int, int] | None], d: int, a: int, b: int
+) -> range | list:
+    """:func:`_run_positions` along dimension ``d``."""
+    return _run_positions(held[d], to_global[d], a, b)
 
 
 def holdings(
@@ -154,13 +181,13 @@ def holdings(
             if not unit_held[fused_at]:
                 continue
 
-        pos = functools.partial(_position, held, tuple(to_global))
+        pos = functools.partial(_positions, held, tuple(to_global))
         first = 1 if source.stacked else 0
         axes = _axes(source, unit_held[first:], first, pos)
         if source.stacked:
             for a, b in unit_held[0]:
-                for e in range(a, b):
-                    h = Holding(rank, param, ((0, pos(0, e)),), axes)
+                for e, p in zip(range(a, b), pos(0, a, b), strict=True):
+                    h = Holding(rank, param, ((0, p),), axes)
                     out.setdefault(source.keys[e], []).append(h)
         else:
             out.setdefault(source.keys[0], []).append(Holding(rank, param, (), axes))
@@ -168,14 +195,14 @@ def holdings(
 
 
 def _axes(
-    source: Source, held: Sequence[Ranges], first: int, pos: Callable[[int, int], int]
+    source: Source, held: Sequence[Ranges], first: int, pos: Callable[[int, int, int], Iterable]
 ) -> tuple[Axis, ...]:
     """The HF axes of a rank's unit index sets ``held`` (model dims ``first``..), through
     the source's transforms and split: one :func:`source_indices` call per run of the dim
     with the most runs (every map is separable, so run ``i`` of each dim is mapped once)."""
     n = max(len(r) for r in held) if held else 0
     hf: list[list[int]] = [[] for _ in held]
-    model: list[list[int]] = [[] for _ in held]
+    local: list[list[int]] = [[] for _ in held]
     dim_of: tuple[int, ...] = tuple(range(len(held)))
     for i in range(n):
         box = [r[min(i, len(r) - 1)] for r in held]
@@ -186,12 +213,8 @@ def _axes(
             d = dim_of[k]
             if i < len(held[d]):
                 hf[k].extend(idx)
-                a, b = held[d][i]
-                model[k].extend(range(a, b))
-    return tuple(
-        Axis(dim_of[k] + first, tuple(hf[k]), tuple(pos(dim_of[k] + first, u) for u in model[k]))
-        for k in range(len(held))
-    )
+                local[k].extend(pos(d + first, *held[d][i]))
+    return tuple(Axis(dim_of[k] + first, tuple(hf[k]), tuple(local[k])) for k in range(len(held)))
 
 
 def runs_of(pairs: Iterable[tuple[int, int]]) -> tuple[Run, ...]:
@@ -213,9 +236,12 @@ def runs_of(pairs: Iterable[tuple[int, int]]) -> tuple[Run, ...]:
 
 def _meet(src: Holding, dst: Holding) -> tuple[tuple[Run, ...], ...] | None:
     """The runs that move ``src``'s elements that ``dst`` holds, or None if none."""
+    for sa, da in zip(src.axes, dst.axes, strict=True):  # disjoint bounds: nothing to move
+        if sa.bounds[1] < da.bounds[0] or da.bounds[1] < sa.bounds[0]:
+            return None
     out = []
     for sa, da in zip(src.axes, dst.axes, strict=True):
-        where = dict(zip(sa.hf, sa.pos, strict=True))
+        where = sa.position_of
         pairs = [(where[h], p) for h, p in zip(da.hf, da.pos, strict=True) if h in where]
         if not pairs:
             return None

@@ -199,7 +199,7 @@ def _side(
     if errors:
         return None
     if res.spec.hf is None or res.manifest is None or res.mesh is None:
-        what = "an hf block" if res.spec.hf is None else "a manifest"
+        what = "hf block" if res.spec.hf is None else "manifest"
         plan.diagnostics.append(
             diag(
                 "SS128",
@@ -207,7 +207,8 @@ def _side(
                 "specs' hf blocks, over their manifests' parameters",
                 Span(shown, 1, 1),
                 'add `manifest "model.manifest.json"` and an `hf { ... }` block mapping the '
-                "Hugging Face names to the model's",
+                "Hugging Face names to the model's (a transformers model used as it is maps "
+                "each name to itself, as specs/phi3.shard does)",
             )
         )
         return None

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardspec import cli
@@ -29,6 +29,7 @@ from shardspec.core.transfer import runs_of
 from shardspec.transfer import plan_json, plan_transfer
 from shardspec.transfer.plan import Plan, Side
 from shardspec.transfer.report import balance
+from tests.mutations import mutated
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = str(REPO / "specs" / "llama.shard")
@@ -532,3 +533,83 @@ def test_cli_unwritable_plan(tmp_path: Path) -> None:
     rc, _, err = _cli(["transfer", LLAMA, LLAMA, "--train-D", "world=4", "--plan", plan])
     assert rc == 2 and "SS002" in err and "Traceback" not in err
     assert (tmp_path / "file").read_text(encoding="utf-8") == "not a folder"
+
+
+# ------------------------------------------------------------------------------ fuzz
+
+PIECES = [
+    " transpose",
+    " rope 16",
+    " rope 3",
+    "    tp: 4\n",
+    "{i}",
+    ".q",
+    ".k",
+    " -> ",
+    "\n    drop model.norm.weight\n",
+    "\n    tie model.norm.weight = lm_head.weight\n",
+    "[i]",
+    " grouped",
+    " as q, k, v",
+    "shard hidden over tp\n",
+    "fuse ffn as 3 groups of gate 1, up 1\n",
+    "}",
+    "",
+]
+
+
+LLAMA_TEXT = (REPO / "specs" / "llama.shard").read_text(encoding="utf-8")
+LINE_EDITS = [
+    lambda ln: ln + " transpose",
+    lambda ln: ln + " rope 16",
+    lambda ln: ln.replace("_proj", "_prj"),
+    lambda ln: "",
+    lambda ln: ln.replace(".q rope", ".k rope").replace(".gate", ".up"),
+    lambda ln: ln.replace("rope 16", "rope 8"),
+    lambda ln: ln.replace("tp: 2", "tp: 4").replace("tp: 2", "tp: 1"),
+]
+
+
+@st.composite
+def _edited(draw: Any) -> str:
+    """The llama spec with a few of its map lines (or its tp line) edited: a transform
+    added or changed, a name misspelt, a line gone."""
+    lines = LLAMA_TEXT.splitlines()
+    where = [i for i, ln in enumerate(lines) if " -> " in ln or "tp: 2" in ln]
+    for i in draw(st.lists(st.sampled_from(where), min_size=1, max_size=3)):
+        lines[i] = draw(st.sampled_from(LINE_EDITS))(lines[i])
+    return "\n".join(lines) + "\n"
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    text=st.one_of(_edited(), mutated(LLAMA_TEXT, PIECES)),
+    engine_world=st.sampled_from([1, 2, 4, 8]),
+    fmt=st.sampled_from(["text", "json"]),
+)
+def test_fuzz_engine_spec_never_raises(
+    text: str, engine_world: int, fmt: str, tmp_path_factory: Any
+) -> None:
+    """A damaged engine spec: the command answers 0, 1 or 2, never a traceback, and writes
+    a plan only with 0; whatever the planner accepts executes exactly (every engine element
+    once, from its own HF element)."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    for name in ("llama.manifest.json", "llama.hf.json"):
+        (folder / name).write_bytes((REPO / "specs" / name).read_bytes())
+    (folder / "llama.shard").write_text(text, encoding="utf-8")
+    out = folder / "plan.json"
+    argv = ["transfer", LLAMA, str(folder / "llama.shard"), "--train-D", "world=4"]
+    argv += ["--infer-D", f"world={engine_world}", "--plan", str(out), "--format", fmt]
+    rc, stdout, err = _cli(argv)
+    assert rc in (0, 1, 2), err
+    event(f"status {rc}")
+    assert "Traceback" not in stdout + err
+    assert out.exists() == (rc == 0)
+    if rc == 0:
+        plan = _plan(LLAMA, str(folder / "llama.shard"), TRAIN, {"world": engine_world})
+        assert plan.status == 0
+        execute(plan)

@@ -63,15 +63,20 @@ def _define(value: str) -> tuple[str, int | str]:
     return name, int(size)
 
 
-def _add_defines(p: argparse.ArgumentParser) -> None:
+def _add_defines(
+    p: argparse.ArgumentParser,
+    flag: str = "-D",
+    dest: str = "defines",
+    of: str = "for checks and defaults",
+) -> None:
     p.add_argument(
-        "-D",
-        dest="defines",
+        flag,
+        dest=dest,
         action="append",
         type=_define,
         default=[],
         metavar="AXIS=N",
-        help="override a mesh axis size (or `world=N`, the world size) for checks and defaults",
+        help=f"override a mesh axis size (or `world=N`, the world size) {of}",
     )
 
 
@@ -153,6 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=VALUE",
         help="a keyword argument for the factory (ints, floats, true/false, text)",
+    )
+    t = sub.add_parser(
+        "transfer",
+        help="check a trainer spec and an inference spec as a pair, and plan the weight transfer",
+        description="Join TRAIN and INFER through their hf blocks: check that every element "
+        "of every weight the engine holds has a source on the trainer, print the bytes each "
+        "rank sends and receives, and write the plan (--plan). Exit 1 on errors.",
+    )
+    t.add_argument("train", metavar="TRAIN", help="the trainer's spec")
+    t.add_argument("infer", metavar="INFER", help="the inference engine's spec")
+    for side in ("train", "infer"):
+        _add_defines(t, f"--{side}-D", f"{side}_defines", f"of the {side} spec")
+    t.add_argument("--plan", metavar="FILE", help="write the plan as JSON to FILE")
+    t.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
     )
     h = sub.add_parser(
         "hf-manifest",
@@ -347,6 +367,48 @@ def cmd_explain(args) -> int:
     return facts.status
 
 
+def cmd_transfer(args) -> int:
+    import json
+    from pathlib import Path
+
+    from shardspec.api import CompileOutcome, _write_all
+    from shardspec.findings.diagnostics import attach_sources, render_all_text, render_json
+    from shardspec.transfer import plan_json, plan_transfer, render_text
+
+    sides = []
+    for side, path in (("train", args.train), ("infer", args.infer)):
+        bad = _check_defines(argparse.Namespace(defines=getattr(args, f"{side}_defines")), [path])
+        if bad is not None:
+            return bad
+        sides.append(_split_defines(getattr(args, f"{side}_defines")))
+    (ts, tw), (es, ew) = sides
+    plan = plan_transfer(args.train, args.infer, ts, es, tw, ew)
+    diags = attach_sources(plan.diagnostics, plan.sources)
+    if plan.status == 0 and args.plan:
+        try:
+            text = json.dumps(plan_json(plan), separators=(",", ":")) + "\n"
+            _write_all([(Path(args.plan), text)], CompileOutcome())
+        except OSError as e:
+            _bad_argument(
+                f"--plan {args.plan}: cannot write: {e.strerror or e}", "check the path", "SS002"
+            )
+            return 2
+    if args.format == "json":
+        out = json.loads(render_json(diags))
+        doc = {"diagnostics": out, "status": plan.status}
+        if plan.status == 0:
+            doc["plan"] = plan_json(plan)
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        return plan.status
+    if diags:
+        sys.stderr.write(render_all_text(diags))
+    if plan.status == 0:
+        sys.stdout.write(render_text(plan))
+        if args.plan:
+            sys.stdout.write(f"wrote {args.plan}\n")
+    return plan.status
+
+
 def _rank_range(text: str) -> range | None:
     """``128`` or ``0-255`` as a range of ranks; None for anything else."""
     lo, sep, hi = text.strip().partition("-")
@@ -409,6 +471,7 @@ COMMANDS = {
     "explain": cmd_explain,
     "manifest": cmd_manifest,
     "hf-manifest": cmd_hf_manifest,
+    "transfer": cmd_transfer,
 }
 
 

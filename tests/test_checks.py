@@ -69,6 +69,7 @@ CASE_KEYS = {
     "hf_manifest_text",
     "args",
     "expect",
+    "engine",  # `shardspec transfer`: the engine side's case (spec, manifest), as engine.shard
 }
 # `file:line:col: severity CODE [name]: message`, as the CLI writes findings to stderr.
 HEAD = re.compile(
@@ -134,16 +135,18 @@ def _spec_text(case: dict[str, Any]) -> str:
     return textwrap.dedent(case["spec"]).removeprefix("\n")
 
 
-def _write_case(case: dict[str, Any], tmp: Path) -> tuple[Path, dict[str, str]]:
+def _write_case(
+    case: dict[str, Any], tmp: Path, name: str = "spec.shard"
+) -> tuple[Path, dict[str, str]]:
     sources: dict[str, str] = {}
     if "spec_path" in case:
         return tmp / case["spec_path"], sources
-    spec = tmp / "spec.shard"
+    spec = tmp / name
     if "spec_bytes" in case:
         spec.write_bytes(case["spec_bytes"])
     else:
-        sources["spec.shard"] = _spec_text(case)
-        spec.write_text(sources["spec.shard"], encoding="utf-8")
+        sources[name] = _spec_text(case)
+        spec.write_text(sources[name], encoding="utf-8")
     if "manifest" in case:
         modules = case.get("modules", {})
         entries = [
@@ -192,10 +195,17 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 def run_case(case: dict[str, Any], tmp: Path, fmt: str = "json") -> Run:
     """Write the case's files under ``tmp`` and lint them with the real CLI, in-process."""
     spec, sources = _write_case(case, tmp)
-    rc, stdout, stderr = _cli(["lint", "--format", fmt, *case.get("args", []), str(spec)])
+    argv = ["lint", "--format", fmt, *case.get("args", []), str(spec)]
+    if "engine" in case:  # a transfer pair: the case's spec is the trainer's
+        (tmp / "engine").mkdir()
+        engine, more = _write_case(case["engine"], tmp / "engine", "engine.shard")
+        sources["engine.shard"] = more["engine.shard"]
+        argv = ["transfer", "--format", fmt, *case.get("args", []), str(spec), str(engine)]
+    rc, stdout, stderr = _cli(argv)
     findings: list[Finding] = []
     if fmt == "json" and stdout.strip():
-        for d in json.loads(stdout):
+        doc = json.loads(stdout)
+        for d in doc["diagnostics"] if isinstance(doc, dict) else doc:
             findings.append(
                 Finding(
                     d["code"],

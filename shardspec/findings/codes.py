@@ -1087,6 +1087,73 @@ CHECKS: tuple[Check, ...] = (
         "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
         True,
     ),
+    # --- transfer (`shardspec transfer TRAIN ENGINE`) ------------------------------------
+    Check(
+        "SS124",
+        "transfer-missing-source",
+        E,
+        "The engine spec reads a Hugging Face tensor (or part of one) that the trainer spec "
+        "does not produce.",
+        "A weight transfer joins the two specs through their hf blocks: every element an "
+        "engine rank holds must come from some trainer rank, or the engine runs with a "
+        "weight that was never updated.",
+        "# trainer: model.layers.{i}.mlp.gate_proj.weight -> layers.{i}.w1.weight\n"
+        "# engine:  model.layers.{i}.mlp.gate_prj.weight -> layers.{i}.gate.weight",
+        "# engine:  model.layers.{i}.mlp.gate_proj.weight -> layers.{i}.gate.weight",
+    ),
+    Check(
+        "SS125",
+        "transfer-shape-mismatch",
+        E,
+        "A Hugging Face tensor has one shape on the trainer and another on the engine.",
+        "The two specs describe different models (another hidden size, head count or "
+        "vocabulary); no layout can turn one into the other.",
+        "# trainer manifest: hidden 64; engine manifest: hidden 128",
+        "# both manifests from the same model config",
+    ),
+    Check(
+        "SS126",
+        "transfer-dtype-mismatch",
+        E,
+        "A Hugging Face tensor's dtype on the trainer cannot be cast to the engine's (a "
+        "floating tensor into an integer one, or the reverse).",
+        "The sender casts as it sends (fp32 master weights to a bf16 engine); a cast "
+        "between kinds is never a weight update.",
+        "# trainer: layers.0.w.weight float32; engine: layers.0.w.weight int8",
+        "# trainer: layers.0.w.weight float32; engine: layers.0.w.weight bfloat16",
+    ),
+    Check(
+        "SS127",
+        "transfer-unsupported-layout",
+        E,
+        "A parameter's layout cannot be planned for a transfer yet (a dimension indexed by "
+        "the module's name).",
+        "The planner computes every rank's elements from the layout; modules indexed by "
+        "name (one module per local expert) are not planned yet, and silently leaving them "
+        "out would leave their weights stale.",
+        "param layers.*.moe.local_experts.{expert}.w1 [expert, ffn, hidden] { ... }",
+        "param layers.*.moe.experts.w1 [expert, ffn, hidden] {\n    shard expert over ep\n}",
+    ),
+    Check(
+        "SS128",
+        "transfer-no-hf-block",
+        E,
+        "A spec of a transfer pair has no hf block or no manifest.",
+        "Hugging Face names are the common language of the two specs: without an hf block "
+        "(and the manifest's shapes) there is nothing to join.",
+        'manifest "llama.manifest.json"   # and no hf block',
+        'manifest "llama.manifest.json"\nhf "llama.hf.json" {\n    ...\n}',
+    ),
+    Check(
+        "SS129",
+        "transfer-unread-tensor",
+        W,
+        "The trainer produces a Hugging Face tensor that the engine spec neither reads nor drops.",
+        "Usually a typo or a missing map line on the engine side; if the engine really does "
+        "not need it, `drop` it there to say so.",
+        "# engine hf block: no line for lm_head.weight",
+        "# engine hf block:\ndrop lm_head.weight",
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

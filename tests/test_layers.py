@@ -21,6 +21,7 @@ COMPILER = (
     "codegen",
     "api",
     "explain",
+    "diff",
     "cli",
 )
 # Apart from the compiler: what generated modules import at train time, and the test harness.

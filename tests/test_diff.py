@@ -198,7 +198,16 @@ def test_hf_key_that_old_never_read_is_incompatible(tmp_path, capsys):
 
 def test_parameters_with_the_same_change_are_grouped(tmp_path, capsys):
     _, out, _ = run(tmp_path, BASE, TP1, capsys=capsys)
-    assert "layout: 15 parameter(s) change in 7 group(s); 0 unchanged" in out
+    assert "layout: 15 parameter(s) change in 5 group(s); 0 unchanged" in out
+    # parameters whose change reads the same print once, whatever else differs
+    assert (
+        "  layers.*.attention.wqkv.weight (2 params)\n"
+        "  output.weight\n"
+        "  tok_embeddings.weight\n"
+        "    mesh:         dp_shard=2, tp=2 -> dp_shard=4, tp=1\n"
+        "    dp_shard:     _StridedShard(0, sf=2) -> Shard(0)\n"
+        "    tp:           Shard(0) -> Replicate()\n\n"
+    ) in out
     # the three norms change alike: one group, its globs one per line with counts
     assert (
         "  layers.*.attention_norm.weight (2 params)\n"
@@ -206,8 +215,10 @@ def test_parameters_with_the_same_change_are_grouped(tmp_path, capsys):
         "  norm.weight\n" in out
     )
     assert out.count("layers.*.attention.wo.weight (2 params)") == 1
+    # JSON groups parameters whose layouts are the same before and after
     _, doc = run_json(tmp_path, BASE, TP1, capsys)
     groups = doc["params"]["changed"]
+    assert len(groups) == 7
     assert sum(g["count"] for g in groups) == 15
     norms = next(g for g in groups if g["params"][-1]["glob"] == "norm.weight")
     assert norms["params"] == [
@@ -446,3 +457,31 @@ def test_verdict_matches_a_real_save_and_load_on_4_ranks(tmp_path, capsys):
             assert wrong == [], (rank, name, wrong)
             if verdict == 2:
                 assert "missing: " in error and "unexpected: " in error, error
+
+
+def test_one_spec_twice_reports_each_error_once(tmp_path, capsys):
+    broken = _edit(BASE, "tp: 2", "tp: 3")
+    (tmp_path / "a.shard").write_text(broken, encoding="utf-8")
+    status = main(["diff", str(tmp_path / "a.shard"), str(tmp_path / "a.shard")])
+    err = capsys.readouterr().err
+    assert status == 3
+    messages = [line for line in err.splitlines() if ": error SS" in line]
+    assert messages and len(messages) == len(set(messages))
+
+
+def test_dtype_and_global_shape_changes_are_incompatible(tmp_path, capsys):
+    """A model whose manifest changes a parameter's dtype or shape: the checkpoint's
+    tensors no longer fit (load refuses a dtype or global shape mismatch)."""
+    manifest = json.loads((SPECS / "llama.manifest.json").read_text(encoding="utf-8"))
+    for entry in manifest["entries"]:
+        if entry["fqn"] == "norm.weight":
+            entry["dtype"] = "bfloat16"
+        if entry["fqn"] == "output.weight":
+            entry["shape"] = [512, 64]
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(manifest), encoding="utf-8")
+    new = _edit(NO_HF, str(SPECS / "llama.manifest.json"), str(changed))
+    status, out, _ = run(tmp_path, NO_HF, new, capsys=capsys)
+    assert status == 2
+    assert "    dtype: norm.weight\n      why: dtype float32 under OLD, bfloat16 under NEW\n" in out
+    assert "    shape: output.weight\n      why: global shape [256, 64] under OLD, [512, 64]" in out

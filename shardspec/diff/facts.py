@@ -218,7 +218,8 @@ def diff_specs(
     ``-D`` values ``sizes``/``world`` and, where given, ``manifest`` in place of the one
     each names). A spec with errors, or without a manifest, gives a :class:`Refusal`."""
     results, outcome = lint_specs([old, new], sizes, world, manifest)
-    errors = tuple(d for d in outcome.diagnostics if d.is_error)
+    # (once each: OLD and NEW may be one file, or name one manifest)
+    errors = tuple(dict.fromkeys(d for d in outcome.diagnostics if d.is_error))
     if errors:
         return Refusal(errors, outcome.sources)
     (old_shown, a), (new_shown, b) = results

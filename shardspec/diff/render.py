@@ -49,12 +49,16 @@ def render_text(d: SpecDiff) -> str:
         lines += [f"  {c.subject}: {c.old or '(none)'} -> {c.new or '(none)'}" for c in d.mesh]
     lines.append("")
     if d.params:
+        # Groups whose change reads the same (they differ only in what stays) print once.
+        merged: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+        for c in d.params:
+            merged.setdefault(tuple(_change_lines(c)), []).extend(c.globs)
         n = sum(c.count for c in d.params)
         lines.append(
-            f"layout: {n} parameter(s) change in {len(d.params)} group(s); {d.unchanged} unchanged"
+            f"layout: {n} parameter(s) change in {len(merged)} group(s); {d.unchanged} unchanged"
         )
-        for c in d.params:
-            lines += _change_lines(c)
+        for body, globs in merged.items():
+            lines += ["", *_globs_lines(tuple(globs), "param", "  "), *body]
     else:
         lines.append(f"layout: no change ({d.unchanged} parameter(s))")
     lines += ["", "checkpoints:"]
@@ -88,8 +92,8 @@ def _arrow(label: str, old: str, new: str) -> str:
 
 
 def _change_lines(c: ParamChange) -> list[str]:
-    """One group of parameters with the same change: only what differs."""
-    out = ["", *_globs_lines(c.globs, "param", "  ")]
+    """What changes for one group of parameters: only what differs."""
+    out: list[str] = []
     a, b = c.old, c.new
     if a.state != "placed" or b.state != "placed":
         out.append(_arrow("state", _state(a), _state(b)))

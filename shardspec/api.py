@@ -23,6 +23,7 @@ from shardspec.checks.run import check
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend.parse import parse, parse_file
 from shardspec.frontend.textfile import file_mode, read_text
+from shardspec.inputs.manifest import Manifest
 from shardspec.resolve.params import Resolved
 
 __all__ = [
@@ -102,9 +103,13 @@ def import_name(target: Path) -> str:
 
 
 def lint_specs(
-    paths: list[str], overrides: dict[str, int] | None = None, world: int | None = None
+    paths: list[str],
+    overrides: dict[str, int] | None = None,
+    world: int | None = None,
+    manifest: Manifest | None = None,
 ) -> tuple[list[tuple[str, Resolved | None]], CompileOutcome]:
-    """Parse and check every spec; collect diagnostics and their source texts."""
+    """Parse and check every spec; collect diagnostics and their source texts.
+    ``manifest``: the model manifest for every spec, in place of the one each names."""
     out = CompileOutcome()
     results: list[tuple[str, Resolved | None]] = []
     for path in paths:
@@ -114,7 +119,7 @@ def lint_specs(
         spec, diags = parse_file(path, shown)
         if spec is not None:
             out.sources[shown] = spec.source
-            res, more = check(spec, overrides=overrides, world=world)
+            res, more = check(spec, overrides=overrides, world=world, manifest=manifest)
             # a manifest's text only where a finding shows a line of it (a large one's
             # is read again then, not held: shardspec.inputs.manifest.Manifest.text)
             for m in (res.manifest, res.hf_manifest):

@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default: text)"
     )
+    _add_diff(sub)
     h = sub.add_parser(
         "hf-manifest",
         help="describe a Hugging Face checkpoint (keys, shapes, config) as JSON, without weights",
@@ -465,6 +466,64 @@ def cmd_hf_manifest(args) -> int:
     return 0
 
 
+def _add_diff(sub) -> None:
+    d = sub.add_parser(
+        "diff",
+        help="a spec change by its effect: layouts, checkpoint and HF compatibility",
+        description="Compare two specs by what they do: each parameter's placements per "
+        "mesh axis and its shard on a representative rank (grouped), mesh changes, whether "
+        "a checkpoint saved under OLD loads under NEW (keys, global shapes, dtypes), and how "
+        "the hf mapping changes. Exit status: 0 no change, 1 changed but checkpoints saved "
+        "under OLD load under NEW, 2 a checkpoint-incompatible change, 3 errors in a spec "
+        "or the command line (nothing compared).",
+    )
+    d.add_argument("old", metavar="OLD", help="the spec before the change")
+    d.add_argument("new", metavar="NEW", help="the spec after the change")
+    d.add_argument(
+        "-m",
+        "--manifest",
+        metavar="FILE",
+        help="the model manifest for both specs, in place of the one each names",
+    )
+    d.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    _add_defines(d)
+
+
+# `shardspec diff`'s exit status for errors: 0-2 are its verdicts (see _add_diff).
+DIFF_ERROR = 3
+
+
+def cmd_diff(args) -> int:
+    from shardspec.diff import Refusal, diff_specs, render_json_diff, render_refusal, render_text
+
+    bad = _check_defines(args, [args.old, args.new])
+    if bad is not None:
+        return DIFF_ERROR
+    manifest = None
+    if args.manifest is not None:
+        from shardspec.inputs.manifest import ManifestError, load_manifest
+
+        try:
+            manifest = load_manifest(args.manifest)
+        except ManifestError as e:
+            code = "SS002" if "cannot read" in str(e) else "SS003"
+            _bad_argument(
+                f"-m {args.manifest}: {e}", "pass a manifest made by `shardspec manifest`", code
+            )
+            return DIFF_ERROR
+    sizes, world = _split_defines(args.defines)
+    found = diff_specs(args.old, args.new, sizes, world, manifest)
+    if isinstance(found, Refusal):
+        (sys.stdout if args.format == "json" else sys.stderr).write(
+            render_refusal(found, args.format)
+        )
+        return DIFF_ERROR
+    sys.stdout.write(render_json_diff(found) if args.format == "json" else render_text(found))
+    return int(found.status)
+
+
 COMMANDS = {
     "lint": cmd_lint,
     "compile": cmd_compile,
@@ -472,6 +531,7 @@ COMMANDS = {
     "manifest": cmd_manifest,
     "hf-manifest": cmd_hf_manifest,
     "transfer": cmd_transfer,
+    "diff": cmd_diff,
 }
 
 
@@ -489,7 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a bad argument (already reported)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        return DIFF_ERROR if code == 2 and tokens[:1] == ["diff"] else code
     # The compiler builds many small objects that all live until exit; the cyclic garbage
     # collector would rescan them again and again (2 s of a 100k-parameter lint).
     gc_was_enabled = gc.isenabled()

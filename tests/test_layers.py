@@ -22,6 +22,7 @@ COMPILER = (
     "api",
     "explain",
     "transfer",
+    "diff",
     "cli",
 )
 # Apart from the compiler: what generated modules import at train time, and the test harness.

@@ -1338,3 +1338,10 @@ def no_hf_manifest(spec: ir.Spec) -> list[Diagnostic]:
             'write `hf "model.hf.json" { ... }` (made by `shardspec hf-manifest HF_DIR -o FILE`)',
         )
     ]
+
+
+def stored_units(res: Resolved) -> list[tuple[str, tuple[int, ...], str, Fused | None]]:
+    """Every storage unit a checkpoint of ``res`` holds: ``(key, global shape, the
+    parameter or buffer it comes from, its fused dimension for a component)`` (for
+    ``shardspec diff``)."""
+    return [(u.name, u.shape, u.fqn, u.fused) for u in _units(res).values()]

@@ -331,13 +331,13 @@ def explain_facts(
     )
 
 
-def no_manifest(shown: str) -> Diagnostic:
-    """SS004: explain needs the spec to name a manifest."""
+def no_manifest(shown: str, command: str = "explain", hint: str = "") -> Diagnostic:
+    """SS004: ``command`` needs the spec to name a manifest (``hint``: what else helps)."""
     return diag(
         "SS004",
-        f"explain needs a manifest, and {shown} names none",
+        f"{command} needs a manifest, and {shown} names none",
         Span(shown, 1, 1),
-        'add `manifest "model.json"` (made by `shardspec manifest`)',
+        'add `manifest "model.json"` (made by `shardspec manifest`)' + hint,
     )
 
 

@@ -4,9 +4,9 @@ not from the runtime's code, checkpoints made with it, and the multi-rank scenar
 
 The format: ``w = float32(q) * scale_inv[r // R, c // C]`` for an FP8 ``q`` and a float32
 ``scale_inv`` per ``R x C`` block (per matrix of a stacked 3-D tensor). The reference
-quantizer takes each block's amax, ``scale = amax / FP8_MAX`` (1.0 for a block of zeros;
-``ue8m0``: the next power of two), ``q = (w / scale)`` cast to FP8, block by block in
-Python loops.
+quantizer takes each block's amax, ``scale = amax / FP8_MAX`` (``ue8m0``: the next power
+of two) in the scale's dtype, ``q = clamp(w / scale)`` cast to FP8 (a block whose ``q`` is
+all zero: scale 1.0), block by block in Python loops.
 
 Failures are collected as strings (see ``dist_scenarios``).
 """
@@ -62,25 +62,40 @@ def _ue8m0(x: float) -> float:
     return p
 
 
+# The dtype a scale is written in, per scale format (ue8m0: powers of two, as float32).
+SCALE_STORED = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "ue8m0": torch.float32,
+}
+
+
 def ref_quantize_2d(
     w: torch.Tensor, block: tuple[int, int], fmt: str = "float32", dtype: str = "float8_e4m3fn"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The format's quantizer, block by block: ``(q, scale_inv)``."""
+    """The format's quantizer, block by block: ``(q, scale_inv)``. Per block: ``s = amax /
+    FP8_MAX``, at least the scale dtype's smallest normal (``ue8m0``: the next power of
+    two), rounded to the scale's dtype; ``q = clamp(b / s, -FP8_MAX, FP8_MAX)`` cast to
+    FP8; a block whose ``q`` is all zero (zeros, or values too small for FP8 at that
+    scale) has scale 1.0."""
     fp8, fmax = FP8[dtype]
+    stored = SCALE_STORED[fmt]
     w = w.to(torch.float32)
     rows, cols = w.shape
     r, c = block
-    scale = torch.empty((-(-rows // r), -(-cols // c)), dtype=torch.float32)
+    scale = torch.empty((-(-rows // r), -(-cols // c)), dtype=stored)
     q = torch.empty(w.shape, dtype=fp8)
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
             b = w[i * r : (i + 1) * r, j * c : (j + 1) * c]
-            amax = b.abs().max()
-            s = amax / fmax if amax > 0 else torch.tensor(1.0)
+            s = max(float(b.abs().max() / fmax), torch.finfo(stored).tiny)
             if fmt == "ue8m0":
-                s = torch.tensor(_ue8m0(float(s)), dtype=torch.float32)
-            scale[i, j] = s
-            q[i * r : (i + 1) * r, j * c : (j + 1) * c] = (b / scale[i, j]).to(fp8)
+                s = _ue8m0(s)
+            s = float(torch.tensor(s, dtype=torch.float32).to(stored))
+            qb = (b / s).clamp(-fmax, fmax).to(fp8)
+            q[i * r : (i + 1) * r, j * c : (j + 1) * c] = qb
+            scale[i, j] = s if bool((qb.to(torch.float32) != 0).any()) else 1.0
     return q, scale
 
 
@@ -100,7 +115,8 @@ def ref_dequantize(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int])
         return torch.stack([ref_dequantize(a, b, block) for a, b in zip(q, scale, strict=True)])
     rows, cols = q.shape
     r, c = block
-    full = scale.repeat_interleave(r, 0)[:rows].repeat_interleave(c, 1)[:, :cols]
+    full = scale.to(torch.float32).repeat_interleave(r, 0)[:rows]
+    full = full.repeat_interleave(c, 1)[:, :cols]
     return q.to(torch.float32) * full
 
 

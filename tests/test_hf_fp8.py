@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -539,6 +540,58 @@ def test_keep_dtype_on_an_fp8_key_is_refused(tmp_path: Path) -> None:
     )
     state = hf_state(str(tmp_path / "ok"))
     assert state["model.norm.weight"].dtype == torch.float32
+
+
+LEFTOVERS = [sc.LeftoverCase("stacked"), sc.LeftoverCase("pp")]
+
+
+@pytest.fixture(scope="module")
+def leftovers(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """gpt_oss's checkpoint (stacked experts) and the 4-layer Llama's (three files, the
+    pipeline tests' writer) in FP8 by the reference quantizer, each with its reference
+    dequantization; ``llama_pp_hf`` compiled as tests/test_hf_pipeline.py does; one spawn
+    of 4 ranks."""
+    from examples.models import llama
+    from tests.hf_pipeline_scenarios import N_LAYERS
+    from tests.test_hf_grouped import checkpoint
+    from tests.test_hf_pipeline import compile_specs, to_hf, write_hf
+
+    root = tmp_path_factory.mktemp("hf_fp8_leftovers")
+    checkpoint(root, "gpt_oss", 5)
+    sc.write_fp8(str(root / "gpt_oss"), str(root / "gpt_oss_fp8"), sc.GPT_OSS_QUANTS)
+    sc.write_dequantized(str(root / "gpt_oss_fp8"), str(root / "gpt_oss_deq"), sc.GPT_OSS_QUANTS)
+    cfg = llama.LlamaConfig(n_layers=N_LAYERS)
+    model = llama.tiny(n_layers=N_LAYERS)
+    llama.init_weights(model, seed=7)
+    write_hf(root / "hf", to_hf({k: v.detach() for k, v in model.state_dict().items()}, cfg), cfg)
+    shutil.rmtree(root / "gen")
+    compile_specs(root / "gen", root / "hf")
+    sc.write_fp8(str(root / "hf"), str(root / "pp_fp8"), sc.PP_QUANTS)
+    sc.write_dequantized(str(root / "pp_fp8"), str(root / "pp_deq"), sc.PP_QUANTS)
+    ranks = run_ranks(sc.run_leftovers, 4, str(root), LEFTOVERS, timeout=900)
+    return {"root": root, "ranks": ranks}
+
+
+@pytest.mark.parametrize("case", LEFTOVERS, ids=lambda c: c.label)
+def test_stacked_and_pipeline_fp8_load_and_export_on_4_ranks(leftovers: dict, case: Any) -> None:
+    """A stacked ``[E, R, C]`` FP8 key with per-expert scales ``[E, ceil(R/5), ceil(C/7)]``
+    (gpt_oss, BF16 scales on down_proj) on ranks that hold 2 of its 4 experts and half of
+    down_proj's rows, and a pipeline stage module (pp 2 x tp 2): each load equals the
+    reference dequantization bitwise with no collective, and each export gives back the
+    FP8 checkpoint's bytes and scales bitwise."""
+    items = [r[case.label] for r in leftovers["ranks"]]
+    fails = [f for it in items for f in it.fail]
+    assert not fails, "\n".join(fails)
+    assert all(it.checked > 0 for it in items)
+    assert items[0].extra["fp8 keys"]
+    if case.label == "stacked":
+        state = hf_state(str(leftovers["root"] / "gpt_oss_fp8"))
+        key = "model.layers.0.mlp.experts.down_proj"
+        assert state[key].shape == (4, 32, 64) and state[key].dtype == torch.float8_e4m3fn
+        assert state[key + "_scale_inv"].shape == (4, 7, 10)
+        assert state[key + "_scale_inv"].dtype == torch.bfloat16
+        for it in items:  # part of the experts, part of the rows
+            assert it.extra["local shapes"][key] == [2, 16, 64], it.extra
 
 
 # -------------------------------------------------------------- 4 gloo ranks, one spawn

@@ -582,14 +582,15 @@ def _export_quant(hfmap: HFMap, sources: Mapping[str, Source]) -> BlockQuant | N
     for src in sources.values():
         for key in src.keys:
             bq = hfmap.quant_of(key)
-            if bq is not None:
-                used.setdefault((bq.block, bq.dtype, bq.scale_format), bq)
+            if bq is not None:  # (the scale's dtype is no field of the config)
+                used.setdefault(json.dumps(quantization_config(bq), sort_keys=True), bq)
     if len(used) > 1:
         lines = ", ".join(f"line {bq.line}: {bq} ({bq.dtype})" for bq in used.values())
         raise HFError(
-            f"export_hf: the hf block's FP8 lines differ in block size, FP8 dtype or scale "
-            f"format ({lines}); transformers' quantization_config states one of each, so "
-            "the export could not say how its tensors are stored; nothing was written"
+            f"export_hf: the hf block's FP8 lines differ in block size, FP8 dtype or "
+            f"power-of-two (ue8m0) scales ({lines}); transformers' quantization_config states "
+            "one of each, so the export could not say how its tensors are stored; nothing "
+            "was written"
         )
     return next(iter(used.values()), None)
 

@@ -578,7 +578,7 @@ def _export_quant(hfmap: HFMap, sources: Mapping[str, Source]) -> BlockQuant | N
     """The FP8 declaration the export's block-scaled tensors share (transformers'
     ``quantization_config`` holds one block size and one FP8 format), or None when the
     export writes none; two that differ are an error, before anything is written."""
-    used: dict[tuple, BlockQuant] = {}
+    used: dict[str, BlockQuant] = {}
     for src in sources.values():
         for key in src.keys:
             bq = hfmap.quant_of(key)

@@ -4,9 +4,9 @@ not from the runtime's code, checkpoints made with it, and the multi-rank scenar
 
 The format: ``w = float32(q) * scale_inv[r // R, c // C]`` for an FP8 ``q`` and a float32
 ``scale_inv`` per ``R x C`` block (per matrix of a stacked 3-D tensor). The reference
-quantizer takes each block's amax, ``scale = amax / FP8_MAX`` (1.0 for a block of zeros;
-``ue8m0``: the next power of two), ``q = (w / scale)`` cast to FP8, block by block in
-Python loops.
+quantizer takes each block's amax, ``scale = amax / FP8_MAX`` (``ue8m0``: the next power
+of two) in the scale's dtype, ``q = clamp(w / scale)`` cast to FP8 (a block whose ``q`` is
+all zero: scale 1.0), block by block in Python loops.
 
 Failures are collected as strings (see ``dist_scenarios``).
 """
@@ -62,25 +62,40 @@ def _ue8m0(x: float) -> float:
     return p
 
 
+# The dtype a scale is written in, per scale format (ue8m0: powers of two, as float32).
+SCALE_STORED = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "ue8m0": torch.float32,
+}
+
+
 def ref_quantize_2d(
     w: torch.Tensor, block: tuple[int, int], fmt: str = "float32", dtype: str = "float8_e4m3fn"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The format's quantizer, block by block: ``(q, scale_inv)``."""
+    """The format's quantizer, block by block: ``(q, scale_inv)``. Per block: ``s = amax /
+    FP8_MAX``, at least the scale dtype's smallest normal (``ue8m0``: the next power of
+    two), rounded to the scale's dtype; ``q = clamp(b / s, -FP8_MAX, FP8_MAX)`` cast to
+    FP8; a block whose ``q`` is all zero (zeros, or values too small for FP8 at that
+    scale) has scale 1.0."""
     fp8, fmax = FP8[dtype]
+    stored = SCALE_STORED[fmt]
     w = w.to(torch.float32)
     rows, cols = w.shape
     r, c = block
-    scale = torch.empty((-(-rows // r), -(-cols // c)), dtype=torch.float32)
+    scale = torch.empty((-(-rows // r), -(-cols // c)), dtype=stored)
     q = torch.empty(w.shape, dtype=fp8)
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
             b = w[i * r : (i + 1) * r, j * c : (j + 1) * c]
-            amax = b.abs().max()
-            s = amax / fmax if amax > 0 else torch.tensor(1.0)
+            s = max(float(b.abs().max() / fmax), torch.finfo(stored).tiny)
             if fmt == "ue8m0":
-                s = torch.tensor(_ue8m0(float(s)), dtype=torch.float32)
-            scale[i, j] = s
-            q[i * r : (i + 1) * r, j * c : (j + 1) * c] = (b / scale[i, j]).to(fp8)
+                s = _ue8m0(s)
+            s = float(torch.tensor(s, dtype=torch.float32).to(stored))
+            qb = (b / s).clamp(-fmax, fmax).to(fp8)
+            q[i * r : (i + 1) * r, j * c : (j + 1) * c] = qb
+            scale[i, j] = s if bool((qb.to(torch.float32) != 0).any()) else 1.0
     return q, scale
 
 
@@ -100,7 +115,8 @@ def ref_dequantize(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int])
         return torch.stack([ref_dequantize(a, b, block) for a, b in zip(q, scale, strict=True)])
     rows, cols = q.shape
     r, c = block
-    full = scale.repeat_interleave(r, 0)[:rows].repeat_interleave(c, 1)[:, :cols]
+    full = scale.to(torch.float32).repeat_interleave(r, 0)[:rows]
+    full = full.repeat_interleave(c, 1)[:, :cols]
     return q.to(torch.float32) * full
 
 
@@ -364,3 +380,84 @@ def run_all(rank: int, world: int, root: str, cases: list[Any]) -> dict[str, Ite
         (damaged_case if isinstance(case, DamagedCase) else fp8_case)(root, case, item)
 
     return run_each(root, cases, one)
+
+
+# ---------------------------- issue 22's leftovers: stacked 3-D FP8 keys, pipeline stages
+
+# transformers' GptOss stores its experts stacked, [E, rows, cols] per key, with a scale
+# per expert and block; 5 x 7 blocks, which the ranks' cuts cut; BF16 scales on down_proj.
+GPT_OSS_QUANTS = (
+    BlockQuant("model.layers.*.mlp.experts.gate_up_proj", block=(5, 7)),
+    BlockQuant("model.layers.*.mlp.experts.down_proj", block=(5, 7), scale_format="bfloat16"),
+)
+PP_QUANTS = quants(LLAMA_GLOBS, (5, 7))
+
+
+@dataclass(frozen=True)
+class LeftoverCase:
+    """``stacked``: gpt_oss's FP8 checkpoint ``gpt_oss_fp8`` on dp_shard 2 x tp 2 (FSDP cuts
+    the experts, tp their ffn: a rank holds 2 of 4 experts and half of down_proj's rows);
+    ``pp``: the 4-layer Llama's FP8 checkpoint ``pp_fp8`` into this rank's stage of
+    ``llama_pp_hf`` on pp 2 x tp 2. Each loads bitwise against the reference
+    dequantization, with no collective, and exports the FP8 checkpoint back bitwise."""
+
+    label: str
+
+
+def leftover_case(root: str, case: LeftoverCase, item: Item) -> None:
+    from shardspec.runtime import hf as hfrt
+
+    if case.label == "stacked":
+        mod = importlib.import_module("generated.gpt_oss")
+        mesh = mod.build_mesh(tp=2)
+        from tests.hf_dtype_scenarios import _model
+
+        model = _model(mod, mesh)
+        qs, hf, deq = GPT_OSS_QUANTS, "gpt_oss_fp8", "gpt_oss_deq"
+        want = hf_state(os.path.join(root, deq))
+        names = {k: k for k in want}
+    else:
+        from examples.models import hf as hfm
+        from examples.models import llama
+        from tests.hf_pipeline_scenarios import N_LAYERS, stage_model
+
+        mod = importlib.import_module("llama_pp_hf")
+        mesh = mod.build_mesh(pp=2, tp=2)
+        model = stage_model(mod, mesh)
+        qs, hf, deq = PP_QUANTS, "pp_fp8", "pp_deq"
+        cfg = llama.LlamaConfig(n_layers=N_LAYERS)
+        want = hfm.llama_from_hf(hf_state(os.path.join(root, deq)), cfg)
+        names = mod.SPEC.global_names(list(model.state_dict()), mesh)
+    hfmap = dataclasses.replace(mod.HF, quants=qs)
+    hf_dir = os.path.join(root, hf)
+    with count_collectives() as calls:
+        report = hfrt.load_hf(mod.SPEC, hfmap, model, hf_dir, mesh)
+    if calls:
+        item.fail.append(f"{item.label}: load_hf communicated: {calls}")
+    item.extra["read/owned"] = report.bytes_read / report.bytes_owned
+    got = model.state_dict(keep_vars=True)
+    item.extra["local shapes"] = {
+        k: list(_local(t).shape) for k, t in got.items() if "experts" in k and "bias" not in k
+    }
+    for fqn, t in sorted(got.items()):
+        item.checked += 1
+        if not same_bits(full_of(t), want[names[fqn]]):
+            item.fail.append(f"{item.label}: {fqn} differs from the reference dequantization")
+    out = os.path.join(root, f"export-{case.label}")
+    hfrt.export_hf(mod.SPEC, hfmap, model, out, mesh)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        exported, fp8 = hf_state(out), hf_state(hf_dir)
+        if exported.keys() != fp8.keys():
+            item.fail.append(f"{item.label} export: keys differ: {exported.keys() ^ fp8.keys()}")
+        for key in sorted(exported.keys() & fp8.keys()):
+            item.checked += 1
+            if not same_bits(exported[key], fp8[key]):
+                item.fail.append(f"{item.label} export: {key} differs from the FP8 checkpoint")
+        item.extra["fp8 keys"] = sorted(k for k, t in exported.items() if t.element_size() == 1)
+
+
+def run_leftovers(rank: int, world: int, root: str, cases: list[Any]) -> dict[str, Item]:
+    from tests.hf_split_scenarios import run_each
+
+    return run_each(root, cases, leftover_case)

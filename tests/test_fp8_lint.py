@@ -105,10 +105,10 @@ def test_the_words_stay_names_elsewhere() -> None:
 SYNTAX = [
     ("fp8 a.weight scale\n", 3, "write `scale {key}_scale_inv`, without quotes"),
     ('fp8 a.weight scale "{key}_scale_inv"\n', 2, "write `scale {key}_scale_inv`, without quotes"),
-    ("fp8 a.weight block 128\n", 3, "write the block size as `block 128 x 128`"),
-    ("fp8 a.weight block 128 128\n", 2, "write the block size as `block 128 x 128`"),
-    ("fp8 a.weight block 128, 128\n", 2, "write the block size as `block 128 x 128`"),
-    ("fp8 a.weight block 128 by 128\n", 2, "write the block size as `block 128 x 128`"),
+    ("fp8 a.weight block 128\n", 3, "write the block size as `block R x C`"),
+    ("fp8 a.weight block 128 128\n", 2, "write the block size as `block R x C`"),
+    ("fp8 a.weight block 128, 128\n", 2, "write the block size as `block R x C`"),
+    ("fp8 a.weight block 128 by 128\n", 2, "write the block size as `block R x C`"),
     ("fp8\n", 3, "write `fp8 GLOB`, the HF keys stored in FP8"),
     (
         "fp8 a.weight e4m3fn\n    model.norm.weight -> norm.weight\n",
@@ -122,6 +122,12 @@ SYNTAX = [
     ),
     ("fp8 a.weight scales {key}_s\n", 2, "`scales` is no option of an fp8 line: did you mean"),
     ("fp8s a.weight\n", 2, "did you mean `fp8`?"),
+    # (issue 22's leftovers: a block size cut short, or without `block`)
+    ("fp8 a.weight block 128 x\n", 3, "write the block size as `block R x C`"),
+    ("fp8 a.weight block x 128\n", 2, "write the block size as `block R x C`"),
+    ("fp8 a.weight x\n", 3, "the block size follows `block`: `block R x C`"),
+    ("fp8 a.weight 128 x 128\n", 2, "the block size follows `block`: `block R x C`"),
+    ("fp8 a.weight bf16\n", 3, "`bf16` is no option of an fp8 line: did you mean `bfloat16`?"),
 ]
 
 
@@ -272,13 +278,17 @@ def test_hf_manifest_of_an_fp8_folder_and_its_lint(tmp_path: Path) -> None:
     assert _lint(tmp_path / "s.shard") == (0, [])
 
 
-def test_an_fp8_checkpoint_with_bf16_scales_is_refused_by_lint(tmp_path: Path) -> None:
+def test_an_fp8_checkpoint_with_bf16_scales_needs_bfloat16(tmp_path: Path) -> None:
     folder = _fp8_folder(tmp_path / "ckpt", KEYS, scale_dtype="bfloat16")
     assert _cli(["hf-manifest", str(folder), "-o", str(tmp_path / "hf.json")])[0] == 0
     _write_model(tmp_path)
     rc, found = _lint(tmp_path / "s.shard")
     assert rc == 1 and [f["code"] for f in found] == ["SS112"]
     assert "is BF16; line 8's float32 scales are F32" in found[0]["message"]
+    assert "write `bfloat16` on the fp8 line for BF16 scales" in found[0]["hint"]
+    spec = tmp_path / "s.shard"
+    spec.write_text(FP8_SPEC.replace("w.weight\n}", "w.weight bfloat16\n}"), encoding="utf-8")
+    assert _lint(spec) == (0, [])
 
 
 def test_an_fp8_key_into_an_integer_parameter(tmp_path: Path) -> None:
@@ -317,3 +327,52 @@ def test_a_declaration_prints_as_the_line_that_makes_it() -> None:
     assert str(q) == "fp8 model.layers.*.**.weight scale {key}_scale_inv block 64 x 32 ue8m0"
     e5m2 = BlockQuant("w.*", dtype="float8_e5m2")
     assert str(e5m2) == "fp8 w.* scale {key}_scale_inv block 128 x 128 e5m2"
+
+
+# ------------------------------------------- issue 22's leftovers: scale dtypes, is_scale
+
+
+def test_the_scale_dtype_words() -> None:
+    """``bfloat16`` and ``float16`` say the scale's dtype (Qwen3's FP8 releases store BF16
+    scales), beside ``float32`` and ``ue8m0``; one scale format per line (SS110)."""
+    text = (
+        "hf {\n"
+        "    fp8 a.* bfloat16\n"
+        "    fp8 b.* float16 e5m2\n"
+        "    fp8 c.* float32\n"
+        "    fp8 d.* ue8m0\n"
+        "}\n"
+    )
+    a, b, c, d = _quants(text)
+    assert [q.scale_format for q in (a, b, c, d)] == ["bfloat16", "float16", "float32", "ue8m0"]
+    assert [q.scale_dtypes for q in (a, b, c, d)] == [
+        ("BF16",),
+        ("F16",),
+        ("F32",),
+        ("F32", "F8_E8M0"),
+    ]
+    assert str(a) == "fp8 a.* scale {key}_scale_inv block 128 x 128 bfloat16"
+    assert str(c) == "fp8 c.* scale {key}_scale_inv block 128 x 128"
+    spec, diags = parse("hf {\n    fp8 a.* bfloat16 float32\n}\n", "s.shard")
+    assert spec is not None and not diags
+    from shardspec.checks.fp8 import check_fp8_items
+
+    (found,) = check_fp8_items(spec)
+    assert found.code == "SS110" and "the scale format" in found.message
+
+
+def test_is_scale_is_the_scale_of_the_line_that_declares_the_weight() -> None:
+    """A weight that an earlier line declares has that line's scale key: a later line's
+    template does not make another key of it a scale (which load would then skip)."""
+    from shardspec.core.hfmap import HFMap
+
+    hfmap = HFMap(
+        quants=(
+            BlockQuant("m.*.w", scale="{key}_scale_inv"),
+            BlockQuant("m.**", scale="{key}.scale"),
+        )
+    )
+    assert hfmap.is_scale("m.0.w_scale_inv")
+    assert not hfmap.is_scale("m.0.w.scale")  # line 1 declares m.0.w: its scale is _scale_inv
+    assert hfmap.is_scale("m.a.b.scale")  # m.a.b is line 2's
+    assert not hfmap.is_scale("m.a.b_scale_inv")

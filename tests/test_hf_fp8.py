@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_checkpoint import FakeMesh
-from shardspec.core.hfmap import BlockQuant
+from shardspec.core.hfmap import SCALE_FORMATS, BlockQuant
 from shardspec.runtime import hf as hfrt
 from shardspec.runtime.hf import fp8
 from shardspec.testing import run_ranks
@@ -52,7 +53,7 @@ def _quantized(draw: Any) -> tuple[torch.Tensor, BlockQuant]:
     lead = draw(st.sampled_from([(), (2,)]))
     rows, cols = draw(st.integers(1, 20)), draw(st.integers(1, 20))
     block = (draw(st.integers(1, 9)), draw(st.integers(1, 9)))
-    fmt = draw(st.sampled_from(["float32", "ue8m0"]))
+    fmt = draw(st.sampled_from(SCALE_FORMATS))
     dtype = draw(st.sampled_from(sorted(sc.FP8)))
     seed = draw(st.integers(0, 2**16))
     w = torch.randn((*lead, rows, cols), generator=torch.Generator().manual_seed(seed))
@@ -76,7 +77,8 @@ def test_quantize_equals_the_reference(case: tuple[torch.Tensor, BlockQuant]) ->
 @settings(max_examples=150, deadline=None)
 @given(_quantized())
 def test_dequantize_then_quantize_is_bitwise(case: tuple[torch.Tensor, BlockQuant]) -> None:
-    """FP8 -> float32 -> FP8 gives back the bytes and the scales (float32 scales): the
+    """FP8 -> float32 -> FP8 gives back the bytes and the scales (float32, bfloat16 and
+    float16 scales: the quantizer divides by the scale as stored): the
     export of a model that holds the dequantized values in float32 is the checkpoint it
     loaded. UE8M0 gives back the values, not always the bytes: a block whose largest
     value rounded down to a power of two times 448 (224 x 2^-11) is requantized with the
@@ -85,7 +87,7 @@ def test_dequantize_then_quantize_is_bitwise(case: tuple[torch.Tensor, BlockQuan
     q, s = sc.ref_quantize(w, bq.block, bq.scale_format, bq.dtype)
     values = sc.ref_dequantize(q, s, bq.block)
     q2, s2 = fp8.quantize(values, bq)
-    if bq.scale_format == "float32":
+    if bq.scale_format != "ue8m0":
         assert same_bits(q2, q) and same_bits(s2, s)
     assert same_bits(sc.ref_dequantize(q2, s2, bq.block), values)
 
@@ -130,7 +132,7 @@ def test_a_box_reads_only_its_covering_blocks(
     rows, cols = (range(x.start, x.stop, x.step) for x in index[-2:])
     spans = [(ix[-1] // n) - (ix[0] // n) + 1 for ix, n in zip((rows, cols), bq.block, strict=True)]
     lead = len(range(*index[0].indices(q.shape[0]))) if q.ndim == 3 else 1
-    assert sl.bytes_read == got.numel() + 4 * lead * spans[0] * spans[1]
+    assert sl.bytes_read == got.numel() + s.element_size() * lead * spans[0] * spans[1]
 
 
 @pytest.mark.parametrize(
@@ -174,14 +176,25 @@ def test_quantize_refuses_non_finite_values() -> None:
 
 @pytest.mark.parametrize(
     "bq",
-    [BlockQuant("w"), BlockQuant("w", scale_format="ue8m0", dtype="float8_e5m2")],
+    [
+        BlockQuant("w"),
+        BlockQuant("w", scale_format="ue8m0", dtype="float8_e5m2"),
+        BlockQuant("w", block=(64, 32), scale_format="bfloat16"),
+    ],
 )
 def test_transformers_reads_the_quantization_config(bq: BlockQuant) -> None:
     from transformers.utils.quantization_config import FineGrainedFP8Config
 
     qc = FineGrainedFP8Config.from_dict(fp8.quantization_config(bq))
-    assert qc.quant_method == "fp8" and list(qc.weight_block_size) == [128, 128]
+    assert qc.quant_method == "fp8" and list(qc.weight_block_size) == list(bq.block)
     assert qc.activation_scheme == "dynamic"
+    assert qc.scale_fmt == ("ue8m0" if bq.scale_format == "ue8m0" else "float")
+    # transformers 5.24's FineGrainedFP8Config keeps no `fmt` (its loader assumes e4m3);
+    # the config states it all the same, as DeepSeek's does
+    assert (
+        fp8.quantization_config(bq)["fmt"]
+        == {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}[bq.dtype]
+    )
 
 
 # ----------------------------------------------------- one process: damaged checkpoints
@@ -310,8 +323,10 @@ def test_ue8m0_scales_stored_as_e8m0_load_as_float32_ones(llama_fp8: Path, tmp_p
     states = []
     for name in ("f32", "e8"):
         _, _, model = _layout_and_model()
-        hfrt.load_hf(layout.SPEC, hfmap, model, str(tmp_path / name), MESH)
+        report = hfrt.load_hf(layout.SPEC, hfmap, model, str(tmp_path / name), MESH)
         states.append(model.state_dict())
+        # one process reads whole blocks: what it owns is what it reads, 1-byte scales too
+        assert report.bytes_read == report.bytes_owned, name
     assert all(same_bits(states[0][k], states[1][k]) for k in states[0])
     with pytest.raises(hfrt.HFError, match="the file stores F8_E8M0, a float32 scale is F32"):
         hfrt.load_hf(layout.SPEC, float32, model, str(tmp_path / "e8"), MESH)
@@ -418,6 +433,165 @@ def test_a_tie_alias_not_written_takes_its_scale_along(tmp_path: Path) -> None:
     assert not {"lm_head.weight", "lm_head.weight_scale_inv"} & set(state)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(state)
+
+
+# ------------------------------ issue 22's leftovers: BF16/F16 scales, the quantizer's edges
+
+
+def test_the_quantizer_at_its_edges() -> None:
+    """Per block, against the reference and the values the rule must give: values at
+    +-FP8_MAX times the scale are exact; values below the FP8 type's smallest subnormal
+    (2^-9 for e4m3) times the scale flush to zero; a ratio a hair above 448 (the scale
+    rounded down to bfloat16) clamps to 448, not NaN; a zero block, or one whose every
+    value flushes to zero, has scale 1.0; a block of float32 subnormals gets the smallest
+    normal scale's zeros, so scale 1.0 too."""
+    bq = BlockQuant("w", block=(2, 2))
+    w = torch.zeros(6, 4)
+    w[0:2, 0:2] = torch.tensor([[448.0, -448.0], [1.0, 2.0**-10]])  # scale 1: 2^-10 flushes
+    w[2:4, 0:2] = torch.tensor([[1e-44, -1e-44], [0.0, 3e-45]])  # float32 subnormals
+    w[4:6, 2:4] = torch.tensor([[7.0, -7.0], [7.0 * 2.0**-20, 0.0]])
+    q, s = fp8.quantize(w, bq)
+    rq, rs = sc.ref_quantize(w, bq.block)
+    assert same_bits(q, rq) and same_bits(s, rs)
+    assert q[0, 0].item() == 448.0 and q[0, 1].item() == -448.0 and s[0, 0].item() == 1.0
+    assert q[1, 1].item() == 0.0  # below e4m3's 2^-9
+    assert q[1, 0].item() == 1.0
+    assert s[0, 1].item() == 1.0 and not q[0:2, 2:4].any()  # the zero block
+    assert s[1, 0].item() == 1.0 and not q[2:4, 0:2].float().any()  # flushed subnormals
+    assert q[4, 2].item() == 448.0 and q[5, 2].item() == 0.0  # 448 * 2^-20 < 2^-10
+    assert s[2, 1].item() == 7.0 / 448.0
+    # bfloat16 scales: 3 / 448 rounds down in bfloat16, so 3 / scale is a hair above
+    # 448: clamped to 448 (the plain cast of 448.4 also rounds to 448, but the rule says so)
+    b16 = BlockQuant("w", block=(1, 1), scale_format="bfloat16")
+    x = torch.tensor([[3.0]])
+    qb, sb = fp8.quantize(x, b16)
+    assert sb.dtype == torch.bfloat16 and float(sb) < 3.0 / 448.0
+    assert qb.item() == 448.0 and same_bits(qb, sc.ref_quantize(x, (1, 1), "bfloat16")[0])
+    # float16 scales overflow for a block whose amax / 448 passes 65504: refused
+    with pytest.raises(ValueError, match="needs a scale above float16's largest value"):
+        fp8.quantize(torch.full((1, 1), 3e7), BlockQuant("w", scale_format="float16"))
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_bf16_and_f16_scales_load_and_export_bitwise(
+    llama_fp8: Path, tmp_path: Path, fmt: str
+) -> None:
+    """Qwen3's FP8 releases store weight_scale_inv in BF16: a ``bfloat16`` (``float16``)
+    line loads them, dequantizing in float32 (``float32(q) * float32(scale)``), into the
+    reference's values bitwise, and counts 2 bytes per scale as owned; the export writes
+    the scales in that dtype and gives back the checkpoint's FP8 bytes and scales bitwise;
+    a float32 line refuses them, naming the word to write."""
+    qs = sc.quants(sc.LLAMA_GLOBS, BLOCK, fmt)
+    src = tmp_path / "fp8"
+    sc.write_fp8(str(llama_fp8.parent / "llama"), str(src), qs)
+    sc.write_dequantized(str(src), str(tmp_path / "deq"), qs)
+    state = hf_state(str(src))
+    scales = {k: t.dtype for k, t in state.items() if k.endswith("_scale_inv")}
+    assert scales and set(scales.values()) == {getattr(torch, fmt)}
+    layout, float32, model = _layout_and_model()
+    hfmap = dataclasses.replace(layout.HF, quants=qs)
+    report = hfrt.load_hf(layout.SPEC, hfmap, model, str(src), MESH)
+    assert report.bytes_read == report.bytes_owned
+    _, _, truth = _layout_and_model()
+    hfrt.load_hf(layout.SPEC, layout.HF, truth, str(tmp_path / "deq"), MESH)
+    want = truth.state_dict()
+    assert all(same_bits(t, want[k]) for k, t in model.state_dict().items())
+    hfrt.export_hf(layout.SPEC, hfmap, model, str(tmp_path / "out"), MESH)
+    out = hf_state(str(tmp_path / "out"))
+    assert out.keys() == state.keys()
+    assert all(same_bits(out[k], state[k]) for k in state), [
+        k for k in state if not same_bits(out[k], state[k])
+    ]
+    _, _, fresh = _layout_and_model()
+    stored = {"bfloat16": "BF16", "float16": "F16"}[fmt]
+    with pytest.raises(hfrt.HFError, match=f"write `{fmt}` on the fp8 line for {stored}"):
+        hfrt.load_hf(layout.SPEC, float32, fresh, str(src), MESH)
+    assert all(bool((p == 7.0).all()) for p in fresh.parameters())
+
+
+def test_keep_dtype_on_an_fp8_key_is_refused(tmp_path: Path) -> None:
+    """``keep_dtype`` naming a key an fp8 line declares would be ignored (the line writes
+    it in FP8): refused before anything is written, naming the key and the line."""
+    layout, hfmap, model = _layout_and_model()
+    with pytest.raises(
+        hfrt.HFError,
+        match=r"keep_dtype: '\*.self_attn.q_proj.weight' matches model.layers.0.self_attn"
+        r".q_proj.weight, which the hf block writes block-scaled in FP8",
+    ):
+        hfrt.export_hf(
+            layout.SPEC,
+            hfmap,
+            model,
+            str(tmp_path / "out"),
+            MESH,
+            dtype=torch.bfloat16,
+            keep_dtype="*.self_attn.q_proj.weight",
+        )
+    assert os.listdir(tmp_path) == []
+    # a pattern over keys no fp8 line covers is kept, as before
+    hfrt.export_hf(
+        layout.SPEC,
+        hfmap,
+        model,
+        str(tmp_path / "ok"),
+        MESH,
+        dtype=torch.bfloat16,
+        keep_dtype="*norm.weight",
+    )
+    state = hf_state(str(tmp_path / "ok"))
+    assert state["model.norm.weight"].dtype == torch.float32
+
+
+LEFTOVERS = [sc.LeftoverCase("stacked"), sc.LeftoverCase("pp")]
+
+
+@pytest.fixture(scope="module")
+def leftovers(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """gpt_oss's checkpoint (stacked experts) and the 4-layer Llama's (three files, the
+    pipeline tests' writer) in FP8 by the reference quantizer, each with its reference
+    dequantization; ``llama_pp_hf`` compiled as tests/test_hf_pipeline.py does; one spawn
+    of 4 ranks."""
+    from examples.models import llama
+    from tests.hf_pipeline_scenarios import N_LAYERS
+    from tests.test_hf_grouped import checkpoint
+    from tests.test_hf_pipeline import compile_specs, to_hf, write_hf
+
+    root = tmp_path_factory.mktemp("hf_fp8_leftovers")
+    checkpoint(root, "gpt_oss", 5)
+    sc.write_fp8(str(root / "gpt_oss"), str(root / "gpt_oss_fp8"), sc.GPT_OSS_QUANTS)
+    sc.write_dequantized(str(root / "gpt_oss_fp8"), str(root / "gpt_oss_deq"), sc.GPT_OSS_QUANTS)
+    cfg = llama.LlamaConfig(n_layers=N_LAYERS)
+    model = llama.tiny(n_layers=N_LAYERS)
+    llama.init_weights(model, seed=7)
+    write_hf(root / "hf", to_hf({k: v.detach() for k, v in model.state_dict().items()}, cfg), cfg)
+    shutil.rmtree(root / "gen")
+    compile_specs(root / "gen", root / "hf")
+    sc.write_fp8(str(root / "hf"), str(root / "pp_fp8"), sc.PP_QUANTS)
+    sc.write_dequantized(str(root / "pp_fp8"), str(root / "pp_deq"), sc.PP_QUANTS)
+    ranks = run_ranks(sc.run_leftovers, 4, str(root), LEFTOVERS, timeout=900)
+    return {"root": root, "ranks": ranks}
+
+
+@pytest.mark.parametrize("case", LEFTOVERS, ids=lambda c: c.label)
+def test_stacked_and_pipeline_fp8_load_and_export_on_4_ranks(leftovers: dict, case: Any) -> None:
+    """A stacked ``[E, R, C]`` FP8 key with per-expert scales ``[E, ceil(R/5), ceil(C/7)]``
+    (gpt_oss, BF16 scales on down_proj) on ranks that hold 2 of its 4 experts and half of
+    down_proj's rows, and a pipeline stage module (pp 2 x tp 2): each load equals the
+    reference dequantization bitwise with no collective, and each export gives back the
+    FP8 checkpoint's bytes and scales bitwise."""
+    items = [r[case.label] for r in leftovers["ranks"]]
+    fails = [f for it in items for f in it.fail]
+    assert not fails, "\n".join(fails)
+    assert all(it.checked > 0 for it in items)
+    assert items[0].extra["fp8 keys"]
+    if case.label == "stacked":
+        state = hf_state(str(leftovers["root"] / "gpt_oss_fp8"))
+        key = "model.layers.0.mlp.experts.down_proj"
+        assert state[key].shape == (4, 32, 64) and state[key].dtype == torch.float8_e4m3fn
+        assert state[key + "_scale_inv"].shape == (4, 7, 10)
+        assert state[key + "_scale_inv"].dtype == torch.bfloat16
+        for it in items:  # part of the experts, part of the rows
+            assert it.extra["local shapes"][key] == [2, 16, 64], it.extra
 
 
 # -------------------------------------------------------------- 4 gloo ranks, one spawn

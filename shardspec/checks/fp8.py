@@ -26,7 +26,7 @@ from shardspec.checks.hf import (
     _more_n,
     rest_of_groups,
 )
-from shardspec.core.hfmap import FP8_SAFETENSORS, SCALE_DTYPES, BlockQuant, HFMap
+from shardspec.core.hfmap import FP8_SAFETENSORS, BlockQuant, HFMap, scale_format_hint
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend import ir
@@ -37,12 +37,16 @@ from shardspec.resolve.hf import (
     fp8_settings,
     glob_problem,
     scale_template_problem,
+    stray_scales,
 )
 
-_FP8_WORDS = {"scale_format": "`float32` or `ue8m0`", "dtype": "`e4m3` or `e5m2`"}
+_FP8_WORDS = {
+    "scale_format": "the scale format (`float32`, `bfloat16`, `float16` or `ue8m0`)",
+    "dtype": "`e4m3` or `e5m2`",
+}
 _FP8_FORM = (
-    "write `fp8 GLOB [scale {key}_scale_inv] [block 128 x 128] [ue8m0] [e4m3 | e5m2]`, "
-    "each option once"
+    "write `fp8 GLOB [scale {key}_scale_inv] [block 128 x 128] "
+    "[float32 | bfloat16 | float16 | ue8m0] [e4m3 | e5m2]`, each option once"
 )
 
 
@@ -98,94 +102,130 @@ def check_fp8_items(spec: ir.Spec) -> list[Diagnostic]:
 # ------------------------------------------------------------------- with the HF manifest
 
 
-def _good_quants(hf: ir.HFBlock) -> list[BlockQuant]:
-    """The declarations of the fp8 lines without SS110 problems (the first of a glob)."""
+def _good_quants(hf: ir.HFBlock) -> list[tuple[BlockQuant, ir.HFFp8]]:
+    """The fp8 lines without SS110 problems (the first of a glob), each with its
+    declaration."""
     seen: set[str] = set()
     out = []
     for item in hf.fp8:
         if item.glob.text in seen or fp8_line_problems(item):
             continue
         seen.add(item.glob.text)
-        out.append(block_quant(item))
+        out.append((block_quant(item), item))
     return out
 
 
 def check_fp8_keys(spec: ir.Spec, hfm: HFManifest) -> list[Diagnostic]:
-    """SS111-SS114: the HF manifest's FP8 tensors against the hf block's fp8 lines."""
+    """SS111-SS114: the HF manifest's FP8 tensors against the hf block's fp8 lines. Each
+    line is tracked by its position among the sound lines (two lines may share a spec
+    line)."""
     hf = spec.hf
     assert hf is not None
     full = build_hfmap(hf)
-    quants = _good_quants(hf)
+    good = _good_quants(hf)
+    quants = [q for q, _ in good]
     hfmap = HFMap(full.rules, full.drops, full.ties, full.keeps, tuple(quants))
-    item_of = {q.line: item for q, item in zip(full.quants, hf.fp8, strict=True)}
+    index = {id(q): i for i, q in enumerate(quants)}
     tensors = hfm.tensors
+    stray = stray_scales(hf, hfm)
     undeclared: dict[str, list[str]] = {}  # name shape -> FP8 keys no line declares
-    # (kind, line, details) -> [first key, shown, count], as checks/hf.py counts
+    # (kind, line index (map line for "read"), details) -> [first key, shown, count], as
+    # checks/hf.py counts
     scales: dict[tuple[str, int, Any, Any], list[Any]] = {}
     dtypes: dict[tuple[str, int, str], list[Any]] = {}
     used: set[int] = set()
+    shadowed: dict[int, int] = {}  # a line that matches keys an earlier line takes -> it
     for key in sorted(tensors):
         t = tensors[key]
         q = hfmap.quant_of(key) if quants else None
         if quants and hfmap.is_scale(key):
             if q is not None:
-                _first(scales, ("glob", q.line, None, None), key, key)
+                _first(scales, ("glob", index[id(q)], None, None), key, key)
             else:
                 read = next(iter(hfmap.consumers(key)), None)
                 if read is not None:
-                    _first(scales, ("read", hfmap.rules[read[0]].line, read[0], None), key, key)
+                    _first(scales, ("read", read[0], None, None), key, key)
             continue
         if q is None:
             # (a key that a malformed line covers: SS110 is the cause)
             # (a tie alias no line reads is never read: its source is, under its own name)
+            # (a scale under another name than its line's template: SS112 names it)
             alias = hfmap.tie_of(key) is not None and not any(hfmap.consumers(key))
             if (
                 t.dtype.startswith("F8_")
                 and not hfmap.dropped(key)
                 and not full.quant_of(key)
                 and not alias
+                and key not in stray
             ):
                 undeclared.setdefault(_group_key(key), []).append(key)
             continue
-        used.add(q.line)
+        at = index[id(q)]
+        used.add(at)
+        for later, (other, _) in enumerate(good[at + 1 :], at + 1):
+            if other.regex.match(key):
+                shadowed.setdefault(later, at)
         want = FP8_SAFETENSORS.get(q.dtype, q.dtype)
         if t.dtype != want:
-            _first(dtypes, ("dtype", q.line, t.dtype), key, key)
+            _first(dtypes, ("dtype", at, t.dtype), key, key)
             continue
         if len(t.shape) < 2:
-            _first(dtypes, ("ndim", q.line, str(list(t.shape))), key, key)
+            _first(dtypes, ("ndim", at, str(list(t.shape))), key, key)
             continue
         sk = q.scale_key(key)
         s = tensors.get(sk)
         if s is None:
-            _first(scales, ("missing", q.line, None, None), key, sk)
-        elif s.dtype not in SCALE_DTYPES.get(q.scale_format, ("F32",)):
-            _first(scales, ("scale dtype", q.line, s.dtype, None), key, sk)
+            _first(scales, ("missing", at, None, None), key, sk)
+        elif s.dtype not in q.scale_dtypes:
+            _first(scales, ("scale dtype", at, s.dtype, None), key, sk)
         elif s.shape != q.scale_shape(t.shape):
             expect = (tuple(t.shape), q.scale_shape(t.shape))
-            _first(scales, ("shape", q.line, tuple(s.shape), expect), key, sk)
+            _first(scales, ("shape", at, tuple(s.shape), expect), key, sk)
     out = _undeclared(undeclared, hfm)
-    out += [_scale_finding(k, v, hf, item_of) for k, v in sorted(scales.items(), key=_order)]
-    out += [_dtype_finding(k, v, item_of[k[1]]) for k, v in sorted(dtypes.items())]
-    for q in quants:
-        if q.line not in used:
-            item = item_of[q.line]
-            out.append(
-                diag(
-                    "SS114",
-                    f"fp8 {q.glob!r} matches no FP8 weight of the HF manifest",
-                    item.glob.span,
-                    "check the glob against the HF manifest's keys (`*` is one segment or "
-                    "part of one, `**` any number); delete the line if the checkpoint has "
-                    "no such tensors",
-                )
-            )
+    order = sorted(scales.items(), key=lambda kv: _order(kv, hf, good))
+    found_as = {w: k for k, w in sorted(stray.items(), reverse=True)}  # (each first)
+    out += [_scale_finding(k, v, hf, good, found_as) for k, v in order]
+    out += [_dtype_finding(k, v, good[k[1]][1]) for k, v in sorted(dtypes.items())]
+    for at, (q, item) in enumerate(good):
+        if at not in used:
+            out.append(_unused(q, item, good[shadowed[at]] if at in shadowed else None))
     return out
 
 
-def _order(kv: tuple[tuple[str, int, Any, Any], list[Any]]) -> tuple[int, str, str]:
-    (kind, line, _, _), (first, _, _) = kv
-    return line, kind, first
+def _unused(
+    q: BlockQuant, item: ir.HFFp8, winner: tuple[BlockQuant, ir.HFFp8] | None
+) -> Diagnostic:
+    """SS114 for a line that declares nothing: its glob matches no FP8 weight, or every
+    one it matches is an earlier line's (``winner``, the first such line)."""
+    if winner is not None:
+        first, first_item = winner
+        return diag(
+            "SS114",
+            f"fp8 {q.glob!r} declares no FP8 weight: every key it matches is declared by "
+            f"line {first_item.span.line} (`{first.glob}`) first, and the first line that "
+            "matches a key applies",
+            item.glob.span,
+            f"to give these keys this line's options, move it above line "
+            f"{first_item.span.line} (or narrow that line's glob); else delete it",
+        )
+    return diag(
+        "SS114",
+        f"fp8 {q.glob!r} matches no FP8 weight of the HF manifest",
+        item.glob.span,
+        "check the glob against the HF manifest's keys (`*` is one segment or "
+        "part of one, `**` any number); delete the line if the checkpoint has "
+        "no such tensors",
+    )
+
+
+def _order(
+    kv: tuple[tuple[str, int, Any, Any], list[Any]],
+    hf: ir.HFBlock,
+    good: list[tuple[BlockQuant, ir.HFFp8]],
+) -> tuple[int, int, str, str]:
+    (kind, at, _, _), (first, _, _) = kv
+    node = hf.maps[at] if kind == "read" else good[at][1]
+    return node.span.line, node.span.col, kind, first
 
 
 def _undeclared(groups: dict[str, list[str]], hfm: HFManifest) -> list[Diagnostic]:
@@ -195,14 +235,20 @@ def _undeclared(groups: dict[str, list[str]], hfm: HFManifest) -> list[Diagnosti
     out = []
     for keys in ordered[:MAX_GROUPS]:
         key = keys[0]
-        dtype = hfm.tensors[key].dtype
+        t = hfm.tensors[key]
+        hint = (
+            f"declare how it is stored: `fp8 {_glob_of(key)}` (scales in "
+            "`{key}_scale_inv`, 128 x 128 blocks), or `drop` it"
+            if len(t.shape) >= 2
+            else f"it has shape {list(t.shape)}, which block scales cannot tile: `drop` it "
+            "(and `keep` its parameter), or convert the checkpoint's tensor to a float dtype"
+        )
         out.append(
             diag(
                 "SS111",
-                f"HF key {_more_n(key, len(keys))} is {dtype}, and no fp8 line declares it",
+                f"HF key {_more_n(key, len(keys))} is {t.dtype}, and no fp8 line declares it",
                 _key_span(hfm, key),
-                f"declare how it is stored: `fp8 {_glob_of(key)}` (scales in "
-                "`{key}_scale_inv`, 128 x 128 blocks), or `drop` it",
+                hint,
             )
         )
     what = "FP8 HF keys no fp8 line declares"
@@ -223,22 +269,23 @@ def _scale_finding(
     kind: tuple[str, int, Any, Any],
     found: list[Any],
     hf: ir.HFBlock,
-    item_of: dict[int, ir.HFFp8],
+    good: list[tuple[BlockQuant, ir.HFFp8]],
+    found_as: dict[str, str],
 ) -> Diagnostic:
-    what, line, got, expect = kind
+    what, at, got, expect = kind
     first, shown, n = found
     if what == "read":
-        m = hf.maps[got]
+        m = hf.maps[at]
         return diag(
             "SS112",
-            f"scale {_more_n(first, n)} of an FP8 weight is read by map line {line} too",
+            f"scale {_more_n(first, n)} of an FP8 weight is read by map line {m.span.line} too",
             m.hf.span,
             f"the fp8 line consumes its weights' scales: narrow `{m.hf.text}` so it leaves "
             "them out",
         )
-    item = item_of[line]
+    q, item = good[at]
+    line = item.span.line
     span = next((o.span for o in item.options if o.kind == "scale"), item.glob.span)
-    q = block_quant(item)
     if what == "glob":
         return diag(
             "SS112",
@@ -248,21 +295,33 @@ def _scale_finding(
             "dequantized themselves",
         )
     if what == "missing":
+        other = found_as.get(first)
+        if other is not None and other.startswith(first):
+            template = "{key}" + other[len(first) :]
+            return diag(
+                "SS112",
+                f"FP8 key {_more_n(first, n)} has no scale {shown!r} in the HF manifest, "
+                f"which holds {other!r}",
+                span,
+                f"name the scale keys the checkpoint has: `scale {template}`",
+            )
+        held = f", which holds {other!r}" if other is not None else ""
         return diag(
             "SS112",
-            f"FP8 key {_more_n(first, n)} has no scale {shown!r} in the HF manifest",
+            f"FP8 key {_more_n(first, n)} has no scale {shown!r} in the HF manifest{held}",
             span,
             "name the scale keys the checkpoint has: `scale {key}_scale_inv` (DeepSeek), "
             "`scale {key}_scale`, ...",
         )
     if what == "scale dtype":
-        allowed = " or ".join(SCALE_DTYPES.get(q.scale_format, ("F32",)))
+        allowed = " or ".join(q.scale_dtypes)
         return diag(
             "SS112",
             f"scale {shown!r} (of {_more_n(first, n)}) is {got}; line {line}'s "
             f"{q.scale_format} scales are {allowed}",
             span,
-            "power-of-two scales stored as F8_E8M0 need `ue8m0`; rebuild the HF manifest with "
+            f"the line's scale format says the scales' dtype{scale_format_hint(got)} "
+            "(power-of-two scales stored as F8_E8M0: `ue8m0`); rebuild the HF manifest with "
             "`shardspec hf-manifest` if it does not describe the checkpoint",
         )
     weight, scale = expect
@@ -279,16 +338,21 @@ def _scale_finding(
 
 
 def _dtype_finding(kind: tuple[str, int, str], found: list[Any], item: ir.HFFp8) -> Diagnostic:
-    what, line, got = kind
+    what, _, got = kind
+    line = item.span.line
     first, _, n = found
     q = block_quant(item)
     if what == "ndim":
         return diag(
             "SS113",
-            f"FP8 key {_more_n(first, n)} has shape {got}: blocks tile a weight's last two "
-            "dimensions",
+            f"FP8 key {_more_n(first, n)} has shape {got}: a block-scaled tensor has two "
+            "dimensions at least (the blocks tile its last two), so load_hf cannot "
+            "dequantize it",
             item.glob.span,
-            "narrow the glob to the 2-D (or stacked 3-D) linear weights",
+            f"if line {line} covers it by mistake, narrow the glob to the 2-D (or stacked "
+            "3-D) linear weights; if the checkpoint stores it in FP8 without block "
+            "scales, it is not in this format: `drop` it and `keep` its parameter, or "
+            "convert the checkpoint's tensor to a float dtype first",
         )
     want = FP8_SAFETENSORS.get(q.dtype, q.dtype)
     if got.startswith("F8_"):

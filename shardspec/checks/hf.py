@@ -45,6 +45,7 @@ from shardspec.resolve.hf import (
     build_hfmap,
     glob_problem,
     key_problem,
+    stray_scales,
     template_problem,
 )
 from shardspec.resolve.params import Resolved
@@ -852,9 +853,12 @@ def _check_keys(
     unexpected: dict[str, list[str]] = defaultdict(list)
     bases = _bases(units)
     rest = sorted(tensors.keys() - acc.needed.keys() - read)
+    stray = stray_scales(hf, hfm)  # (scales its line's template misses: SS110/SS112)
     for key in rest:
         if hfmap.tie_of(key) is not None or hfmap.dropped(key) or hfmap.is_scale(key):
             continue  # (a scale is its fp8 line's: checks/fp8.py)
+        if key in stray:
+            continue
         if _consumed(hfmap, key, units, bases, unsure):
             continue
         unexpected[_group_key(key)].append(key)

@@ -455,11 +455,30 @@ _TORCH_KINDS = (
 
 
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # the largest finite value
-SCALE_FORMATS = ("float32", "ue8m0")
+# An fp8 line's scale formats: the scale's dtype as stored (``float32``, DeepSeek's;
+# ``bfloat16``, Qwen3's FP8 releases'; ``float16``), or ``ue8m0`` (powers of two).
+SCALE_FORMATS = ("float32", "bfloat16", "float16", "ue8m0")
 # The safetensors dtype of each FP8 dtype, and the safetensors dtypes a scale may be stored
-# in, per scale format: one table for lint (checks/fp8.py) and load_hf (runtime/hf/fp8.py).
+# in, per scale format (the first: the one export writes): one table for lint
+# (checks/fp8.py), load_hf and export_hf (runtime/hf/).
 FP8_SAFETENSORS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-SCALE_DTYPES = {"float32": ("F32",), "ue8m0": ("F32", "F8_E8M0")}
+SCALE_DTYPES = {
+    "float32": ("F32",),
+    "bfloat16": ("BF16",),
+    "float16": ("F16",),
+    "ue8m0": ("F32", "F8_E8M0"),
+}
+# The bytes per element of each safetensors dtype a scale may be stored in.
+SCALE_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "F8_E8M0": 1}
+
+
+def scale_format_hint(stored: str) -> str:
+    """For a scale stored as safetensors dtype ``stored`` that its line refuses: the fp8
+    line's word that reads it (``; write `bfloat16` on the fp8 line``), or ``""``."""
+    for fmt, dtypes in SCALE_DTYPES.items():
+        if stored in dtypes:
+            return f"; write `{fmt}` on the fp8 line for {stored} scales"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -470,10 +489,12 @@ class BlockQuant:
     tensor ``[E, R, C]`` has one per expert), in the HF tensor named ``scale`` with ``{key}``
     replaced by the weight's key: ``w[r, c] = float32(q[r, c]) * scale[r // R, c // C]``,
     the scale's shape ``(..., ceil(rows / R), ceil(cols / C))``. ``scale_format``:
-    ``float32`` (the inverse scale as float32, DeepSeek's ``weight_scale_inv``) or
-    ``ue8m0`` (a power of two, stored as float32 or as ``float8_e8m0fnu``). Export
-    quantizes each block with scale ``amax / FP8_MAX[dtype]`` (rounded up to a power of two
-    for ``ue8m0``). ``line``: back into the spec."""
+    ``float32`` (the inverse scale as float32, DeepSeek's ``weight_scale_inv``),
+    ``bfloat16`` or ``float16`` (the inverse scale stored in that dtype, as Qwen3's FP8
+    releases store it; dequantized in float32 all the same) or ``ue8m0`` (a power of two,
+    stored as float32 or as ``float8_e8m0fnu``). Export quantizes each block with scale
+    ``amax / FP8_MAX[dtype]`` rounded to the scale's dtype (up to a power of two for
+    ``ue8m0``). ``line``: back into the spec."""
 
     glob: str
     scale: str = "{key}_scale_inv"
@@ -489,6 +510,12 @@ class BlockQuant:
     def scale_key(self, hf_key: str) -> str:
         return self.scale.replace("{key}", hf_key)
 
+    @property
+    def scale_dtypes(self) -> tuple[str, ...]:
+        """The safetensors dtypes this declaration's scales may be stored in (the first:
+        the one export writes)."""
+        return SCALE_DTYPES.get(self.scale_format, ("F32",))
+
     def scale_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """The scale tensor's shape for a weight of ``shape`` (2-D, or stacked 3-D)."""
         *lead, rows, cols = shape
@@ -497,7 +524,7 @@ class BlockQuant:
 
     def __str__(self) -> str:
         b = f" block {self.block[0]} x {self.block[1]}"
-        fmt = " ue8m0" if self.scale_format == "ue8m0" else ""
+        fmt = "" if self.scale_format == "float32" else f" {self.scale_format}"
         kind = " e5m2" if self.dtype == "float8_e5m2" else ""
         return f"fp8 {self.glob} scale {self.scale}{b}{fmt}{kind}"
 
@@ -523,12 +550,14 @@ class HFMap:
         return None
 
     def is_scale(self, hf_key: str) -> bool:
-        """Whether ``hf_key`` is the scale of a declared FP8 weight (consumed with it)."""
+        """Whether ``hf_key`` is the scale of a declared FP8 weight (consumed with it): the
+        key that the template of line ``q`` makes from a weight whose declaration is ``q``
+        (a weight an earlier line covers is that line's, whose template names its scale)."""
         for q in self.quants:
             head, sep, tail = q.scale.partition("{key}")
             if sep and hf_key.startswith(head) and hf_key.endswith(tail):
                 weight = hf_key[len(head) : len(hf_key) - len(tail)]
-                if weight and q.regex.match(weight):
+                if weight and self.quant_of(weight) is q:
                     return True
         return False
 

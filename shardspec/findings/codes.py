@@ -1006,8 +1006,9 @@ CHECKS: tuple[Check, ...] = (
         E,
         "An hf block's `fp8` line is malformed: a glob with `{...}` or an empty segment, a "
         "scale template without exactly one `{key}` (or with globs, or naming the weight "
-        "itself), a block size of 0, an option given twice (`ue8m0` and `float32`, `e4m3` "
-        "and `e5m2` count as one option each), or the same glob on two lines.",
+        "itself), a block size of 0, an option given twice (the scale formats `float32`, "
+        "`bfloat16`, `float16` and `ue8m0` count as one option, `e4m3` and `e5m2` as "
+        "another), or the same glob on two lines.",
         "The line says how every matching Hugging Face tensor is stored and where its "
         "scales are: load_hf dequantizes with it and export_hf quantizes with it, so an "
         "ambiguous line would read or write the wrong bytes.",
@@ -1034,7 +1035,8 @@ CHECKS: tuple[Check, ...] = (
         "hf-quant-scale",
         E,
         "An FP8 weight's scale is wrong in the HF manifest: its key is missing, its dtype is "
-        "not F32 (or, for `ue8m0`, F32 or F8_E8M0), its shape is not one per block "
+        "not the line's scale format's (F32 by default; BF16 for `bfloat16`, F16 for "
+        "`float16`, F32 or F8_E8M0 for `ue8m0`), its shape is not one per block "
         "(`ceil(rows / R) x ceil(cols / C)`, per expert for a stacked `[E, R, C]` weight), "
         "or the scale key is itself matched by an fp8 glob or read by a map line.",
         "Every block's values are its FP8 bytes times its scale: a missing or misshapen "
@@ -1062,8 +1064,11 @@ CHECKS: tuple[Check, ...] = (
         "SS114",
         "unused-quant-item",
         W,
-        "An `fp8` line matches no key of the HF manifest (or every key it matches is a scale).",
-        "Usually a typo in the glob, which leaves the FP8 tensors it meant undeclared.",
+        "An `fp8` line matches no key of the HF manifest (or every key it matches is a "
+        "scale), or every FP8 weight it matches is declared by an earlier line (the first "
+        "line that matches a key applies).",
+        "Usually a typo in the glob, which leaves the FP8 tensors it meant undeclared; or a "
+        "wider glob above it, whose options then apply instead of this line's.",
         "fp8 model.layers.*.mlp.*_prj.weight",
         "fp8 model.layers.*.mlp.*_proj.weight",
         True,

@@ -292,7 +292,7 @@ class HFConfig(Node):
 class HFFp8Option(Node):
     """One option of an ``fp8`` line: ``scale TEMPLATE`` (kind ``scale``, ``text`` the
     template), ``block R x C`` (kind ``block``, ``block`` the sizes), or a word (kind
-    ``word``: ``ue8m0``, ``float32``, ``e4m3`` or ``e5m2``)."""
+    ``word``: ``float32``, ``bfloat16``, ``float16``, ``ue8m0``, ``e4m3`` or ``e5m2``)."""
 
     kind: str
     text: str = ""
@@ -301,7 +301,7 @@ class HFFp8Option(Node):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFFp8(Node):
-    """``fp8 GLOB [scale TEMPLATE] [block R x C] [ue8m0] [e4m3 | e5m2]``: the HF keys
+    """``fp8 GLOB [scale TEMPLATE] [block R x C] [SCALE FORMAT] [e4m3 | e5m2]``: the HF keys
     matching ``glob`` are stored block-scaled in FP8; ``options`` in file order."""
 
     glob: Pattern

@@ -322,11 +322,12 @@ def _hf_parts(w: _Where) -> str:
 
 
 _FP8_LINE = re.compile(r"\s*fp8\b")
-_FP8_WORDS = ("scale", "block", "ue8m0", "float32", "e4m3", "e5m2")
+_FP8_WORDS = ("scale", "block", "ue8m0", "float32", "bfloat16", "float16", "e4m3", "e5m2")
 _FP8_OPTIONS = (
-    "an fp8 line's options are `scale TEMPLATE`, `block R x C`, `ue8m0` (or `float32`) "
-    "and `e4m3` (or `e5m2`)"
+    "an fp8 line's options are `scale TEMPLATE`, `block R x C`, the scale format "
+    "(`float32`, `bfloat16`, `float16` or `ue8m0`) and `e4m3` (or `e5m2`)"
 )
+_FP8_BLOCK = "write the block size as `block R x C`, rows x columns: `block 128 x 128`"
 
 
 def _fp8_line(w: _Where) -> str:
@@ -337,8 +338,8 @@ def _fp8_line(w: _Where) -> str:
     if not _FP8_LINE.match(line):
         return _fp8_keyword(w, line)
     before = line.rstrip()
-    if "X" in w.expected or ("INT" in w.expected and before.endswith("block")):
-        return "write the block size as `block 128 x 128` (rows x columns)"
+    if "X" in w.expected or ("INT" in w.expected and re.search(r"\b(block|x)$", before)):
+        return _FP8_BLOCK
     if "PATTERN" in w.expected and before.endswith("scale"):
         return (
             "write `scale {key}_scale_inv`, without quotes: the scale's key, `{key}` standing "
@@ -350,6 +351,8 @@ def _fp8_line(w: _Where) -> str:
         return ""
     # The word after the glob that is no option (the parser took it for a map line's name).
     words = line.split()[2:]
+    if ("x" in words or w.word == "x") and "block" not in words:  # `128 x 128`, a bare `x`
+        return "the block size follows `block`: `block R x C`, rows x columns (`block 128 x 128`)"
     known = {*_FP8_WORDS, "x"}
     odd = next(
         (

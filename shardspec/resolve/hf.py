@@ -7,10 +7,11 @@ and the runtime reads that table. No torch, no lark.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 
-from shardspec.core.hfmap import BlockQuant, HFMap, MapRule, Part, Transform
+from shardspec.core.hfmap import SCALE_FORMATS, BlockQuant, HFMap, MapRule, Part, Transform
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 
@@ -44,8 +45,7 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
 
 # An fp8 line's words: the scale format and the FP8 dtype each word sets.
 FP8_WORDS = {
-    "float32": ("scale_format", "float32"),
-    "ue8m0": ("scale_format", "ue8m0"),
+    **{f: ("scale_format", f) for f in SCALE_FORMATS},
     "e4m3": ("dtype", "float8_e4m3fn"),
     "e5m2": ("dtype", "float8_e5m2"),
 }
@@ -104,6 +104,43 @@ def with_dtypes(hfmap: HFMap, hfm: HFManifest | None) -> HFMap:
         for r, d in zip(hfmap.rules, found, strict=True)
     )
     return dataclasses.replace(hfmap, rules=rules)
+
+
+def stray_scales(hf: ir.HFBlock, hfm: HFManifest) -> dict[str, str]:
+    """The HF manifest's keys that look like the scale of an FP8 weight that an fp8 line
+    declares but whose scale, as the line's template names it, is absent (a template
+    that names the scales otherwise, or a malformed one): key -> the weight. SS112 (or
+    SS110) reports the template once; these keys are not also unexpected (SS073) or
+    undeclared FP8 (SS111). A key looks like the scale of weight ``W`` when it is ``W``
+    with a suffix (``W_scale``, ``W.scale``), or ``W``'s last segment replaced by one
+    that says ``scale``."""
+    full = build_hfmap(hf)
+    if not full.quants:
+        return {}
+    sound = HFMap(quants=tuple(q for q in full.quants if scale_template_problem(q.scale) is None))
+    tensors = hfm.tensors
+    keys = sorted(tensors)
+    free = [k for k in keys if full.quant_of(k) is None and not sound.is_scale(k)]
+    by_parent: dict[str, list[str]] = {}
+    for k in free:
+        parent, _, last = k.rpartition(".")
+        if "scale" in last:
+            by_parent.setdefault(parent, []).append(k)
+    out: dict[str, str] = {}
+    for w in keys:
+        q = full.quant_of(w)
+        if q is None or sound.is_scale(w) or not tensors[w].dtype.startswith("F8_"):
+            continue
+        if q in sound.quants and q.scale_key(w) in tensors:
+            continue
+        i = bisect.bisect_right(free, w)
+        while i < len(free) and free[i].startswith(w):
+            if free[i][len(w)] in "_.":
+                out.setdefault(free[i], w)
+            i += 1
+        for k in by_parent.get(w.rpartition(".")[0], ()):
+            out.setdefault(k, w)
+    return out
 
 
 def _transforms(items: tuple[ir.HFTransform, ...]) -> tuple[Transform, ...]:

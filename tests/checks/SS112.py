@@ -39,8 +39,58 @@ CASES = [
             }
         ),
         "expect": [
-            ("SS112", 12, "FP8 key 'model.layers.0.up' has no scale", "model"),
-            ("SS073", "hf.json:11", "unexpected HF key 'model.layers.0.up_scale'"),
+            # one finding names the scale the checkpoint holds; no SS073 for it too
+            (
+                "SS112",
+                12,
+                "FP8 key 'model.layers.0.up' has no scale 'model.layers.0.up_scale_inv' in "
+                "the HF manifest, which holds 'model.layers.0.up_scale'",
+                "model",
+                "`scale {key}_scale`",
+            ),
+        ],
+    },
+    {
+        "name": "a template with a typo: one finding, not an SS073 per scale",
+        "spec": line_12("fp8 model.layers.*.up scale {key}_scal_inv"),
+        "manifest": MANIFEST,
+        "hf_manifest_text": fp8_hf_text(),
+        "expect": [
+            (
+                "SS112",
+                12,
+                "FP8 key 'model.layers.0.up' (and 1 more) has no scale "
+                "'model.layers.0.up_scal_inv' in the HF manifest, which holds "
+                "'model.layers.0.up_scale_inv'",
+                "scale",
+                "`scale {key}_scale_inv`",
+            ),
+        ],
+    },
+    {
+        "name": "bf16 scales on a bfloat16 line (Qwen3's FP8 releases)",
+        "spec": line_12("fp8 model.layers.*.up bfloat16"),
+        "manifest": MANIFEST,
+        "hf_manifest_text": fp8_hf_text(
+            model_layers_0_up_scale_inv=([1, 1], "BF16"),
+            model_layers_1_up_scale_inv=([1, 1], "BF16"),
+        ),
+        "expect": [],
+    },
+    {
+        "name": "f32 scales on a float16 line",
+        "spec": line_12("fp8 model.layers.*.up float16"),
+        "manifest": MANIFEST,
+        "hf_manifest_text": fp8_hf_text(model_layers_1_up_scale_inv=([1, 1], "F16")),
+        "expect": [
+            (
+                "SS112",
+                12,
+                "scale 'model.layers.0.up_scale_inv' (of 'model.layers.0.up') is F32; line "
+                "12's float16 scales are F16",
+                "model",
+                "write `float32` on the fp8 line for F32 scales",
+            )
         ],
     },
     {
@@ -54,6 +104,8 @@ CASES = [
                 11,
                 "scale 'model.layers.0.gate_scale_inv' (of 'model.layers.0.gate') is BF16; "
                 "line 11's float32 scales are F32",
+                "model",
+                "write `bfloat16` on the fp8 line for BF16 scales",
             )
         ],
     },

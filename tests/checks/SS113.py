@@ -21,9 +21,16 @@ CASES = [
             ),
             # the glob covers the scales too
             ("SS112", 11, "fp8 'model.**' matches scale key"),
-            # and every other key: the later lines apply to none
-            ("SS114", 12, "fp8 'model.layers.*.up' matches no FP8 weight"),
-            ("SS114", 13, "fp8 'model.layers.*.experts.*.w1' matches no FP8 weight"),
+            # and every other key: the later lines apply to none, line 11 wins
+            (
+                "SS114",
+                12,
+                "fp8 'model.layers.*.up' declares no FP8 weight: every key it matches is "
+                "declared by line 11 (`model.**`) first",
+                "model",
+                "move it above line 11",
+            ),
+            ("SS114", 13, "every key it matches is declared by line 11 (`model.**`) first"),
         ],
     },
     {
@@ -56,7 +63,16 @@ CASES = [
                 "model.norm.weight_scale_inv": ([1], "F32"),
             }
         ),
-        "expect": [("SS113", 12, "FP8 key 'model.norm.weight' has shape [8]", "model.norm")],
+        "expect": [
+            (
+                "SS113",
+                12,
+                "FP8 key 'model.norm.weight' has shape [8]: a block-scaled tensor has two "
+                "dimensions at least",
+                "model.norm",
+                "`drop` it and `keep` its parameter",
+            )
+        ],
     },
     {
         "name": "e5m2 bytes for an e5m2 line",

@@ -8,7 +8,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -491,10 +491,11 @@ class _Cast:
             return held
         return self.dtype
 
-    def check(self, keys: Iterable[str]) -> None:
+    def check(self, keys: Sequence[str], hfmap: HFMap) -> None:
         """A pattern of ``keep_dtype`` that matches none of the export's ``keys`` is an
-        error (a typo would write in ``dtype`` what was meant to be kept)."""
-        keys = list(keys)
+        error (a typo would write in ``dtype`` what was meant to be kept), and so is one
+        that matches a key an fp8 line declares (the line says how that key is written:
+        FP8 with its scale; keeping its dtype would be ignored)."""
         unused = [p for p in self.keep if not any(fnmatch.fnmatchcase(k, p) for k in keys)]
         if unused:
             raise HFError(
@@ -502,6 +503,16 @@ class _Cast:
                 "key of the export (patterns are fnmatch globs over the keys the hf block "
                 "writes, such as '*.mlp.gate.weight'); nothing was written"
             )
+        for p in self.keep:
+            key = next((k for k in keys if fnmatch.fnmatchcase(k, p) and hfmap.quant_of(k)), "")
+            bq = hfmap.quant_of(key)
+            if bq is not None:
+                raise HFError(
+                    f"keep_dtype: {p!r} matches {key}, which the hf block writes block-scaled "
+                    f"in FP8 (line {bq.line}: {bq}), whatever the model's dtype; narrow the "
+                    "pattern to keys no fp8 line covers, or narrow the fp8 line to write the "
+                    "key in the model's dtype; nothing was written"
+                )
 
 
 def _cast(dtype: Any, keep: str | Sequence[str]) -> _Cast:
@@ -557,28 +568,29 @@ def _export_hf(
     m = model_view(spec, lm, rank, model, saving=True)
     sources, problems = resolve_sources(hfmap, m.units, strict=True)
     raise_problems(problems + _written_twice(sources), path)
-    cast.check(key for src in sources.values() for key in src.keys)
-    _export_quant(hfmap, sources)
+    cast.check([key for src in sources.values() for key in src.keys], hfmap)
+    quant = _export_quant(hfmap, sources)
     session = ExportSession(path, rank, _export_group(process_group))
-    return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite)
+    return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite, quant)
 
 
 def _export_quant(hfmap: HFMap, sources: Mapping[str, Source]) -> BlockQuant | None:
     """The FP8 declaration the export's block-scaled tensors share (transformers'
     ``quantization_config`` holds one block size and one FP8 format), or None when the
     export writes none; two that differ are an error, before anything is written."""
-    used: dict[tuple, BlockQuant] = {}
+    used: dict[str, BlockQuant] = {}
     for src in sources.values():
         for key in src.keys:
             bq = hfmap.quant_of(key)
-            if bq is not None:
-                used.setdefault((bq.block, bq.dtype, bq.scale_format), bq)
+            if bq is not None:  # (the scale's dtype is no field of the config)
+                used.setdefault(json.dumps(quantization_config(bq), sort_keys=True), bq)
     if len(used) > 1:
         lines = ", ".join(f"line {bq.line}: {bq} ({bq.dtype})" for bq in used.values())
         raise HFError(
-            f"export_hf: the hf block's FP8 lines differ in block size, FP8 dtype or scale "
-            f"format ({lines}); transformers' quantization_config states one of each, so "
-            "the export could not say how its tensors are stored; nothing was written"
+            f"export_hf: the hf block's FP8 lines differ in block size, FP8 dtype or "
+            f"power-of-two (ue8m0) scales ({lines}); transformers' quantization_config states "
+            "one of each, so the export could not say how its tensors are stored; nothing "
+            "was written"
         )
     return next(iter(used.values()), None)
 
@@ -610,6 +622,7 @@ def _export(
     config: Any,
     cast: _Cast,
     overwrite: bool,
+    quant: BlockQuant | None,
 ) -> HFExportReport:
     """export_hf's collective part, in the folder protocol's steps
     (:class:`~shardspec.runtime.hf.folders.ExportSession`): a failed collective or message
@@ -619,7 +632,7 @@ def _export(
     error: HFError | None = None
     try:
         plan = _export_plan(spec, hfmap, lm, m, sources, session.path, session.gather)
-        return _export_steps(session, hfmap, plan, m.local, config, cast, overwrite)
+        return _export_steps(session, hfmap, plan, m.local, config, cast, overwrite, quant)
     except HFError:
         raise
     except (RuntimeError, OSError) as e:  # a rank died or a link broke (gloo)
@@ -641,9 +654,11 @@ def _export_steps(
     config: Any,
     cast: _Cast,
     overwrite: bool,
+    quant: BlockQuant | None,
 ) -> HFExportReport:
     """Every failure on one rank ends in an exchange of errors, so all ranks raise
-    together instead of leaving the others waiting."""
+    together instead of leaving the others waiting. ``quant``: the FP8 declaration the
+    config states (:func:`_export_quant`)."""
     rank = session.rank
     transfers = _transfers(plan, local, rank)
     error, messages = attempt_value(lambda: _ready(config, transfers, rank))
@@ -681,7 +696,6 @@ def _export_steps(
     error = None
     if rank == 0:
         index = _index(plan, out.writer_of, file_of, set(report.aliases_not_written), cast)
-        quant = _export_quant(hfmap, plan.sources)
         error = attempt(
             lambda: session.finish(index, lambda folder: _write_config(config, folder, quant))
         )

@@ -2,8 +2,9 @@
 ``hf`` block's :class:`~shardspec.core.hfmap.BlockQuant`): the block arithmetic of
 ``load_hf`` and ``export_hf``, in torch only.
 
-The format: an FP8 tensor ``q`` of shape ``(..., rows, cols)`` and a float32 tensor
-``scale`` of shape ``(..., ceil(rows / R), ceil(cols / C))``; the value is
+The format: an FP8 tensor ``q`` of shape ``(..., rows, cols)`` and a tensor ``scale``
+(float32; bfloat16 or float16 in Qwen3's FP8 releases) of shape
+``(..., ceil(rows / R), ceil(cols / C))``; the value is
 ``w[..., r, c] = float32(q[..., r, c]) * scale[..., r // R, c // C]``.
 
 Load (:class:`DequantSlice`): a rank reads the FP8 bytes of its own box and only the scale
@@ -12,11 +13,16 @@ transforms and splits then apply as to any tensor.
 
 Export (:func:`quantize`): per block, ``scale = amax / FP8_MAX[dtype]`` (``amax`` the
 largest ``|w|`` of the block, in float32), ``q = clamp(w / scale)`` cast to the FP8 dtype
-(round to nearest even); a block of zeros gets scale 1.0 (its ``q`` is zero, exact), and a
-scale that would underflow float32's normal range is raised to the smallest normal.
-``ue8m0``: the scale rounded up to a power of two. The scales are written as float32.
+(round to nearest even); a scale that would underflow its dtype's normal range is raised
+to the smallest normal, and a block whose ``q`` is all zero (a block of zeros, or of
+values below the FP8 type's smallest subnormal times the scale) gets scale 1.0.
+``ue8m0``: the scale rounded up to a power of two. The scales are written in the line's
+scale dtype (float32; bfloat16 or float16 rounded to nearest, and ``q`` divided by the
+scale as stored, so a reader dequantizes what this rule inverts; ue8m0 as float32).
 With float32 scales, dequantizing in float32 and quantizing again gives back the same
-bytes and scales (``fl(fl(448 * s) / 448) == s`` for every ``s = fl(a / 448)``); with
+bytes and scales (``fl(fl(448 * s) / 448) == s`` for every ``s = fl(a / 448)``; with
+bfloat16 or float16 scales the block's largest ``|q|`` is 448 again and ``448 * s`` is exact
+in float32, so the same holds); with
 ``ue8m0`` scales, the same values, not always the same bytes (a block's amax can move it
 to the next power of two).
 """
@@ -28,17 +34,14 @@ from typing import Any
 
 import torch
 
-from shardspec.core.hfmap import FP8_MAX, SCALE_DTYPES, BlockQuant
+from shardspec.core.hfmap import FP8_MAX, SCALE_ITEMSIZE, BlockQuant
 
 # BlockQuant.dtype -> the torch dtype and the safetensors dtype name of the FP8 tensor
 FP8_TORCH = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+# The torch dtype of each safetensors dtype a scale is written in (BlockQuant.scale_dtypes[0])
+SCALE_TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 # transformers' ``quantization_config.fmt`` of each FP8 dtype
 FP8_FMT = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
-
-
-def scale_dtypes(bq: BlockQuant) -> tuple[str, ...]:
-    """The safetensors dtypes a scale of ``bq`` may be stored in."""
-    return SCALE_DTYPES.get(bq.scale_format, ("F32",))
 
 
 def bad_scales(
@@ -116,26 +119,43 @@ def _expand(scale: torch.Tensor, shape: Sequence[int], block: Sequence[int]) -> 
     return out.repeat_interleave(block[1], dim=-1).narrow(-1, 0, cols)
 
 
+def _block_amax(x: torch.Tensor, block: Sequence[int]) -> torch.Tensor:
+    """The largest ``|x|`` of each block of ``x``'s last two dimensions (float32)."""
+    *lead, rows, cols = x.shape
+    r, c = block
+    nr, nc = -(-rows // r), -(-cols // c)
+    padded = torch.zeros((*lead, nr * r, nc * c), dtype=torch.float32)
+    padded[..., :rows, :cols] = x.abs()
+    return padded.unflatten(-1, (nc, c)).unflatten(-3, (nr, r)).amax(dim=(-3, -1))
+
+
 def quantize(w: torch.Tensor, bq: BlockQuant) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale)`` of ``w`` (2-D, or stacked 3-D: a scale per matrix) under ``bq``:
-    the module's rule. Raises ValueError for a non-finite value (no scale can hold it)."""
+    the module's rule, ``scale`` in the dtype it is written in (:data:`SCALE_TORCH`) and
+    ``q`` quantized with that scale as stored, so that a reader's dequantization is the
+    one this rule inverts; a block whose ``q`` is all zero gets scale 1.0 (what its
+    values, zeros, quantize to again). Raises ValueError for a non-finite value (no
+    scale can hold it) or a block whose scale overflows the scale's dtype (float16)."""
     w = w.to(torch.float32)
     if not bool(torch.isfinite(w).all()):
         raise ValueError("it holds NaN or infinite values, which FP8 blocks cannot scale")
-    *lead, rows, cols = w.shape
-    r, c = bq.block
-    nr, nc = -(-rows // r), -(-cols // c)
-    padded = torch.zeros((*lead, nr * r, nc * c), dtype=torch.float32)
-    padded[..., :rows, :cols] = w.abs()
-    amax = padded.unflatten(-1, (nc, c)).unflatten(-3, (nr, r)).amax(dim=(-3, -1))
+    amax = _block_amax(w, bq.block)
     fmax = FP8_MAX[bq.dtype]
-    scale = amax / fmax
-    scale = torch.where(amax == 0, 1.0, scale.clamp(min=torch.finfo(torch.float32).tiny))
+    stored = SCALE_TORCH[bq.scale_dtypes[0]]
+    scale = (amax / fmax).clamp(min=torch.finfo(stored).tiny)
     if bq.scale_format == "ue8m0":
         mantissa, exponent = torch.frexp(scale)
         scale = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).to(exponent))
-    q = (w / _expand(scale, w.shape, bq.block)).clamp(-fmax, fmax).to(FP8_TORCH[bq.dtype])
-    return q, scale
+    scale = scale.to(stored)  # round to nearest: |w| / scale stays within fmax (1 + 2^-8)
+    if not bool(torch.isfinite(scale).all()):
+        big = float(amax.max())
+        raise ValueError(
+            f"a block's largest value {big:g} needs a scale above {bq.scale_format}'s largest value"
+        )
+    full = _expand(scale.to(torch.float32), w.shape, bq.block)
+    q = (w / full).clamp(-fmax, fmax).to(FP8_TORCH[bq.dtype])
+    zero = _block_amax(q.to(torch.float32), bq.block) == 0
+    return q, torch.where(zero, torch.ones_like(scale), scale)
 
 
 def quantization_config(bq: BlockQuant) -> dict[str, Any]:
@@ -152,11 +172,11 @@ def quantization_config(bq: BlockQuant) -> dict[str, Any]:
 
 
 def quantized_nbytes(bq: BlockQuant, shape: Sequence[int]) -> int:
-    """The bytes of an FP8 tensor of ``shape`` and its float32 scales."""
+    """The bytes of an FP8 tensor of ``shape`` and its scales, as export writes them."""
     n = 1
     for s in shape:
         n *= s
     m = 1
     for s in bq.scale_shape(shape):
         m *= s
-    return n * FP8_TORCH[bq.dtype].itemsize + m * 4
+    return n * FP8_TORCH[bq.dtype].itemsize + m * SCALE_ITEMSIZE[bq.scale_dtypes[0]]

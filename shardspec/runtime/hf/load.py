@@ -13,11 +13,13 @@ import torch
 
 from shardspec.core.hfmap import (
     FP8_SAFETENSORS,
+    SCALE_ITEMSIZE,
     BlockQuant,
     HFMap,
     Source,
     Split,
     dtype_kind,
+    scale_format_hint,
     source_indices,
     strided_runs,
 )
@@ -34,7 +36,7 @@ from shardspec.runtime.hf.common import (
     resolve_sources,
     weight_map_of,
 )
-from shardspec.runtime.hf.fp8 import DequantSlice, scale_dtypes
+from shardspec.runtime.hf.fp8 import DequantSlice
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
     unit_commit,
@@ -327,10 +329,10 @@ def _quant_problems(
             f"{skey}: shape {list(sshape)}, the scale of {key} {list(shape)} in blocks of "
             f"{blocks} has shape {want_shape}"
         )
-    if sdtype not in scale_dtypes(bq):
+    if sdtype not in bq.scale_dtypes:
         out.append(
             f"{skey}: the file stores {sdtype}, a {bq.scale_format} scale is "
-            f"{' or '.join(scale_dtypes(bq))}"
+            f"{' or '.join(bq.scale_dtypes)}{scale_format_hint(sdtype)}"
         )
     return out
 
@@ -437,7 +439,8 @@ def _stage(
 def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]:
     """One chunk's boxes, read (and stacked for a stacked source), with the bytes read
     and the bytes the chunk owns, in the files' dtypes (an FP8 box owns its FP8 bytes and
-    its share of its tensor's scale bytes: 4 per block of ``R x C`` elements)."""
+    its share of its tensor's scale bytes: the scale's element size per block of ``R x C``
+    elements)."""
     src = r.source
     parts, read, owned = [], 0, 0
     for b in r.boxes:
@@ -460,7 +463,8 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
                 ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl
             )
             read += sl.bytes_read
-            owned += n + n * 4 // math.prod(b.quant.block)
+            itemsize = SCALE_ITEMSIZE[ckpt.handle(skey).get_slice(skey).get_dtype()]
+            owned += n + n * itemsize // math.prod(b.quant.block)
         parts.append(part)
     return (torch.stack(parts) if src.stacked else parts[0]), read, owned
 

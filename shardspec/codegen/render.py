@@ -23,7 +23,7 @@ from shardspec.core.paramtable import fold, relative_name
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import build_hfmap, with_dtypes
-from shardspec.resolve.params import Match, Resolved, rule_spec
+from shardspec.resolve.params import Match, Resolved, axis_aliases, rule_spec
 
 LINE = 100
 INDENT = 4
@@ -594,6 +594,7 @@ def render_module(
         "default_sizes": assign("DEFAULT_SIZES: dict[str, int | None]", mesh_sizes),
         "world": assign("DEFAULT_WORLD: int | None", default_world),
         "fsdp": assign("FSDP_AXIS: str | None", res.fsdp_of_rule(None)),
+        "aliases": _aliases_context(spec),
         "views": _views_context(res),
         "mesh_type": "MeshViews" if _views_context(res) else "DeviceMesh",
         "rules": rules,
@@ -611,6 +612,12 @@ def render_module(
     }
     ctx["runtime_imports"] = _runtime_imports(ctx)
     return _env().get_template("module.py.j2").render(**ctx)
+
+
+def _aliases_context(spec: ir.Spec) -> str:
+    """``AXIS_ALIASES`` (alias -> axis), or nothing for a spec without ``aka``."""
+    aliases = axis_aliases(spec)
+    return assign("AXIS_ALIASES: dict[str, str]", aliases) if aliases else ""
 
 
 def _runtime_imports(ctx: dict) -> str:

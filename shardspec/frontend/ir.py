@@ -124,6 +124,7 @@ class Name(Node):
 class AxisDecl(Node):
     name: Name
     size: int | None  # None: this axis takes the rest of the world size
+    aliases: tuple[Name, ...] = ()  # `aka NAME, ...`: the axis as trainers' meshes call it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

@@ -390,11 +390,12 @@ class _ToIR:
         return int(children[0])
 
     def axis_decl(self, meta, children):
-        name, size = children
+        name, size, *aliases = children
         return ir.AxisDecl(
             **self._at(meta),
             name=self._name(name),
             size=None if size.type == "REST" else int(size),
+            aliases=tuple(self._name(a) for a in aliases),
         )
 
     def mesh_stmt(self, meta, children):

@@ -540,7 +540,7 @@ _HINTS: tuple[Callable[[_Where], str], ...] = (
     ),
     _Hint(
         "mesh axes are separated by spaces or new lines, not commas",
-        _expects("NAME", "RBRACE"),
+        _expects("NAME", "RBRACE", "AKA"),  # (after a size, `aka` may follow)
         exactly=True,
         word=_is(","),
     ),

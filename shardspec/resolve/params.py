@@ -154,6 +154,7 @@ def meshes_of(
     if views is None or spec.mesh is None or spec.mesh.name is None:
         return {SINGLE: mesh_of(spec, overrides, world)}
     names = views.all_axes
+    axis_aliases(spec)
     declared: dict[str, int | None] = {}
     named = [m for m in spec.views if m.name is not None]
     for m in named:
@@ -202,6 +203,30 @@ def _sized(names: tuple[str, ...], resolved: tuple[int, ...]) -> None:
         )
 
 
+def axis_aliases(spec: ir.Spec) -> dict[str, str]:
+    """The mesh's ``aka`` names, alias -> axis (the names a trainer's DeviceMesh may give
+    an axis). Raises :class:`MeshError` for an alias that is an axis's name or another
+    alias, and for aliases in views (not yet)."""
+    out: dict[str, str] = {}
+    for view in spec.views:
+        if view.name is not None and any(a.aliases for a in view.axes):
+            raise MeshError(
+                f"view {view.name.text!r}: `aka` names an axis of the one unnamed mesh only",
+                hint="name the view's axes as the trainer's meshes do",
+            )
+    axes = {a.name.text for a in spec.mesh.axes} if spec.mesh is not None else set()
+    for a in spec.mesh.axes if spec.mesh is not None else ():
+        for alias in a.aliases:
+            if alias.text in axes or alias.text in out:
+                raise MeshError(
+                    f"axis {a.name.text!r} aka {alias.text!r}: the mesh already calls an axis "
+                    f"{alias.text!r}",
+                    hint="an alias is another name for one axis, used by no other",
+                )
+            out[alias.text] = a.name.text
+    return out
+
+
 def mesh_of(
     spec: ir.Spec, overrides: dict[str, int] | None = None, world: int | None = None
 ) -> Mesh:
@@ -213,6 +238,7 @@ def mesh_of(
         raise MeshError("the mesh has no axes")
     if len(set(names)) != len(names):
         raise MeshError("the mesh declares an axis twice")
+    axis_aliases(spec)
     sizes: list[int | None] = [a.size for a in spec.mesh.axes]
     for name, value in _overrides(overrides, names, "the mesh has no").items():
         sizes[names.index(name)] = value

@@ -180,7 +180,11 @@ def _view_device_mesh(spec: CompiledSpec, mesh: object, lm: Mesh, fqn: str) -> D
     return mesh[view]  # type: ignore[index]
 
 
-def submesh(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
+def submesh(mesh: DeviceMesh, names: Sequence[str], spec: CompiledSpec | None = None) -> DeviceMesh:
+    """``mesh``'s sub-mesh over axes ``names``, in ``spec``'s spelling where given (an axis
+    the mesh calls by an alias is found by it)."""
+    if spec is not None:
+        names = spec.mesh_names(mesh, names)
     if tuple(names) == tuple(mesh.mesh_dim_names or ()):
         return mesh
     return mesh[tuple(names)]
@@ -301,7 +305,7 @@ def distribute(spec: CompiledSpec, model: nn.Module, mesh: DeviceMesh | MeshView
         if not names:
             continue  # every axis is local to it: the module already holds its only copy
         if (id(dmesh), names) not in meshes:
-            meshes[(id(dmesh), names)] = submesh(dmesh, names)
+            meshes[(id(dmesh), names)] = submesh(dmesh, names, spec)
         sub = meshes[(id(dmesh), names)]
         coord = dmesh.get_coordinate()
         assert coord is not None

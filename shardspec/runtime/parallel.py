@@ -66,8 +66,10 @@ from shardspec.runtime.user_styles import fmt_ranges, style_problems
 # --------------------------------------------------------------------------- placements
 
 
-def _mesh_names(mesh: DeviceMesh) -> tuple[str, ...]:
-    return tuple(mesh.mesh_dim_names or ())
+def _mesh_names(mesh: DeviceMesh, spec: CompiledSpec | None = None) -> tuple[str, ...]:
+    """``mesh``'s axis names, in ``spec``'s spelling where given (an alias as its axis)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    return spec.axis_names(names) if spec is not None else names
 
 
 # --------------------------------------------------------------------------- planning
@@ -168,15 +170,20 @@ def plan_params(
 
 
 def layout_problem(
-    plan: ParamPlan, value: torch.Tensor, lmesh: Mesh, mesh: DeviceMesh
+    plan: ParamPlan,
+    value: torch.Tensor,
+    lmesh: Mesh,
+    mesh: DeviceMesh,
+    spec: CompiledSpec | None = None,
 ) -> str | None:
-    """Why ``value`` does not hold ``plan``'s layout on this rank's mesh, or ``None``."""
+    """Why ``value`` does not hold ``plan``'s layout on this rank's mesh, or ``None``
+    (DeviceMesh axis names read in ``spec``'s spelling where given)."""
     want_shape = module_shape(plan.layout, lmesh)
     if tuple(value.shape) != want_shape:
         return f"global shape {list(value.shape)}, the spec's is {list(want_shape)}"
     if isinstance(value, DTensor):
         dmesh = value.device_mesh
-        names = _mesh_names(dmesh)
+        names = _mesh_names(dmesh, spec)
         if not names:
             return "its DTensor's mesh has no axis names; build meshes from the spec's mesh"
         unknown = [n for n in names if n not in plan.names]
@@ -189,7 +196,7 @@ def layout_problem(
                 else f"{unknown} is not an axis of {_where(plan, lmesh)}"
             )
             return f"its DTensor spans mesh axes {names}; {why}"
-        if not _same_group(dmesh, mesh, names):
+        if not _same_group(dmesh, mesh, names, spec):
             return f"its DTensor mesh {names} groups other ranks than {_where(plan, lmesh)}"
         _, got = layout_of(value)
         if got is None:
@@ -221,11 +228,13 @@ def _describe(names: Iterable[str], placements: Iterable[core.Placement]) -> str
     return "(" + ", ".join(f"{n}={p}" for n, p in zip(names, placements, strict=True)) + ")"
 
 
-def _same_group(dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...]) -> bool:
+def _same_group(
+    dmesh: DeviceMesh, mesh: DeviceMesh, names: tuple[str, ...], spec: CompiledSpec | None
+) -> bool:
     """Whether ``dmesh`` (axes ``names``) groups this rank with the same ranks, in the same
     order, as the spec mesh's sub-mesh over ``names``."""
     full = mesh.mesh
-    full_names = _mesh_names(mesh)
+    full_names = _mesh_names(mesh, spec)
     coord = mesh.get_coordinate()
     if coord is None:
         return False
@@ -295,7 +304,7 @@ def mismatches(spec: CompiledSpec, model: nn.Module, mesh: Any) -> list[str]:
     params = dict(model.named_parameters())
     for fqn, plan in plans.items():
         vmesh, dmesh = on_view(lmesh, mesh, plan)
-        problem = layout_problem(plan, params[fqn], vmesh, dmesh)
+        problem = layout_problem(plan, params[fqn], vmesh, dmesh, spec)
         if problem is not None:
             out.append(f"{fqn}: {problem}")
     from shardspec.runtime.expert_parallel import ExpertParallelModule, MoESequenceParallelModule
@@ -857,7 +866,8 @@ def parallelize(
             "and `styles` are tensor-parallel styles of the dense view"
         )
     if styles and axis is not None:
-        _check_user_styles(model, submesh(vdmesh, [axis]), axis, dense, tp, styles)
+        own = spec.mesh_names(vdmesh, [axis])[0]  # the tp axis as the mesh spells it
+        _check_user_styles(model, submesh(vdmesh, [own]), own, dense, tp, styles)
     dims = fsdp_dims(spec, plans)
     block_names = list(blocks) if blocks is not None else default_blocks(model)
     block_modules = []
@@ -878,13 +888,13 @@ def parallelize(
     for fqn, d in dims.items():
         fsdp = fsdp_axis_of(spec, plans[fqn])
         if d is None and fsdp is not None:
-            dp_mesh = submesh(on_view(lmesh, mesh, plans[fqn])[1], [fsdp])
+            dp_mesh = submesh(on_view(lmesh, mesh, plans[fqn])[1], [fsdp], spec)
             replicated.setdefault(id(dp_mesh), (dp_mesh, []))[1].append(fqn)
     fsdp_axis = spec.views.fsdp_of(view) if spec.views is not None and view else spec.fsdp_axis
     # -- from here on the model changes
     spec.last_mesh = mesh
     if axis is not None and tp:
-        parallelize_module(model, submesh(vdmesh, [axis]), tp)
+        parallelize_module(model, submesh(vdmesh, [axis], spec), tp)
     for owner, (ep_mesh, _, scale) in experts.items():
         module = model.get_submodule(owner)
         style = ExpertParallel() if ep_mesh.ndim == 1 else ExpertTensorParallel()
@@ -897,7 +907,7 @@ def parallelize(
     # order), then the blocks and the root on the dense view's.
     units = [(model.get_submodule(o), efsdp) for o, (_, efsdp, _) in experts.items()]
     if fsdp_axis is not None:
-        dp = submesh(vdmesh, [fsdp_axis])
+        dp = submesh(vdmesh, [fsdp_axis], spec)
         units += [(block, dp) for block in [*block_modules, model]]
     for unit, unit_mesh in units:
         fully_shard(
@@ -1128,7 +1138,7 @@ def expert_modules(
             )
             continue
         module = model.get_submodule(owner)
-        ep_mesh = submesh(vdmesh, [ep] if etp is None else [ep, etp])
+        ep_mesh = submesh(vdmesh, [ep] if etp is None else [ep, etp], spec)
         try:
             check_experts(module, ep_mesh, ep_mesh.ndim)
             if etp is not None:
@@ -1146,7 +1156,7 @@ def expert_modules(
         ranks = world // (vmesh.size(etp) if etp is not None else 1)
         out[owner] = (
             ep_mesh,
-            submesh(vdmesh, [fsdp]),
+            submesh(vdmesh, [fsdp], spec),
             expert_grad_scale(vmesh.size(fsdp), ranks),
         )
     if errors:

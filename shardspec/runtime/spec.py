@@ -223,8 +223,12 @@ class CompiledSpec:
         views: Mapping[str, tuple[str, ...]] | None = None,
         view_fsdp: Mapping[str, str | None] | None = None,
         rule_views: tuple[str, ...] = (),
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        # Other names a trainer's DeviceMesh may give an axis (`dp_shard: * aka fsdp`):
+        # alias -> the spec's axis. Meshes and DTensors are read in the spec's names.
+        self.aliases: dict[str, str] = dict(aliases or {})
         # Views (named meshes over the same ranks): each view's axes and fsdp axis, and
         # each rule's view. None: one mesh, ``axes``.
         self.views: Views | None = (
@@ -347,6 +351,20 @@ class CompiledSpec:
             raise SpecError(str(e), None, e.hint, e.problem) from None
         return dict(zip(self.axes, resolved, strict=True))
 
+    def axis_names(self, names: Iterable[str]) -> tuple[str, ...]:
+        """A DeviceMesh's axis names in the spec's spelling: each alias as its axis."""
+        return tuple(self.aliases.get(n, n) for n in names)
+
+    def mesh_names(self, mesh: object, axes: Iterable[str]) -> tuple[str, ...]:
+        """The spec's ``axes`` as ``mesh`` (a DeviceMesh) spells them, to index it."""
+        own = {self.aliases.get(n, n): n for n in getattr(mesh, "mesh_dim_names", None) or ()}
+        return tuple(own.get(a, a) for a in axes)
+
+    def _axes_doc(self) -> str:
+        """The spec's axes with their aliases, in words: ``dp_shard (aka fsdp), tp``."""
+        aka = {a: [k for k, v in self.aliases.items() if v == a] for a in self.axes}
+        return ", ".join(f"{a} (aka {', '.join(aka[a])})" if aka[a] else a for a in self.axes)
+
     def layout_mesh(self, mesh: object) -> Mesh:
         """A :class:`shardspec.core.layout.Mesh` for a DeviceMesh, a Mesh or a dict of sizes.
         With views: a :class:`~shardspec.core.views.Folded` mesh (every view's) for
@@ -362,6 +380,17 @@ class CompiledSpec:
             names = getattr(mesh, "mesh_dim_names", None)
             if names is None:
                 raise SpecError("the DeviceMesh has no mesh_dim_names; build it with build_mesh()")
+            names = self.axis_names(names)
+            unknown = [n for n in names if n not in self.axes]
+            if unknown:
+                raise SpecError(
+                    f"the DeviceMesh's axis {', '.join(map(repr, unknown))} is neither an axis "
+                    f"of spec {self.name!r} nor an alias of one; the spec's axes are "
+                    f"{self._axes_doc()}",
+                    None,
+                    f"name it as the spec does, or declare the trainer's name in the spec's "
+                    f"mesh (`{self.axes[0]}: ... aka {unknown[0]}`)",
+                )
             lm = Mesh(tuple(names), tuple(int(s) for s in mesh.shape))  # type: ignore[attr-defined]
         if lm.names != self.axes:
             raise SpecError(

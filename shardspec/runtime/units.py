@@ -281,7 +281,7 @@ def canonical_plan(
     rest = {new: flat[old] for old, new in hit.rest}
     local: dict[str, tuple[Unit, torch.Tensor]] = {}
     for source, expected, units in hit.params:
-        tensor = _local_of(flat[source], expected, source)
+        tensor = _local_of(flat[source], expected, source, spec)
         for skey, unit in units:
             local[skey] = (unit, tensor)
     return hit.plan, rest, local
@@ -395,7 +395,7 @@ def _structural(
             dtensor_mesh(layout, pmesh),
             shape,
         )
-        tensor = _local_of(value, expected, key)
+        tensor = _local_of(value, expected, key, spec)
         groups = replica_groups(layout, pmesh)
         itemsize = tensor.element_size()
         # The same on every rank: the layout fixes every rank's chunk offsets.
@@ -535,17 +535,19 @@ class Expected:
     shape: tuple[int, ...]
 
 
-def _local_of(value: Any, expected: Expected, key: str) -> torch.Tensor:
+def _local_of(value: Any, expected: Expected, key: str, spec: CompiledSpec) -> torch.Tensor:
     """The local tensor of ``value``, which must hold the spec's layout. Layouts are
     compared, not spellings: FSDP2's ``Shard(0)`` on a 1-D ``dp_shard`` mesh is the spec's
-    ``(Shard(0), Replicate())`` on ``(dp_shard, tp)`` (see ``layout.same_layout``)."""
+    ``(Shard(0), Replicate())`` on ``(dp_shard, tp)`` (see ``layout.same_layout``), and a
+    mesh axis called by one of the spec's aliases is that axis."""
     if isinstance(value, DTensor):
         got = tuple(value.placements)
-        names = tuple(value.device_mesh.mesh_dim_names or ())
+        names = spec.axis_names(value.device_mesh.mesh_dim_names or ())
         if got != expected.placements or names != expected.mesh.names:
             from shardspec.runtime.dtensor import layout_of
 
-            names, abstract = layout_of(value)
+            own, abstract = layout_of(value)
+            names = spec.axis_names(own)
             same = (
                 abstract is not None
                 and set(names) <= set(expected.mesh.names)

@@ -207,8 +207,10 @@ def stages(inputs: dict[str, tuple[Path, int]], trees: dict[str, Path]) -> list[
         spec = inputs[case][0]
         for tree, src in trees.items():
             argv = [sys.executable, "-m", "bench.bench_input_size", "--stage-child", str(spec)]
-            env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{REPO}"}
-            done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+            # run from the tree itself: `python -m` puts the working directory first on the
+            # path, ahead of PYTHONPATH (from REPO, every tree's stages were this one's)
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=src)
             if done.returncode != 0:
                 lines.append(f"| {case} | {tree} | failed: {done.stderr.strip()[-200:]} | | | |")
                 continue

@@ -225,7 +225,7 @@ def resolve_sizes(
 # --------------------------------------------------------------------------- rules -> layouts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuleSpec:
     """A rule after the compiler resolved it (FSDP default applied), in plain data.
 

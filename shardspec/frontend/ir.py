@@ -52,18 +52,25 @@ class Source:
 @dataclass(frozen=True, slots=True)
 class Anchor:
     """Where a statement of ``source`` starts (``base``, an offset): its nodes' offsets
-    count from there. ``fixed``: the span of a node built from a span, not parsed (its
-    offsets are 0)."""
+    count from there. One per statement: a spec of half a million rules holds as many."""
 
     source: Source | None
     base: int = 0
+
+    def span(self, start: int, end: int) -> Span:
+        assert self.source is not None
+        return self.source.span(self.base + start, self.base + end)
+
+
+@dataclass(frozen=True, slots=True)
+class FixedAnchor(Anchor):
+    """The anchor of a node built from a span, not parsed (its offsets are 0): that span."""
+
     fixed: Span | None = None
 
     def span(self, start: int, end: int) -> Span:
-        if self.source is None:
-            assert self.fixed is not None
-            return self.fixed
-        return self.source.span(self.base + start, self.base + end)
+        assert self.fixed is not None
+        return self.fixed
 
 
 class Placed(TypedDict):
@@ -76,7 +83,7 @@ class Placed(TypedDict):
 
 def placed(span: Span) -> Placed:
     """The place of a node built from ``span`` rather than parsed."""
-    return {"at": Anchor(None, 0, span), "start": 0, "end": 0}
+    return {"at": FixedAnchor(None, 0, span), "start": 0, "end": 0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -96,8 +103,12 @@ class Node:
         """Where the node is written."""
         return self.at.span(self.start, self.end)
 
+    def _shown(self) -> tuple[str, ...]:
+        """The fields compared, hashed and shown (all but the place)."""
+        return tuple(f.name for f in fields(self)[3:])
+
     def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self)[3:])
+        return tuple(getattr(self, name) for name in self._shown())
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -109,7 +120,7 @@ class Node:
         return hash((type(self), self.span, self._values()))
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)[3:])
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._shown())
         return f"{type(self).__name__}(span={self.span!r}{', ' if shown else ''}{shown})"
 
 
@@ -189,32 +200,171 @@ class Pattern(Node):
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+@dataclass(frozen=True, slots=True)
+class RuleRest:
+    """The fields of a :class:`Rule` that most rules leave at their defaults, held apart so
+    that a rule costs a slot for them all: one object shared by every rule that sets none
+    of the node fields (per value of the two flags), one of its own otherwise."""
+
+    dims_given: bool = True
+    replicate_all: bool = False
+    local: tuple[Name, ...] = ()
+    replicate: tuple[Name, ...] = ()
+    checkpoint_shards: tuple[ShardItem, ...] = ()
+    checkpoint_replicate: Span | None = None
+    extra_styles: tuple[StyleItem, ...] = ()
+    view: Name | None = None
+    extra_views: tuple[Name, ...] = ()
+
+
+# The RuleRest of each (dims_given, replicate_all) with no node fields set.
+_PLAIN_RESTS = {
+    (given, all_): RuleRest(dims_given=given, replicate_all=all_)
+    for given in (True, False)
+    for all_ in (True, False)
+}
+
+# A Rule's fields as it is built, compared, hashed and shown, in this order.
+_RULE_FIELDS = (
+    "index",
+    "pattern",
+    "dims",
+    "dims_given",
+    "replicate_all",
+    "shards",
+    "fusions",
+    "local",
+    "replicate",
+    "checkpoint_shards",
+    "checkpoint_replicate",
+    "style",
+    "heads",
+    "extra_styles",
+    "view",
+    "extra_views",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False, init=False)
 class Rule(Node):
-    """``param PATTERN [dims] { ... }``."""
+    """``param PATTERN [dims] { ... }``.
+
+    Built by keyword with every field below; the fields most rules leave at their defaults
+    (``dims_given`` to ``extra_views`` but ``style`` and ``heads``) are read through
+    properties from a :class:`RuleRest` (shared when they are all defaults)."""
 
     index: int  # position in the file, 0-based
     pattern: Pattern
     dims: tuple[Name, ...]
-    dims_given: bool = True  # `param p replicate` may omit the dimension list
-    replicate_all: bool = False
-    shards: tuple[ShardItem, ...] = ()
-    fusions: tuple[FuseItem, ...] = ()
-    local: tuple[Name, ...] = ()
-    # axes this rule explicitly keeps replicated (opts out of fsdp)
-    replicate: tuple[Name, ...] = ()
-    # `checkpoint shard DIM over AXIS`: stored chunks split further over axes the parameter
-    # is replicated on at run time; `checkpoint replicate`: the runtime chunks (the default).
-    checkpoint_shards: tuple[ShardItem, ...] = ()
-    checkpoint_replicate: Span | None = None
-    style: StyleItem | None = None
+    shards: tuple[ShardItem, ...]
+    fusions: tuple[FuseItem, ...]
+    style: StyleItem | None
     # `heads kv 128, ...`: head sizes of dims or components
-    heads: tuple[HeadSize, ...] = ()
-    # a second `style` in one rule (an error)
-    extra_styles: tuple[StyleItem, ...] = ()
-    # `view NAME`: the view (named mesh) that places the parameter; later ones (an error)
-    view: Name | None = None
-    extra_views: tuple[Name, ...] = ()
+    heads: tuple[HeadSize, ...]
+    rest: RuleRest
+
+    def __init__(
+        self,
+        *,
+        at: Anchor,
+        start: int,
+        end: int,
+        index: int,
+        pattern: Pattern,
+        dims: tuple[Name, ...],
+        dims_given: bool = True,  # `param p replicate` may omit the dimension list
+        replicate_all: bool = False,
+        shards: tuple[ShardItem, ...] = (),
+        fusions: tuple[FuseItem, ...] = (),
+        local: tuple[Name, ...] = (),
+        # axes this rule explicitly keeps replicated (opts out of fsdp)
+        replicate: tuple[Name, ...] = (),
+        # `checkpoint shard DIM over AXIS`: stored chunks split further over axes the
+        # parameter is replicated on at run time; `checkpoint replicate`: the runtime
+        # chunks (the default).
+        checkpoint_shards: tuple[ShardItem, ...] = (),
+        checkpoint_replicate: Span | None = None,
+        style: StyleItem | None = None,
+        heads: tuple[HeadSize, ...] = (),
+        # a second `style` in one rule (an error)
+        extra_styles: tuple[StyleItem, ...] = (),
+        # `view NAME`: the view (named mesh) that places the parameter; later ones (an error)
+        view: Name | None = None,
+        extra_views: tuple[Name, ...] = (),
+    ) -> None:
+        if local or replicate or checkpoint_shards or checkpoint_replicate or extra_styles:
+            plain = False
+        else:
+            plain = view is None and not extra_views
+        rest = (
+            _PLAIN_RESTS[dims_given, replicate_all]
+            if plain
+            else RuleRest(
+                dims_given,
+                replicate_all,
+                local,
+                replicate,
+                checkpoint_shards,
+                checkpoint_replicate,
+                extra_styles,
+                view,
+                extra_views,
+            )
+        )
+        put = object.__setattr__
+        for name, value in (
+            ("at", at),
+            ("start", start),
+            ("end", end),
+            ("index", index),
+            ("pattern", pattern),
+            ("dims", dims),
+            ("shards", shards),
+            ("fusions", fusions),
+            ("style", style),
+            ("heads", heads),
+            ("rest", rest),
+        ):
+            put(self, name, value)
+
+    @property
+    def dims_given(self) -> bool:
+        return self.rest.dims_given
+
+    @property
+    def replicate_all(self) -> bool:
+        return self.rest.replicate_all
+
+    @property
+    def local(self) -> tuple[Name, ...]:
+        return self.rest.local
+
+    @property
+    def replicate(self) -> tuple[Name, ...]:
+        return self.rest.replicate
+
+    @property
+    def checkpoint_shards(self) -> tuple[ShardItem, ...]:
+        return self.rest.checkpoint_shards
+
+    @property
+    def checkpoint_replicate(self) -> Span | None:
+        return self.rest.checkpoint_replicate
+
+    @property
+    def extra_styles(self) -> tuple[StyleItem, ...]:
+        return self.rest.extra_styles
+
+    @property
+    def view(self) -> Name | None:
+        return self.rest.view
+
+    @property
+    def extra_views(self) -> tuple[Name, ...]:
+        return self.rest.extra_views
+
+    def _shown(self) -> tuple[str, ...]:
+        return _RULE_FIELDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

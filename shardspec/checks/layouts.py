@@ -597,14 +597,21 @@ def check_module_styles(res: Resolved) -> list[Diagnostic]:
 
 
 def _linear_pair(res: Resolved, fqn: str) -> bool:
-    """Whether ``fqn`` is a Linear's bias (its style comes from the weight)."""
+    """Whether ``fqn`` is a Linear's (or transformers' Conv1D's) bias: its style comes from
+    the weight."""
     m = res.matches.get(fqn)
-    return m is not None and m.entry.module == "linear" and fqn.endswith(".bias")
+    return m is not None and m.entry.module in _OUT_DIM and fqn.endswith(".bias")
+
+
+# The weight's out dimension, per module kind with a bias: a Linear's [out, in], a Conv1D's
+# [in, out]; and the kind in words.
+_OUT_DIM = {"linear": (0, "Linear"), "conv1d": (1, "Conv1D")}
 
 
 def check_linear_bias(res: Resolved) -> list[Diagnostic]:
-    """SS032: a Linear's bias must be cut as its weight's out dimension over the
-    model-parallel axes (column-parallel), or not at all (row-parallel)."""
+    """SS032: a Linear's (or transformers' Conv1D's) bias must be cut as its weight's out
+    dimension over the model-parallel axes (column-parallel), or not at all
+    (row-parallel)."""
     rules = {r.index: r for r in res.spec.rules}
 
     def mp_axes(m, dim: int) -> tuple[str, ...]:
@@ -615,12 +622,15 @@ def check_linear_bias(res: Resolved) -> list[Diagnostic]:
     out = []
     reported: set[int] = set()
     for fqn, m in res.matches.items():
-        if not fqn.endswith(".bias") or m.entry.module != "linear" or m.layout is None:
+        if not fqn.endswith(".bias") or m.entry.module not in _OUT_DIM or m.layout is None:
             continue
         w = res.matches.get(fqn[: -len("bias")] + "weight")
         if w is None or w.layout is None or m.winner is None or m.winner in reported:
             continue
-        want = mp_axes(w, 0)
+        out_dim, kind = _OUT_DIM[m.entry.module]
+        if len(w.layout.tensor_dims()) <= out_dim:
+            continue
+        want = mp_axes(w, out_dim)
         got = mp_axes(m, 0) if m.layout.tensor_dims() else ()
         if want != got:
             reported.add(m.winner)
@@ -633,7 +643,7 @@ def check_linear_bias(res: Resolved) -> list[Diagnostic]:
             out.append(
                 diag(
                     "SS032",
-                    f"{fqn} is {what}, but its Linear's weight is cut on its out dimension "
+                    f"{fqn} is {what}, but its {kind}'s weight is cut on its out dimension "
                     f"over {', '.join(want) or 'no model-parallel axis'}: the bias must be "
                     "cut the same way",
                     rules[m.winner].pattern.span,

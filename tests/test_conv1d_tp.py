@@ -174,3 +174,26 @@ def test_local_width_divides_the_widths_or_says_why() -> None:
     assert attn.split_size == 32
     with pytest.raises(SpecError, match="missing=None"):
         LocalWidth("missing")._apply(attn, _Mesh(2))  # type: ignore[arg-type]
+
+
+def test_parallelize_names_gpt2s_attention_without_local_width() -> None:
+    """GPT-2's attention splits c_attn's output by split_size, a global width: without
+    LocalWidth its forward failed inside transformers ("not enough values to unpack").
+    The plan's check names each such module and the style to pass; with the styles, or
+    at tp size 1, nothing."""
+    import generated.gpt2 as mod
+    from shardspec.runtime.conv1d import global_splits
+    from shardspec.runtime.parallel import build_tp_plan, plan_params
+
+    with torch.device("meta"):
+        model = conv1d_tp_scenarios.gpt2(seed=0)
+    lmesh = core.Mesh(("dp_shard", "tp"), (2, 2))
+    plans, _ = plan_params(mod.SPEC, model, lmesh)
+    _, plan = build_tp_plan(mod.SPEC, model, lmesh, plans)
+    said = global_splits(model, plan, 2)
+    assert [s.split(":")[0] for s in said] == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    assert "split_size=64" in said[0] and "LocalWidth('split_size')" in said[0]
+    styles = conv1d_tp_scenarios.tp_styles(model)
+    _, plan = build_tp_plan(mod.SPEC, model, lmesh, plans, styles)
+    assert global_splits(model, plan, 2) == []
+    assert global_splits(model, build_tp_plan(mod.SPEC, model, lmesh, plans)[1], 1) == []

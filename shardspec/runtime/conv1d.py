@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_module
@@ -128,4 +129,33 @@ class LocalWidth(ParallelStyle):
         return f"LocalWidth({', '.join(map(repr, self.attrs))})"
 
 
-__all__ = ["Conv1DColwise", "Conv1DRowwise", "LocalWidth"]
+def global_splits(model: nn.Module, plan: Mapping[str, Any], tp: int) -> list[str]:
+    """Modules that would split a per-component column-parallel Conv1D's output by a global
+    width: a parent with a ``split_size`` attribute equal to one component of its child's
+    fused output (GPT-2's attention and ``c_attn``) and no style of its own in ``plan``. Its
+    forward would split the rank's q|k|v columns at the wrong places; one line each."""
+    out = []
+    for owner, style in plan.items():
+        placement = getattr(style, "param_placements", {}).get("weight")
+        if tp < 2 or not isinstance(style, Conv1DColwise):
+            continue
+        if not isinstance(placement, core.StridedShard):
+            continue
+        parent = owner.rpartition(".")[0]
+        module = model.get_submodule(parent) if parent else model
+        width = getattr(module, "split_size", None)
+        weight = model.get_submodule(owner).weight
+        assert isinstance(weight, torch.Tensor)
+        nf = int(weight.shape[1])
+        if parent in plan or width != nf // placement.split_factor:
+            continue
+        out.append(
+            f"{parent or '<root>'}: splits {owner}'s output by split_size={width}, a global "
+            f"width, but each tp rank computes its {nf // tp} columns (its slice of each "
+            f"component); pass styles={{{parent!r}: LocalWidth('split_size')}} "
+            "(shardspec.runtime.conv1d) to parallelize, one per such module"
+        )
+    return out
+
+
+__all__ = ["Conv1DColwise", "Conv1DRowwise", "LocalWidth", "global_splits"]

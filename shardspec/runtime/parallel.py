@@ -846,6 +846,12 @@ def parallelize(
     view = dense_view(spec, dense)
     vmesh, vdmesh = view_meshes(lmesh, mesh, view)
     axis, tp = build_tp_plan(spec, model, vmesh, dense, styles, view)
+    if axis is not None:
+        from shardspec.runtime.conv1d import global_splits
+
+        split = global_splits(model, tp, vmesh.size(axis))
+        if split:
+            raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(split))
     tied_tp = sorted(
         f"{alias} (= {fqn})"
         for alias, fqn in aliases.items()

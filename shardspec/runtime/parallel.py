@@ -846,12 +846,6 @@ def parallelize(
     view = dense_view(spec, dense)
     vmesh, vdmesh = view_meshes(lmesh, mesh, view)
     axis, tp = build_tp_plan(spec, model, vmesh, dense, styles, view)
-    if axis is not None:
-        from shardspec.runtime.conv1d import global_splits
-
-        split = global_splits(model, tp, vmesh.size(axis))
-        if split:
-            raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(split))
     tied_tp = sorted(
         f"{alias} (= {fqn})"
         for alias, fqn in aliases.items()
@@ -876,6 +870,12 @@ def parallelize(
         # size 1: leave the modules of tied weights to FSDP alone.
         tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
         tp = {owner: style for owner, style in tp.items() if owner not in tied}
+    if axis is not None:
+        from shardspec.runtime.conv1d import global_splits
+
+        split = global_splits(model, tp, vmesh.size(axis))
+        if split:
+            raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(split))
     sp_blocks = moe_blocks(spec, dense, experts, axis, tp)
     if sp_blocks:
         # Each tp rank routes its own slice of its data group's tokens (expert_grad_scale).

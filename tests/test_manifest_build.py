@@ -321,13 +321,16 @@ def test_lint_refuses_torchs_style_on_a_vocab_parallel_embedding(tmp_path: Path)
 
 
 def test_lint_warns_about_gpt2s_tied_head_sharded_over_tp(tmp_path: Path) -> None:
-    """specs/gpt2.shard without its suppression: the manifest's tie gives SS037."""
+    """specs/gpt2.shard with its tied embedding sharded over tp (the spec keeps it whole
+    over tp, so that GPT-2 trains with TP): the manifest's tie gives SS037."""
     from examples.models import hf
 
     spec = Path(__file__).resolve().parents[1] / "specs" / "gpt2.shard"
     with torch.device("meta"):
         model = hf.gpt2_tiny()
-    said = _lint_with_manifest(spec, model, tmp_path, ("# shardspec: ignore[SS037]", "#"))
+    rule = "param transformer.wte.weight [vocab, hidden] {}"
+    sharded = rule.replace("{}", "{\n    shard vocab over tp\n}")
+    said = _lint_with_manifest(spec, model, tmp_path, (rule, sharded))
     assert "warning SS037 [tied-parameter-sharded]: lm_head.weight is tied to " in said
     assert _codes(said) == ["SS037"]
     assert _lint_with_manifest(spec, model, tmp_path) == ""

@@ -453,29 +453,18 @@ def _first_split_unit(layout, table, units):
 
 
 def _representable_hint(layout: ParamLayout, rule: ir.Rule, mesh: Mesh) -> tuple[str | None, str]:
-    """The dimension that most likely makes a layout unrepresentable, and what to do."""
+    """The dimension that most likely makes a layout unrepresentable, and what to do: the
+    lines the rule holds, and changes tried on the layout that DTensor describes."""
     for dim in layout.dims:
         if dim.fusion is not None and len(dim.axes) > 1:
-            default = _default_axes(rule, dim)
-            others = [d.name for d in layout.tensor_dims() if d.name != dim.name]
-            move = f"`shard {others[0]} over {dim.axes[1]}`" if others else "another dimension"
-            if dim.axes[1] in default:
-                return dim.name, (
-                    f"FSDP shards the first dimension {dim.name!r} over {dim.axes[1]!r} by "
-                    f"default, but {dim.axes[0]!r} already splits it per component; "
-                    f"add {move}"
-                )
-            return dim.name, (
-                f"dimension {dim.name!r} is split per component over {dim.axes[0]!r}; "
-                f"shard a different dimension over {dim.axes[1]!r}: {move}"
-            )
+            return dim.name, _fused_twice_hint(layout, rule, mesh, dim)
         if (
             dim.fusion is not None
             and dim.fusion.groups == 1
             and dim.axes
             and len({s for _, s in dim.fusion.components}) > 1
         ):
-            return dim.name, _unequal_components_hint(dim, mesh)
+            return dim.name, _unequal_components_hint(layout, rule, dim, mesh)
     for dim in layout.dims:
         if len(dim.axes) > 1:
             return dim.name, (
@@ -485,19 +474,120 @@ def _representable_hint(layout: ParamLayout, rule: ir.Rule, mesh: Mesh) -> tuple
     return None, "uneven strided sharding: make the dimensions divisible by their axes"
 
 
-def _unequal_components_hint(dim: Dim, mesh: Mesh) -> str:
+def _statement(rule: ir.Rule, dim: str, axis: str) -> str | None:
+    """The rule's `shard` line that cuts ``dim`` over ``axis``, as written; None where no
+    line does (FSDP's default)."""
+    for s in rule.shards:
+        if s.dim.text == dim and any(a.text == axis for a in s.axes):
+            axes = [a.text for a in s.axes]
+            return f"shard {dim} over " + (axes[0] if len(axes) == 1 else f"({', '.join(axes)})")
+    return None
+
+
+def _describable(layout: ParamLayout, mesh: Mesh) -> bool:
+    """Whether DTensor placements describe ``layout`` and torch's gather handles them."""
+    try:
+        return representable(layout, mesh) is None and torch_problem(layout, mesh) is None
+    except (LayoutError, ValueError, ZeroDivisionError):
+        return False
+
+
+def _moves(layout: ParamLayout, mesh: Mesh, dim: Dim, axis: str) -> tuple[list[str], bool]:
+    """Where ``axis`` can go instead of cutting ``dim``: (the other dimensions it can cut,
+    evenly first, with the layout then describable; whether replicating ``axis`` is)."""
+    i = layout.dims.index(dim)
+    without = list(layout.dims)
+    without[i] = dataclasses.replace(dim, axes=tuple(a for a in dim.axes if a != axis))
+    other: list[tuple[bool, str]] = []
+    for j, d in enumerate(layout.dims):
+        if j == i or d.name_indexed:
+            continue
+        dims = list(without)
+        dims[j] = dataclasses.replace(d, axes=(*d.axes, axis))
+        if _describable(dataclasses.replace(layout, dims=tuple(dims)), mesh):
+            uneven = d.size % (mesh.size(axis) * _product(mesh, d.axes)) != 0
+            other.append((uneven, d.name))
+    whole = _describable(dataclasses.replace(layout, dims=tuple(without)), mesh)
+    return [name for _, name in sorted(other, key=lambda t: t[0])], whole
+
+
+def _product(mesh: Mesh, axes: tuple[str, ...]) -> int:
+    n = 1
+    for a in axes:
+        n *= mesh.size(a)
+    return n
+
+
+def _ways_out(layout: ParamLayout, rule: ir.Rule, mesh: Mesh, dim: Dim, axis: str) -> list[str]:
+    """The edits of the rule (lines it holds, lines to add) that move ``axis`` off
+    ``dim`` to a layout DTensor describes: another dimension, or none."""
+    line = _statement(rule, dim.name, axis)
+    moves, whole = _moves(layout, mesh, dim, axis)
+    rest = [a for a in dim.axes if a != axis]
+    if line is None:
+        drop = ""
+    elif rest:
+        kept = rest[0] if len(rest) == 1 else f"({', '.join(rest)})"
+        drop = f"`{line}` becomes `shard {dim.name} over {kept}` and "
+    else:
+        drop = f"drop `{line}` and "
+    ways = [f"{drop}add `shard {moves[0]} over {axis}`"] if moves else []
+    if whole:
+        every = " (every rank then stores all of it)" if moves else ""
+        ways.append(f"{drop}add `replicate {axis}`{every}")
+    return ways
+
+
+def _fused_twice_hint(layout: ParamLayout, rule: ir.Rule, mesh: Mesh, dim: Dim) -> str:
+    """SS031's hint for a fused dimension that an axis cuts per component and another
+    cuts again: move the inner axis where the layout is describable (computed)."""
+    axis = dim.axes[1]
+    line = _statement(rule, dim.name, axis)
+    why = (
+        f"FSDP shards the first dimension {dim.name!r} over {axis!r} by default"
+        if line is None
+        else f"`{line}` cuts {dim.name!r} over {axis!r}"
+    )
+    head = f"{why}, but {dim.axes[0]!r} already splits it per component"
+    ways = _ways_out(layout, rule, mesh, dim, axis)
+    if not ways:
+        return f"{head}; shard it over {dim.axes[0]!r} alone"
+    if len(layout.tensor_dims()) == 1:
+        head += (
+            f"; {dim.name!r} is the tensor's only dimension, so {axis!r} has no other to cut: "
+            f"keep it whole over {axis!r}, cut per component over {dim.axes[0]!r} alone"
+        )
+    return f"{head}: " + "; or ".join(ways)
+
+
+def _unequal_components_hint(layout: ParamLayout, rule: ir.Rule, dim: Dim, mesh: Mesh) -> str:
     """What to do when an axis cuts each of unequal components (q 64, k 32, v 32 over tp):
-    the exact lines of each way out."""
+    the lines the rule holds, and edits tried on the layout that DTensor describes."""
     assert dim.fusion is not None
     axis = dim.axes[0]
     comps = dim.fusion.components
     sizes = ", ".join(f"{c} {n}" for c, n in comps)
-    ways = [
-        f"keep {dim.name!r} whole over {axis!r}: `replicate {axis}` instead of "
-        f"`shard {dim.name} over {axis}`",
+    line = _statement(rule, dim.name, axis)
+    if line is None:  # FSDP's default: storage only, any dimension will do
+        ways = _ways_out(layout, rule, mesh, dim, axis)
+        head = (
+            f"components of {dim.name!r} differ in size ({sizes}) and FSDP shards the first "
+            f"dimension {dim.name!r} over {axis!r} by default, cutting each separately, "
+            "which no DTensor layout describes"
+        )
+        return f"{head}. Either " + "; or ".join(ways) if ways else head
+    # A model-parallel cut the rule states: keep the dimension whole over it, or cut it as
+    # the model's forward reads it.
+    whole = f"`replicate {axis}` instead of `{line}`"
+    if line != f"shard {dim.name} over {axis}":
+        rest = [a for a in dim.axes if a != axis]
+        kept = rest[0] if len(rest) == 1 else f"({', '.join(rest)})"
+        whole = f"`{line}` becomes `shard {dim.name} over {kept}`, and add `replicate {axis}`"
+    ways = [f"keep {dim.name!r} whole over {axis!r}: {whole}"]
+    ways.append(
         f"build the module with its {axis} shard (Megatron style, each rank holding its "
-        f"slice of each component): `local {axis}`",
-    ]
+        f"slice of each component): `local {axis}`"
+    )
     n = mesh.size(axis)
     groups = next(
         (g for g in range(n, min(n for _, n in comps) + 1, n) if all(s % g == 0 for _, s in comps)),
@@ -597,14 +687,21 @@ def check_module_styles(res: Resolved) -> list[Diagnostic]:
 
 
 def _linear_pair(res: Resolved, fqn: str) -> bool:
-    """Whether ``fqn`` is a Linear's bias (its style comes from the weight)."""
+    """Whether ``fqn`` is a Linear's (or transformers' Conv1D's) bias: its style comes from
+    the weight."""
     m = res.matches.get(fqn)
-    return m is not None and m.entry.module == "linear" and fqn.endswith(".bias")
+    return m is not None and m.entry.module in _OUT_DIM and fqn.endswith(".bias")
+
+
+# The weight's out dimension, per module kind with a bias: a Linear's [out, in], a Conv1D's
+# [in, out]; and the kind in words.
+_OUT_DIM = {"linear": (0, "Linear"), "conv1d": (1, "Conv1D")}
 
 
 def check_linear_bias(res: Resolved) -> list[Diagnostic]:
-    """SS032: a Linear's bias must be cut as its weight's out dimension over the
-    model-parallel axes (column-parallel), or not at all (row-parallel)."""
+    """SS032: a Linear's (or transformers' Conv1D's) bias must be cut as its weight's out
+    dimension over the model-parallel axes (column-parallel), or not at all
+    (row-parallel)."""
     rules = {r.index: r for r in res.spec.rules}
 
     def mp_axes(m, dim: int) -> tuple[str, ...]:
@@ -615,12 +712,15 @@ def check_linear_bias(res: Resolved) -> list[Diagnostic]:
     out = []
     reported: set[int] = set()
     for fqn, m in res.matches.items():
-        if not fqn.endswith(".bias") or m.entry.module != "linear" or m.layout is None:
+        if not fqn.endswith(".bias") or m.entry.module not in _OUT_DIM or m.layout is None:
             continue
         w = res.matches.get(fqn[: -len("bias")] + "weight")
         if w is None or w.layout is None or m.winner is None or m.winner in reported:
             continue
-        want = mp_axes(w, 0)
+        out_dim, kind = _OUT_DIM[m.entry.module]
+        if len(w.layout.tensor_dims()) <= out_dim:
+            continue
+        want = mp_axes(w, out_dim)
         got = mp_axes(m, 0) if m.layout.tensor_dims() else ()
         if want != got:
             reported.add(m.winner)
@@ -633,7 +733,7 @@ def check_linear_bias(res: Resolved) -> list[Diagnostic]:
             out.append(
                 diag(
                     "SS032",
-                    f"{fqn} is {what}, but its Linear's weight is cut on its out dimension "
+                    f"{fqn} is {what}, but its {kind}'s weight is cut on its out dimension "
                     f"over {', '.join(want) or 'no model-parallel axis'}: the bias must be "
                     "cut the same way",
                     rules[m.winner].pattern.span,

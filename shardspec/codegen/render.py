@@ -478,17 +478,23 @@ def _styles(spec, res) -> dict[int, dict[str, str | bool]]:
     """Each rule's tensor-parallel style (rule index -> kind and layouts): as stated, or
     derived from the manifest's module kinds and the placements (marked "derived")."""
     from shardspec.checks.layouts import rule_styles
+    from shardspec.core.styles import CONV1D
 
     derived = rule_styles(res) if res.manifest is not None and res.mesh is not None else {}
     out: dict[int, dict[str, str | bool]] = {}
     for rule in spec.rules:
         st = rule.style
+        # transformers' Conv1D (weight [in, out]) has styles of its own: tp_plan without
+        # a model knows the module from here
+        conv1d: dict[str, str | bool] = (
+            {"module": CONV1D} if derived.get(rule.index, ("", "", None))[2] == CONV1D else {}
+        )
         if st is None:
             kind = derived.get(rule.index, ("", ""))[1]
             if kind in ("colwise", "rowwise"):
-                out[rule.index] = {"kind": kind, "derived": True}
+                out[rule.index] = {"kind": kind, "derived": True, **conv1d}
             continue
-        entry: dict[str, str | bool] = {"kind": st.kind.text}
+        entry: dict[str, str | bool] = {"kind": st.kind.text, **conv1d}
         if st.input is not None:
             entry["input"] = st.input.text
         if st.output is not None:

@@ -15,6 +15,13 @@ styles apply only to modules whose class runs torch's own forward: ``nn.Linear``
 ``nn.Embedding`` and their subclasses that do not override ``forward``
 (:func:`runs_torch_forward`). The manifest records each module's class and, where it is
 inherited, the class whose ``forward`` it runs (:func:`forward_class`).
+
+transformers' ``Conv1D`` (GPT-2) is a Linear whose weight is stored transposed, ``[in,
+out]``, computing ``x @ W + b``: sharding ``out`` (dim 1) makes it column-parallel, ``in``
+(dim 0) row-parallel, its bias ``[out]`` column-parallel only. The manifest records it as
+kind ``conv1d`` (a module whose forward is exactly transformers' own), and the runtime gives
+it :class:`~shardspec.runtime.conv1d.Conv1DColwise` / ``Conv1DRowwise``: torch's
+``ColwiseParallel`` / ``RowwiseParallel`` with the transposed weight's placements.
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ def cuts_tokens(style: dict) -> bool:
 
 
 # Module kinds a manifest records (the class name for any other module).
-LINEAR, EMBEDDING = "linear", "embedding"
+LINEAR, EMBEDDING, CONV1D = "linear", "embedding", "conv1d"
+# Classes (qualified names) of forwards that run a Linear with the weight stored [in, out].
+CONV1D_FORWARDS = frozenset(("transformers.pytorch_utils.Conv1D",))
 # The classes (qualified names) whose forward torch's colwise/rowwise styles are made for.
 TORCH_FORWARDS = {
     "torch.nn.modules.linear.Linear": LINEAR,
@@ -110,6 +119,11 @@ def derive(module: str | None, leaf: str, sharded_dim: int | None) -> str | None
             return "colwise"
     if module == EMBEDDING and leaf == "weight":
         return "rowwise" if sharded_dim == 0 else "colwise"
+    if module == CONV1D:
+        if leaf == "weight":
+            return "colwise" if sharded_dim == 1 else "rowwise"
+        if leaf == "bias":
+            return "colwise"
     return "?"
 
 
@@ -119,7 +133,12 @@ def why_not(module: str | None) -> str:
         return (
             "the manifest does not record the module's kind (rebuild it with `shardspec manifest`)"
         )
-    return f"{module} is neither a Linear nor an Embedding"
+    if module == "Conv1D":
+        return (
+            "Conv1D is not transformers' own Conv1D to this manifest (it records the class "
+            "name only: rebuild it with `shardspec manifest` to record kind conv1d)"
+        )
+    return f"{module} is neither a Linear, an Embedding nor transformers' Conv1D"
 
 
 def mp_dims(

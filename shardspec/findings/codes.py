@@ -298,7 +298,8 @@ CHECKS: tuple[Check, ...] = (
         "no-tp-style",
         W,
         "A parameter sharded over a model-parallel axis belongs to a module that is neither "
-        "a Linear nor an Embedding, so no tensor-parallel style derives from its placements.",
+        "a Linear, an Embedding nor transformers' Conv1D, so no tensor-parallel style derives "
+        "from its placements.",
         "`parallelize` refuses such a module (give it a style with its `styles` option); "
         "a trainer that parallelizes itself can still check the result with `verify`.",
         "param layers.*.moe.experts.w1 [expert, ffn, hidden] {   # an Experts module\n"

@@ -14,7 +14,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shardspec.core.styles import forward_class, qualified_name
+from shardspec.core.styles import (
+    CONV1D,
+    CONV1D_FORWARDS,
+    EMBEDDING,
+    LINEAR,
+    forward_class,
+    qualified_name,
+)
 from shardspec.findings.diagnostics import clip
 from shardspec.frontend.limits import NUMBER_HINT, number_too_large
 from shardspec.frontend.textfile import file_mode
@@ -335,14 +342,17 @@ def _names(modules: list[str], limit: int) -> str:
 
 
 def _module_kind(module) -> str:
-    """ "linear", "embedding" or the class name of a module holding parameters (what
-    tensor-parallel styles derive from)."""
+    """ "linear", "embedding", "conv1d" (a module running transformers' own Conv1D
+    forward: a Linear whose weight is stored ``[in, out]``) or the class name of a module
+    holding parameters (what tensor-parallel styles derive from)."""
     from torch import nn
 
     if isinstance(module, nn.Linear):
-        return "linear"
+        return LINEAR
     if isinstance(module, nn.Embedding):
-        return "embedding"
+        return EMBEDDING
+    if qualified_name(forward_class(type(module))) in CONV1D_FORWARDS:
+        return CONV1D
     return type(module).__name__
 
 

@@ -239,16 +239,54 @@ def mesh_of(
     if len(set(names)) != len(names):
         raise MeshError("the mesh declares an axis twice")
     axis_aliases(spec)
-    sizes: list[int | None] = [a.size for a in spec.mesh.axes]
-    for name, value in _overrides(overrides, names, "the mesh has no").items():
+    declared: list[int | None] = [a.size for a in spec.mesh.axes]
+    sizes = list(declared)
+    given = _overrides(overrides, names, "the mesh has no")
+    for name, value in given.items():
         sizes[names.index(name)] = value
     w = world if world is not None else spec.mesh.world
     try:
         resolved = resolve_sizes(names, sizes, w)
     except LayoutError as e:
-        raise MeshError(str(e), hint=e.hint) from None
+        hint = e.hint
+        if given and world is None and spec.mesh.world is not None:
+            hint = _world_hint(names, declared, sizes, spec.mesh.world, given) or hint
+        raise MeshError(str(e), hint=hint) from None
     _sized(names, resolved)
     return Mesh(names, resolved)
+
+
+def _world_hint(
+    names: tuple[str, ...],
+    declared: list[int | None],
+    sizes: list[int | None],
+    world: int,
+    given: dict[str, int],
+) -> str:
+    """SS010's hint when ``-D`` overrides (``given``) make the axes no longer fit the
+    spec's own world size (``mesh over N ranks``): the ``-D world=`` that fits them, computed
+    (keeping the rest axis's declared size, and the smallest); "" when none fits."""
+    said = " ".join(f"-D {k}={v}" for k, v in given.items())
+    known = math.prod(s for s in sizes if s is not None)
+    if known < 1:
+        return ""
+    rest = [i for i, s in enumerate(sizes) if s is None]
+    if not rest:
+        return (
+            f"`{said}` makes the mesh {known} ranks, but the spec sizes it over {world} "
+            f"ranks: pass the world size too, `{said} -D world={known}`"
+        )
+    name = names[rest[0]]
+    ways = []
+    before = math.prod(s for s in declared if s is not None)
+    if before and world % before == 0 and world // before > 1:
+        keep = world // before
+        ways.append(f"`-D world={known * keep}` keeps {name} {keep}")
+    ways.append(f"`-D world={known}` makes {name} 1")
+    return (
+        f"`{said}` makes the axes other than {name!r} {known} ranks, but the spec sizes "
+        f"the mesh over {world} ranks: pass the world size too: " + ", or ".join(ways)
+    )
 
 
 def pipeline_spec(spec: ir.Spec) -> PipelineSpec | None:

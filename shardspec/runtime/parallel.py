@@ -46,6 +46,8 @@ from shardspec.core.layout import (
     torch_placement_indices,
 )
 from shardspec.core.styles import (
+    CONV1D,
+    CONV1D_FORWARDS,
     EMBEDDING,
     HEADS,
     HEADS_DIM,
@@ -422,14 +424,25 @@ class SpecColwise(_SpecCut, ColwiseParallel):
         self.param_placements = dict(param_placements)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module = super()._apply(module, device_mesh)
+        module = self._distribute(module, device_mesh)
         strided = [p for p in self.param_placements.values() if isinstance(p, core.StridedShard)]
-        if strided:
+        attrs = self._local_attrs(module)
+        if strided or attrs is not None:
             module._shardspec_local_compute = []  # type: ignore[assignment]
-            module._shardspec_split = strided[0].split_factor  # type: ignore[assignment]
+            module._shardspec_split = strided[0].split_factor if strided else 1  # type: ignore[assignment]
+            module._shardspec_local_attrs = attrs or {}  # type: ignore[assignment]
             # Puts the parameters back if the forward raised (the output hook did not run).
             module.register_forward_hook(_restore_params, prepend=True, always_call=True)
         return module
+
+    def _distribute(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        """torch's ``ColwiseParallel._apply`` (``distribute_module`` with its hooks)."""
+        return super()._apply(module, device_mesh)
+
+    def _local_attrs(self, module: nn.Module) -> dict[str, tuple[int, int]] | None:
+        """Attributes the module's forward reads as widths, (this rank's, the whole) each,
+        when it computes on its local shards (None: DTensor compute unless fused)."""
+        return None
 
     @staticmethod
     def _prepare_input_fn(
@@ -452,6 +465,8 @@ class SpecColwise(_SpecCut, ColwiseParallel):
             if isinstance(param, DTensor):
                 saved[leaf] = param
                 mod._parameters[leaf] = param.to_local()
+        for attr, (local, _whole) in getattr(mod, "_shardspec_local_attrs", {}).items():
+            setattr(mod, attr, local)
         stack.append(saved)
         # Every rank's gradient of its replicated input is its part of the sum.
         grad = tuple(Partial() for _ in prepared.placements)
@@ -468,7 +483,8 @@ class SpecColwise(_SpecCut, ColwiseParallel):
         _restore_params(mod)
         want = tuple(_normalized(p, outputs.ndim) for p in output_layouts)
         split = int(getattr(mod, "_shardspec_split", 1))
-        here = (_StridedShard(outputs.ndim - 1, split_factor=split),)
+        last = outputs.ndim - 1
+        here = (_StridedShard(last, split_factor=split) if split > 1 else Shard(last),)
         if want == here and use_local_output:
             return outputs
         value = DTensor.from_local(outputs, device_mesh, here, run_check=False)
@@ -484,6 +500,8 @@ def _restore_params(mod: nn.Module, *_: Any) -> None:
     if stack:
         for leaf, param in stack.pop().items():
             mod._parameters[leaf] = param
+        for attr, (_local, whole) in getattr(mod, "_shardspec_local_attrs", {}).items():
+            setattr(mod, attr, whole)
 
 
 def _normalized(p: Any, ndim: int) -> Any:
@@ -533,6 +551,7 @@ def _style_for(
     stated = dict(stated or {})
     kind = stated.pop("kind", None)
     stated.pop("derived", None)
+    stated.pop("module", None)
     sharded = {leaf: p for leaf, p in placements.items() if not isinstance(p, core.Replicate)}
     if kind == "sequence_parallel":
         if sharded:
@@ -542,11 +561,14 @@ def _style_for(
         return None
     if kind == "none":
         return SpecPlaced(placements)
+    forward = qualified_name(forward_class(type(module)))
     module_kind = (
         LINEAR
         if isinstance(module, nn.Linear)
         else EMBEDDING
         if isinstance(module, nn.Embedding)
+        else CONV1D
+        if forward in CONV1D_FORWARDS
         else type(module).__name__
     )
     kinds = {
@@ -557,11 +579,15 @@ def _style_for(
     }
     derived = kinds.pop() if len(kinds) == 1 else "?"
     bias = placements.get("bias")
-    if derived == "colwise" and module_kind == LINEAR and isinstance(bias, core.Replicate):
+    if (
+        derived == "colwise"
+        and module_kind in (LINEAR, CONV1D)
+        and isinstance(bias, core.Replicate)
+    ):
         raise SpecError(
-            f"{fqn}: a column-parallel Linear whose bias is replicated over {tp_axis!r}: each "
-            "rank's output columns need their own slice of the bias; shard the bias's out "
-            f"dimension over {tp_axis!r} too"
+            f"{fqn}: a column-parallel {type(module).__name__} whose bias is replicated "
+            f"over {tp_axis!r}: each rank's output columns need their own slice of the "
+            "bias; shard the bias's out dimension over {tp_axis!r} too"
         )
     if derived == "?":
         raise SpecError(
@@ -574,7 +600,8 @@ def _style_for(
         raise SpecError(
             f"{fqn}: the spec states style {kind}, but its placements make it {derived}"
         )
-    forward = qualified_name(forward_class(type(module)))
+    if module_kind == CONV1D:
+        return _colwise_rowwise(derived, module_kind, placements, stated)
     if not runs_torch_forward(forward):
         style = "ColwiseParallel" if derived == "colwise" else "RowwiseParallel"
         raise SpecError(
@@ -852,6 +879,12 @@ def parallelize(
         # size 1: leave the modules of tied weights to FSDP alone.
         tied = {_owner(a)[0] for a in aliases} | {_owner(f)[0] for f in aliases.values()}
         tp = {owner: style for owner, style in tp.items() if owner not in tied}
+    if axis is not None:
+        from shardspec.runtime.conv1d import global_splits
+
+        split = global_splits(model, tp, vmesh.size(axis))
+        if split:
+            raise SpecError("no tensor-parallel plan:\n  " + "\n  ".join(split))
     sp_blocks = moe_blocks(spec, dense, experts, axis, tp)
     if sp_blocks:
         # Each tp rank routes its own slice of its data group's tokens (expert_grad_scale).
@@ -1338,13 +1371,13 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
         stated = dict(kinds.get(owner, {}))
         kind = stated.pop("kind", None)
         stated.pop("derived", None)
+        module = stated.pop("module", None)
         if kind == "sequence_parallel":
             out[owner] = SequenceParallel(**_style_kwargs(stated, sequence=True))
         elif kind == "none":
             out[owner] = SpecPlaced(leaves)
         elif kind in ("colwise", "rowwise"):
-            cls = SpecColwise if kind == "colwise" else SpecRowwise
-            out[owner] = cls(leaves, **_pattern_kwargs(stated, kind, leaves))
+            out[owner] = _colwise_rowwise(kind, str(module) if module else None, leaves, stated)
         elif any(not isinstance(p, core.Replicate) for p in leaves.values()):
             raise SpecError(
                 f"module pattern {owner!r}: no style is known for it (the manifest records "
@@ -1352,6 +1385,21 @@ def _pattern_plan(spec: CompiledSpec, lmesh: Mesh) -> dict[str, Any]:
                 "the spec, or pass model= to tp_plan"
             )
     return out
+
+
+def _colwise_rowwise(
+    kind: str, module: str | None, leaves: Mapping[str, core.Placement], stated: Mapping[str, Any]
+) -> ParallelStyle:
+    """The spec's ``kind`` ("colwise" or "rowwise") style for a module of kind ``module``:
+    :class:`SpecColwise` / :class:`SpecRowwise`, or for transformers' Conv1D (weight
+    ``[in, out]``) :mod:`shardspec.runtime.conv1d`'s."""
+    if module == CONV1D:
+        from shardspec.runtime.conv1d import Conv1DColwise, Conv1DRowwise
+
+        conv = Conv1DColwise if kind == "colwise" else Conv1DRowwise
+        return conv(leaves, **_pattern_kwargs(stated, kind, leaves))
+    cls = SpecColwise if kind == "colwise" else SpecRowwise
+    return cls(leaves, **_pattern_kwargs(stated, kind, leaves))
 
 
 def _pattern_kwargs(

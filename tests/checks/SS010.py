@@ -94,6 +94,30 @@ CASES = [
         "expect": [("SS010", 1, "not divisible by the other mesh axes' product 3")],
     },
     {
+        "name": "-D tp beyond the spec's world: the hint names -D world",
+        "spec": """
+            mesh over 4 ranks { dp_shard: *  tp: 2 }
+            """,
+        "args": ["-D", "tp=8"],
+        "expect": [
+            (
+                "SS010",
+                1,
+                "world size 4 is not divisible by the other mesh axes' product 8",
+                "mesh",
+                "`-D world=16` keeps dp_shard 2, or `-D world=8` makes dp_shard 1",
+            )
+        ],
+    },
+    {
+        "name": "-D tp with the world the hint names",
+        "spec": """
+            mesh over 4 ranks { dp_shard: *  tp: 2 }
+            """,
+        "args": ["-D", "tp=8", "-D", "world=8"],
+        "expect": [],
+    },
+    {
         "name": "axis of size 0",
         "spec": """
             mesh { dp_shard: 4  tp: 0 }

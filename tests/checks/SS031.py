@@ -189,4 +189,38 @@ param w [vocab, hidden] {
         "manifest": {"experts.w13": [4, 16, 6]},
         "expect": [],
     },
+    {
+        "name": "GQA q|k|v of unequal sizes, FSDP's default over dp_shard (Phi3)",
+        "spec": HEAD
+        + """\
+param qkv_proj.weight [qkv, hidden] {
+    fuse qkv as q 64, k 32, v 32
+    replicate tp
+}
+""",
+        "manifest": {"qkv_proj.weight": [128, 64]},
+        "expect": [
+            (
+                "SS031",
+                4,
+                "no DTensor placements describe this layout",
+                "qkv,",
+                "by default, cutting each separately, which no DTensor layout describes. "
+                "Either add `shard hidden over dp_shard`; or add `replicate dp_shard` (every rank",
+            )
+        ],
+    },
+    {
+        "name": "GQA q|k|v of unequal sizes, FSDP on hidden (the hint's fix)",
+        "spec": HEAD
+        + """\
+param qkv_proj.weight [qkv, hidden] {
+    fuse qkv as q 64, k 32, v 32
+    replicate tp
+    shard hidden over dp_shard
+}
+""",
+        "manifest": {"qkv_proj.weight": [128, 64]},
+        "expect": [],
+    },
 ]

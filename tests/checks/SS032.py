@@ -90,4 +90,30 @@ CASES = [
         "modules": {n: "linear" for n in ("q.weight", "q.bias", "o.weight", "o.bias")},
         "expect": [],
     },
+    {
+        "name": "transformers' Conv1D [in, out] cut on out, stated rowwise",
+        "spec": HEAD
+        + "param c.weight [hidden, out] {\n    shard out over tp\n    style rowwise\n}\n",
+        "manifest": {"c.weight": [8, 16]},
+        "modules": {"c.weight": "conv1d"},
+        "expect": [("SS032", 6, "belongs to a conv1d sharded on 'out', which makes it colwise")],
+    },
+    {
+        "name": "a row-parallel Conv1D whose bias is cut",
+        "spec": HEAD
+        + "param c.weight [ffn, hidden] {\n    shard ffn over tp\n}\n"
+        + "param c.bias [hidden] {\n    shard hidden over tp\n}\n",
+        "manifest": {"c.weight": [16, 8], "c.bias": [8]},
+        "modules": {"c.weight": "conv1d", "c.bias": "conv1d"},
+        "expect": [("SS032", 7, "its Conv1D's weight is cut on its out", "c.bias", "no model")],
+    },
+    {
+        "name": "a column-parallel Conv1D, bias cut like its weight's out (dim 1)",
+        "spec": HEAD
+        + "param c.weight [hidden, ffn] {\n    shard ffn over tp\n}\n"
+        + "param c.bias [ffn] {\n    shard ffn over tp\n}\n",
+        "manifest": {"c.weight": [8, 16], "c.bias": [16]},
+        "modules": {"c.weight": "conv1d", "c.bias": "conv1d"},
+        "expect": [],
+    },
 ]

@@ -469,3 +469,71 @@ def test_without_files_fmt_takes_the_specs_lint_takes(
 ) -> None:
     assert main(["fmt", "--check"]) == 0
     assert f"{len(SPECS)} already formatted" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ any input
+
+_PIECES = [
+    "mesh",
+    "over",
+    "8",
+    "ranks",
+    "{",
+    "}",
+    "dp: *",
+    "tp: 2",
+    "fsdp dp",
+    "param",
+    "a.b",
+    "[h, w]",
+    "shard h over tp",
+    "replicate",
+    "hf",
+    '"x.json"',
+    "a -> b",
+    "drop c",
+    "config q = a * b",
+    "# c",
+    "# shardspec: ignore[SS041]",
+    "pipeline pp",
+    "tie a = b",
+    "fp8 w scale {key}_s block 1 x 2",
+    "(",
+    ")",
+    ",",
+    "=",
+    "->",
+    "[e]",
+    '"#"',
+    "\t",
+    "\r",
+]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_PIECES), st.sampled_from([" ", "\n", "", "\n\n  "]))))
+@settings(max_examples=300, deadline=None)
+def test_any_text_is_formatted_idempotently_or_refused_with_a_finding(
+    pieces: list[tuple[str, str]],
+) -> None:
+    text = "".join(p + sep for p, sep in pieces)
+    out, diags = format_text(text, "f.shard")
+    if out is None:
+        assert diags and diags[0].code in ("SS001", "SS006", "SS007")
+        return
+    assert not diags
+    assert format_text(out, "f.shard") == (out, [])
+    assert _comments(out) == _comments(text)
+
+
+def test_a_large_spec_formats_in_time_linear_in_its_size() -> None:
+    """A bound, not a benchmark (generous): 5,000 rules, each with comments, format in
+    well under the time a quadratic placement of comments would take (about 10 s on a
+    loaded 2-core machine: lark's parse, twice, is most of it)."""
+    import time
+
+    rule = "# about p{i}\nparam p{i}.weight [a, b] {{   # trailing\n  shard a over tp\n}}\n\n\n"
+    text = "mesh over 8 ranks { tp: * }\n" + "".join(rule.format(i=i) for i in range(5_000))
+    start = time.perf_counter()
+    out = _fmt(text)
+    assert time.perf_counter() - start < 120
+    assert out.count("\n\n") == 4_999 and _comments(out) == _comments(text)

@@ -243,3 +243,23 @@ def _write_all(rendered: list[tuple[Path, str]], out: CompileOutcome) -> None:
         for tmp, _ in temps:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def silenced_findings(
+    paths: list[str], overrides: dict[str, int] | None = None, world: int | None = None
+) -> list[Diagnostic]:
+    """The findings of ``paths`` that ``# shardspec: ignore[...]`` comments silence (lint
+    leaves them out; SARIF reports them as suppressed): each spec with suppressions is
+    checked again without them, and what that finds beyond lint's findings is silenced."""
+    from collections import Counter
+    from dataclasses import replace
+
+    out: list[Diagnostic] = []
+    for path in paths:
+        spec, _ = parse_file(path, display_path(path))
+        if spec is None or not spec.suppressions:
+            continue
+        _, kept = check(spec, overrides=overrides, world=world)
+        _, every = check(replace(spec, suppressions=()), overrides=overrides, world=world)
+        out.extend((Counter(every) - Counter(kept)).elements())
+    return sorted(out, key=Diagnostic.sort_key)

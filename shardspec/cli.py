@@ -118,9 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         "specs", nargs="*", metavar="SPEC", help=f"spec files (default: {DEFAULT_GLOB})"
     )
     lint.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+        "--format",
+        choices=("text", "json", "sarif"),
+        default="text",
+        help="output format (default: text; sarif: SARIF 2.1.0 for GitHub code scanning)",
     )
     _add_defines(lint)
+
+    _add_fmt(sub)
 
     e = sub.add_parser(
         "explain",
@@ -189,6 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_fmt(sub) -> None:
+    f = sub.add_parser(
+        "fmt",
+        help="rewrite specs in the one canonical layout",
+        description="Rewrite each spec in the canonical layout (README, `shardspec fmt`), "
+        "comments kept; a file already in it is not touched, and a spec with a syntax error "
+        "is reported and left as it is.",
+    )
+    f.add_argument("specs", nargs="*", metavar="SPEC", help=f"spec files (default: {DEFAULT_GLOB})")
+    f.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; list the files that would change and exit 1 if any would",
+    )
+    f.add_argument(
+        "--diff",
+        action="store_true",
+        help="write nothing; print a diff of what would change and exit 1 if anything would",
+    )
+
+
 def _split_defines(defines: list[tuple[str, int]]) -> tuple[dict[str, int], int | None]:
     sizes = dict(defines)
     world = sizes.pop("world", None)
@@ -234,6 +260,16 @@ def _print_diags(outcome, fmt: str = "text") -> None:
         sys.stdout.write(render_json(diags))
     elif diags:
         sys.stderr.write(render_all_text(diags))
+
+
+def _print_sarif(outcome, paths: list[str], sizes: dict[str, int], world: int | None) -> None:
+    from shardspec.api import silenced_findings
+    from shardspec.findings.diagnostics import attach_sources
+    from shardspec.findings.sarif import render_sarif
+
+    diags = attach_sources(outcome.diagnostics, outcome.sources)
+    silenced = attach_sources(silenced_findings(paths, sizes, world), outcome.sources)
+    sys.stdout.write(render_sarif(diags, silenced, successful=not outcome.input_error))
 
 
 def _status(outcome) -> int:
@@ -288,11 +324,68 @@ def cmd_lint(args) -> int:
         return bad
     sizes, world = _split_defines(args.defines)
     _, outcome = lint_specs(paths, sizes, world)
+    if args.format == "sarif":
+        _print_sarif(outcome, paths, sizes, world)
+        return _status(outcome)
     _print_diags(outcome, args.format)
     if args.format != "json" and not outcome.diagnostics:
         # One line on success, so a quiet run is told from one that checked nothing.
         sys.stdout.write(f"shardspec lint: {len(paths)} spec(s) checked, no findings\n")
     return _status(outcome)
+
+
+def cmd_fmt(args) -> int:
+    import difflib
+
+    from shardspec.findings.diagnostics import attach_sources, render_all_text
+    from shardspec.frontend.fmt import format_file
+    from shardspec.frontend.textfile import replace_text
+
+    paths = _specs(args.specs)
+    if not paths:
+        _bad_argument(f"no specs given and none match {DEFAULT_GLOB}", "name the spec files")
+        return 2
+    write = not (args.check or args.diff)
+    failed = changed = 0
+    diags, sources = [], {}
+    for path in paths:
+        got = format_file(path)
+        if got.formatted is None or got.text is None:
+            failed += 1
+            diags += got.diagnostics
+            if got.text is not None:
+                sources[path] = got.text
+            continue
+        if not got.changed:
+            continue
+        changed += 1
+        if args.diff:
+            before, after = got.text.splitlines(True), got.formatted.splitlines(True)
+            sys.stdout.writelines(difflib.unified_diff(before, after, path, path))
+        if args.check:
+            sys.stdout.write(f"would reformat: {path}\n")
+        if write:
+            try:
+                replace_text(path, got.formatted)
+            except OSError as e:
+                failed += 1
+                sys.stderr.write(
+                    f"{path}:1:1: error SS002 [unreadable-input]: cannot write the spec: "
+                    f"{e.strerror or e}\n  hint: check the file's folder is writable\n"
+                )
+                continue
+            sys.stdout.write(f"reformatted: {path}\n")
+    sys.stderr.write(render_all_text(attach_sources(diags, sources)))
+    verb = "reformatted" if write else "would be reformatted"
+    left = len(paths) - changed - failed
+    sys.stderr.write(
+        f"shardspec fmt: {changed} file(s) {verb}, {left} already formatted"
+        + (f", {failed} not formatted (see above)" if failed else "")
+        + "\n"
+    )
+    if failed:
+        return 2
+    return 1 if changed and not write else 0
 
 
 def cmd_compile(args) -> int:
@@ -526,6 +619,7 @@ def cmd_diff(args) -> int:
 
 COMMANDS = {
     "lint": cmd_lint,
+    "fmt": cmd_fmt,
     "compile": cmd_compile,
     "explain": cmd_explain,
     "manifest": cmd_manifest,

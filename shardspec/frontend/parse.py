@@ -65,12 +65,20 @@ def _possessive(t: TerminalDef) -> None:
         t.pattern = PatternRE(t.pattern.value + "+", t.pattern.flags, t.pattern.raw)
 
 
-def _lark(edit_terminals: Callable[[TerminalDef], None] | None) -> Lark:
+def grammar_parser(**options: Any) -> Lark:
+    """A LALR parser of the grammar that keeps positions, with lark ``options`` added (the
+    front end's own, below; ``shardspec fmt``'s, which keeps every token)."""
     return Lark(
         _grammar_path().read_text(encoding="utf-8"),
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        **options,
+    )
+
+
+def _lark(edit_terminals: Callable[[TerminalDef], None] | None) -> Lark:
+    return grammar_parser(
         # Cache the built parser (a pickle in the temp directory, keyed by the grammar's
         # hash): saves rebuilding the LALR tables on every lint.
         cache=True,
@@ -806,27 +814,31 @@ def _suppressions(path: str, text: str) -> tuple[ir.Suppression, ...]:
     return tuple(out)
 
 
+def read_spec(path: str | Path, name: str | None = None) -> str | Diagnostic:
+    """The text of spec file ``path``, or the ``SS002`` diagnostic that says why it cannot
+    be read (spanned at ``name``, ``path`` itself by default)."""
+    name = name if name is not None else str(path)
+    try:
+        return read_text(Path(path))  # a byte order mark is not part of the text
+    except UnicodeDecodeError as e:
+        return diag(
+            "SS002",
+            f"cannot read spec: byte {e.start} is not UTF-8",
+            Span(name, 1, 1),
+            "save the spec as UTF-8 text",
+        )
+    except OSError as e:
+        reason = e.strerror or str(e)
+        return diag("SS002", f"cannot read spec: {reason}", Span(name, 1, 1), "check the path")
+
+
 def parse_file(
     path: str | Path, name: str | None = None
 ) -> tuple[ir.Spec | None, list[Diagnostic]]:
     """Read and parse a spec file; an unreadable file is an ``SS002`` diagnostic. ``name``
     is the path that spans (and so diagnostics) carry, ``path`` itself by default."""
-    p = Path(path)
     name = name if name is not None else str(path)
-    try:
-        text = read_text(p)  # a byte order mark is not part of the text
-    except UnicodeDecodeError as e:
-        return None, [
-            diag(
-                "SS002",
-                f"cannot read spec: byte {e.start} is not UTF-8",
-                Span(name, 1, 1),
-                "save the spec as UTF-8 text",
-            )
-        ]
-    except OSError as e:
-        reason = e.strerror or str(e)
-        return None, [
-            diag("SS002", f"cannot read spec: {reason}", Span(name, 1, 1), "check the path")
-        ]
+    text = read_spec(path, name)
+    if isinstance(text, Diagnostic):
+        return None, [text]
     return parse(text, name)

@@ -82,3 +82,25 @@ def positions(
             continue
         out.setdefault(name, (line, at - text.rfind("\n", 0, at)))
     return out
+
+
+def replace_text(path: str | os.PathLike, text: str) -> None:
+    """Replace the regular file ``path`` (through a symbolic link: its target) with
+    ``text`` (UTF-8, ``\\n`` line ends) atomically: a temporary file in the same folder,
+    given the file's mode, then renamed over it; on failure the file is as it was and the
+    temporary file is gone. Raises ``OSError``."""
+    import tempfile
+
+    target = Path(os.path.realpath(path))
+    mode = stat.S_IMODE(os.stat(target).st_mode)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -336,7 +336,9 @@ def _rank(rank: int, world: int, opts: Mapping[str, Any]) -> dict[str, Any]:
     }
     views = hf_views(model)
     ops: dict[str, Callable[[], Any]] = {
-        "shardspec": lambda: hf.load_hf(mod.SPEC, mod.HF, model, path, mesh, other_dtypes=True),
+        "shardspec": lambda: hf.load_hf(
+            mod.SPEC, mod.HF, model, path, mesh, other_dtypes=True, progress=False
+        ),
         "dcp": lambda: load_dcp(views, path, opts["threads"]),
         "full": lambda: load_full(model, path, mod.HF),
     }
@@ -383,7 +385,8 @@ def run(
     try:
         if not os.path.exists(ckpt):
             write_checkpoint(ckpt, cfg)
-        compile_layouts(gen, ckpt, cfg)
+        if not os.path.exists(gen):
+            compile_layouts(gen, ckpt, cfg)
         size = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt))
         res: dict[str, Any] = {"disk_bytes": size, "layouts": {}}
         for layout in layouts:

@@ -977,3 +977,31 @@ def test_the_fp8_spec_loads_deepseeks_fp8_release_end_to_end(tmp_path: Path) -> 
     assert set(got) == set(want)
     for key, value in want.items():
         assert same_bits(got[key], value), key
+
+
+# ---------------------------------------------------------------- DequantSlice's scale cache
+
+
+def test_runs_of_one_box_share_their_scale_blocks_and_get_their_own_rows() -> None:
+    """The strided runs of one box read the scale blocks they share once (kept per
+    covering box), and each run is dequantized with its own blocks' rows: runs at an
+    offset spanning two block rows, one inside a single block row, and a run of the same
+    block rows at other columns, each bitwise the reference's part."""
+    bq = BlockQuant("w", block=(4, 4))
+    w = torch.randn(16, 12, generator=torch.Generator().manual_seed(3))
+    q, s = sc.ref_quantize(w, bq.block)
+    s = s * torch.arange(1, s.numel() + 1, dtype=torch.float32).view(s.shape)  # rows differ
+    want = sc.ref_dequantize(q, s, bq.block)
+    box = fp8.DequantSlice(q, s, bq, "w_scale_inv")
+    runs = [
+        (slice(3, 7, 1), slice(2, 11, 1)),  # block rows 0-1 at an offset
+        (slice(9, 11, 1), slice(2, 11, 1)),  # block row 2 only
+        (slice(2, 8, 1), slice(1, 12, 1)),  # block rows 0-1 again, other blocks' cols
+        (slice(3, 7, 1), slice(3, 12, 2)),  # the first run's blocks, strided columns
+    ]
+    for index in runs:
+        assert same_bits(box[index], want[index].contiguous()), index
+    read_q = sum(q[index].numel() for index in runs)
+    # scale blocks: rows 0-1 x cols 0-2, row 2 x cols 0-2, rows 0-1 x cols 0-2 (kept), and
+    # rows 0-1 x cols 0-2 (the strided run's cover, kept)
+    assert box.bytes_read == read_q + 4 * (6 + 3)

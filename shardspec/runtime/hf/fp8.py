@@ -76,34 +76,58 @@ class DequantSlice:
     ``self[slices]`` (one ``slice(start, stop, step)`` per dimension, as load's reader
     asks) reads those FP8 elements and the scale blocks that cover them, and nothing else.
     ``bytes_read`` counts both; a damaged scale among those read is an error naming
-    ``scale_key``."""
+    ``scale_key``. The scale blocks read are kept (per covering box), so the strided runs
+    of one box that share blocks read and check them once."""
 
     def __init__(self, data: Any, scale: Any, bq: BlockQuant, scale_key: str) -> None:
         self.data, self.scale, self.bq, self.scale_key = data, scale, bq, scale_key
         self.bytes_read = 0
+        self._scales: dict[tuple[tuple[int, int, int], ...], torch.Tensor] = {}
 
     def __getitem__(self, index: tuple[slice, ...]) -> torch.Tensor:
         q = self.data[index]
+        self.bytes_read += q.numel() * q.element_size()
         *lead, rows, cols = index
         if q.numel() == 0:
             return torch.empty(q.shape, dtype=torch.float32)
         blocks = [_covering(sl, n) for sl, n in zip((rows, cols), self.bq.block, strict=True)]
-        cover = tuple(slice(b[0], b[-1] + 1) for b in blocks)
-        s = self.scale[tuple(lead) + cover]
-        self.bytes_read += q.numel() * q.element_size() + s.numel() * s.element_size()
+        s = self._covering_scales(lead, [(int(b[0]), int(b[-1]) + 1) for b in blocks])
+        # each row's scales (the rows' blocks: few values per row), then per column block
+        # one broadcast multiply: no scale tensor of the box's size
+        s = s.index_select(-2, blocks[0] - blocks[0][0])
+        out = q.to(torch.float32, memory_format=torch.contiguous_format)
+        if (cols.step or 1) != 1:
+            return out.mul_(s.index_select(-1, blocks[1] - blocks[1][0]))
+        c, first = self.bq.block[1], int(blocks[1][0])
+        for j in range(s.shape[-1]):
+            lo = max((first + j) * c - cols.start, 0)
+            hi = min((first + j + 1) * c - cols.start, out.shape[-1])
+            out[..., lo:hi].mul_(s[..., j : j + 1])
+        return out
+
+    def _covering_scales(self, lead: Sequence[slice], cover: Sequence[tuple[int, int]]) -> Any:
+        """The float32 scale blocks ``cover`` (block rows, block cols) of the matrices
+        ``lead`` selects, read and checked once."""
+        key = tuple((sl.start or 0, sl.stop, sl.step or 1) for sl in lead) + tuple(
+            (a, b, 1) for a, b in cover
+        )
+        s = self._scales.get(key)
+        if s is not None:
+            return s
+        s = self.scale[tuple(lead) + tuple(slice(a, b) for a, b in cover)]
+        self.bytes_read += s.numel() * s.element_size()
         s = s.to(torch.float32)
-        origin = [(sl.start or 0, sl.step or 1) for sl in lead] + [(b[0], 1) for b in blocks]
+        origin = [(sl.start or 0, sl.step or 1) for sl in lead] + [(a, 1) for a, _ in cover]
         why = bad_scales(s, self.bq, origin)
         if why is not None:
             raise ValueError(f"{self.scale_key}: {why}")
-        for d, b in ((-2, blocks[0]), (-1, blocks[1])):
-            s = s.index_select(d, torch.tensor([i - b[0] for i in b], dtype=torch.long))
-        return q.to(torch.float32) * s
+        self._scales[key] = s
+        return s
 
 
-def _covering(sl: slice, block: int) -> list[int]:
+def _covering(sl: slice, block: int) -> torch.Tensor:
     """For each index of the (non-empty) slice ``sl``, the index of its block."""
-    return [i // block for i in range(sl.start, sl.stop, sl.step or 1)]
+    return torch.arange(sl.start, sl.stop, sl.step or 1) // block
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block: Sequence[int]) -> torch.Tensor:

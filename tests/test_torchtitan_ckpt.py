@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from shardspec.api import compile_specs
 from shardspec.testing import run_ranks
@@ -93,3 +94,29 @@ def test_torchtitan_checkpoints_on_4_ranks(tmp_path: Path) -> None:
     assert not failures, "\n".join(failures[:30])
     for rank, (_, checked) in enumerate(results):
         assert checked == EXPECTED, f"rank {rank} checked {checked}"
+
+
+def test_titan_tiny_is_the_grouped_llama_with_torchtitans_hooks() -> None:
+    """The stand-in for torchtitan's model computes what examples.models.llama (group-major
+    ``wqkv``, the same rows) computes from the same weights, bitwise, and its hooks present
+    exactly llama's ``split_wqkv`` of that tensor under torchtitan's keys, and join them
+    back (one process)."""
+    from examples.models import llama, llama3_fused
+
+    ours, ref = llama3_fused.titan_tiny(), llama.tiny()
+    llama.init_weights(ref, 3)
+    params = dict(ref.named_parameters())
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            p.copy_(params[name.replace("qkv_linear.", "")])
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ours(tokens), ref(tokens))
+    sd = ours.state_dict()
+    assert not any("wqkv" in k for k in sd)
+    for i in range(ref.config.n_layers):
+        parts = llama.split_wqkv(params[f"layers.{i}.attention.wqkv.weight"], ref.config)
+        for name, want in zip(("wq", "wk", "wv"), parts, strict=True):
+            assert torch.equal(sd[f"layers.{i}.attention.qkv_linear.{name}.weight"], want)
+    back = llama3_fused.titan_tiny()
+    back.load_state_dict(sd)
+    assert torch.equal(back(tokens), ref(tokens))

@@ -274,10 +274,10 @@ def shardspec_to_torchtitan(mod: Any, rank: int, root: str, fail: Failures) -> N
     """The reverse: the spec's model at tp 2 x dp_shard 2 (trained weights, changed again
     so that nothing is left of the first checkpoint) saved with ``keys="torchtitan"``, both
     from the parameters under their own names and from ``model.state_dict()`` (the hooks'
-    keys: saved without ``strict=False`` and without a warning), has torchtitan's keys and
-    shapes, and torchtitan's own loading (``dcp.load`` of its flattened states, then the
-    model's ``load_state_dict``) at dp_shard 4 gives the same parameters and AdamW state,
-    bitwise."""
+    keys: saved without ``strict=False`` and without a warning, asynchronously), has
+    torchtitan's keys and shapes, and torchtitan's own loading (``dcp.load`` of its
+    flattened states, then the model's ``load_state_dict``) at dp_shard 4 gives the same
+    parameters and AdamW state, bitwise."""
     tag = "[shardspec->torchtitan]"
     titan = Torchtitan(seed=1)
     titan.train(3)
@@ -299,7 +299,10 @@ def shardspec_to_torchtitan(mod: Any, rank: int, root: str, fail: Failures) -> N
         state["lr_scheduler"] = {"last_epoch": 20}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ck.save(mod.SPEC, state, path, mesh=ours.mesh, keys="torchtitan")
+            # model.state_dict() asynchronously: the staged save plans with the layout too
+            done = ck.save(mod.SPEC, state, path, mesh=ours.mesh, keys=TT, asynchronous=hooks)
+            if hooks:
+                done.result()
         said = [
             str(w.message) for w in caught if issubclass(w.category, ck.UncoveredEntriesWarning)
         ]

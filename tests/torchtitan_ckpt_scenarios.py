@@ -246,7 +246,8 @@ def torchtitan_to_shardspec(mod: Any, rank: int, root: str, fail: Failures) -> N
     ``wq``/``wk``/``wv``, optimizer state by parameter name, the train state) loads with
     ``keys="torchtitan"`` into the spec's model at tp 2 x dp_shard 2: every parameter and
     its AdamW state bitwise equal to torchtitan's, gathered whole by torch; the train state
-    and the learning-rate schedule as saved. Without ``keys`` the load refuses it."""
+    and the learning-rate schedule as saved. Without ``keys`` the load refuses it, with a
+    hint that names ``keys="torchtitan"``."""
     tag = "[torchtitan->shardspec]"
     titan = Torchtitan(seed=1)
     titan.train(3)
@@ -254,7 +255,12 @@ def torchtitan_to_shardspec(mod: Any, rank: int, root: str, fail: Failures) -> N
     want = titan.full()
     ours = Shardspec(mod, seed=2)
     state = ours.state(hooks=False)
-    err = _expect_error(lambda: ck.load(mod.SPEC, state, path, mesh=ours.mesh), "missing")
+    err = _expect_error(
+        lambda: ck.load(mod.SPEC, state, path, mesh=ours.mesh),
+        "missing: layers.0.attention.qkv_linear.wqkv.weight.q",
+        "hint: the checkpoint stores layers.",
+        "as torchtitan does; load with keys='torchtitan'",
+    )
     if err:
         fail.append(f"{tag} without keys=: {err}")
     state = ours.state(hooks=False)

@@ -60,6 +60,7 @@ from shardspec.runtime.checkpoint.global_plan import validate_global_plan
 from shardspec.runtime.checkpoint.staging import _cpu_copy, _give, _Sink, _stage_value
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
+    KEY_LAYOUTS,
     CheckpointError,
     KeyLayout,
     _flat,
@@ -734,9 +735,21 @@ def validate(
     if problems:
         raise CheckpointError(
             f"the checkpoint does not match the state dict ({len(problems)} problem(s)); "
-            "nothing was read:\n  " + "\n  ".join(problems)
+            "nothing was read:\n  " + "\n  ".join(problems) + _key_layout_hint(canon, md)
         )
     return legacy, skipped
+
+
+def _key_layout_hint(canon: CanonicalPlan, md: Mapping[str, Any]) -> str:
+    """Where the checkpoint holds a parameter's components under the keys another
+    trainer's hooks write (torchtitan's ``qkv_linear.wq.weight``) and the state dict asks
+    for them in shardspec's own layout: which ``keys=`` reads it."""
+    missing = {u.source for u in canon.units if u.key not in md and u.fused is not None}
+    for name, layout in KEY_LAYOUTS.items():
+        found = next((k for k in md for s in layout.sources(k) if s in missing), None)
+        if found is not None:
+            return f"\nhint: the checkpoint stores {found} as {name} does; load with keys={name!r}"
+    return ""
 
 
 def _mentions(key: str, names: frozenset[str]) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from shardspec.core.layout import (
@@ -108,6 +108,23 @@ def _local_runs(ranges: Ranges, lo: int, hi: int) -> tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
+class WholeFused(ParamLayout):
+    """A layout whose fused dimension a checkpoint stores whole, under the parameter's own
+    name (as a state dict that names it holds it: torchtitan's optimizer state, or a fused
+    parameter no state-dict hook splits), instead of one unit per component. Each rank's
+    block of the fused dimension must then be one run of it (whole groups, or a dimension
+    the rank holds whole)."""
+
+
+def stored_whole(layout: ParamLayout) -> ParamLayout:
+    """``layout`` with its fused dimension stored whole (:class:`WholeFused`); itself
+    without one."""
+    if all(d.fusion is None for d in layout.dims):
+        return layout
+    return WholeFused(**{f.name: getattr(layout, f.name) for f in fields(layout)})
+
+
+@dataclass(frozen=True)
 class _Piece:
     """A storage unit of a parameter as one rank holds it (no key names yet)."""
 
@@ -127,7 +144,9 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
     on the layout's view: rank numbers are the same in every view."""
     mesh = layout_view(layout, mesh)
     table = rank_table(layout, mesh)
-    units = storage_units(layout)
+    # A fused tensor stored whole (a key layout such as torchtitan's): one unit, the
+    # rank's block of the fused tensor.
+    units = [(None, None)] if isinstance(layout, WholeFused) else storage_units(layout)
     out: list[tuple[_Piece, ...]] = []
     for t in table:
         if not layout.on_stage(mesh, t.coord):

@@ -30,6 +30,7 @@ from shardspec.core.layout import (
     dtensor_placements,
     module_shape,
     same_layout,
+    storage_units,
 )
 from shardspec.runtime.canonical import (
     CanonicalPlan,
@@ -41,6 +42,7 @@ from shardspec.runtime.canonical import (
     rank_pieces,
     replica_groups,
     stage_writers,
+    stored_whole,
     unreplicated,
 )
 from shardspec.runtime.spec import CompiledSpec, SpecError
@@ -48,6 +50,70 @@ from shardspec.runtime.spec import CompiledSpec, SpecError
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be saved or loaded as asked; names every key or file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyLayout:
+    """The checkpoint keys of a trainer that stores what its model's ``state_dict()``
+    returns (``keys=`` of ``save``/``load`` and the planners): a fused parameter whose
+    module's state-dict hooks split it is stored as the hooks present it, each component
+    under the key the hook writes; every other fused tensor (the model's entry of a fused
+    parameter no hook splits, and optimizer state, which the trainer names by parameter) is
+    stored whole under its own name. Everything else is as in shardspec's own layout.
+
+    ``split``: the leaf name of a fused module -> the leaf names of the modules its
+    components are presented as, in the spec's declared order (torchtitan:
+    ``qkv_linear.wqkv.weight`` -> ``qkv_linear.wq.weight``, ``wk``, ``wv``)."""
+
+    name: str
+    split: tuple[tuple[str, tuple[str, ...]], ...]
+    # Flat keys ending so that the trainer neither writes nor reads (torchtitan's flat
+    # optimizer state has no ``param_groups.<fqn>.param_names``, which torch's has).
+    skip: tuple[str, ...] = ()
+
+    def component_keys(self, fqn: str, components: Sequence[str]) -> tuple[str, ...] | None:
+        """The names ``fqn``'s components (declared order) are stored under, or None where
+        no hook splits it (stored whole)."""
+        module, _, leaf_param = fqn.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        names = dict(self.split).get(leaf)
+        if names is None:
+            return None
+        if len(names) != len(components):
+            raise CheckpointError(
+                f"{fqn}: keys={self.name!r} stores the components of a fused `{leaf}` as "
+                f"{', '.join(names)} (as the trainer's state-dict hook presents them), but the "
+                f"spec declares {len(components)} ({', '.join(components)}); declare them in "
+                "that order"
+            )
+        pre = f"{parent}." if parent else ""
+        return tuple(f"{pre}{n}.{leaf_param}" for n in names)
+
+    def sources(self, key: str) -> tuple[str, ...]:
+        """The fused parameters whose component the trainer's hook would present as
+        ``key`` (``...qkv_linear.wq.weight`` -> ``...qkv_linear.wqkv.weight``)."""
+        module, _, leaf_param = key.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        pre = f"{parent}." if parent else ""
+        return tuple(f"{pre}{fused}.{leaf_param}" for fused, names in self.split if leaf in names)
+
+
+# torchtitan (torchtitan/models/common/attention.py, FusedQKVLinear, and
+# torchtitan/components/checkpointer/dcp.py, which saves model.state_dict(): read at
+# commit b5bcd76 and in the torchtitan 0.3.0 wheel).
+TORCHTITAN = KeyLayout("torchtitan", (("wqkv", ("wq", "wk", "wv")),), (".param_names",))
+KEY_LAYOUTS = {"torchtitan": TORCHTITAN}
+
+
+def key_layout(keys: str | KeyLayout | None) -> KeyLayout | None:
+    """``keys=`` as given: None or ``"shardspec"`` (shardspec's own layout), a name of
+    :data:`KEY_LAYOUTS`, or a :class:`KeyLayout`."""
+    if keys is None or keys == "shardspec" or isinstance(keys, KeyLayout):
+        return keys if isinstance(keys, KeyLayout) else None
+    if isinstance(keys, str) and keys in KEY_LAYOUTS:
+        return KEY_LAYOUTS[keys]
+    known = ", ".join(repr(k) for k in ("shardspec", *KEY_LAYOUTS))
+    raise CheckpointError(f"keys={keys!r} is no checkpoint key layout; known: {known}")
 
 
 def _flat(state_dict: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
@@ -250,11 +316,14 @@ def canonical_plan(
     flat: Mapping[str, Any],
     *,
     saving: bool = True,
+    keys: KeyLayout | None = None,
 ) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
     """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
 
     Saving applies the spec's checkpoint-only splits (each replica stores its own piece);
     loading does not: a rank reads every index it holds, whoever wrote it.
+
+    ``keys``: a trainer's key layout (:class:`KeyLayout`; None: shardspec's own).
 
     Returns the plan, the entries left for DCP's default handling (under their stored
     names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
@@ -266,13 +335,13 @@ def canonical_plan(
     shared between such calls: read it, do not change it.
     """
     shared = _shared_storage(flat)
-    key = (mesh, rank, saving, _signature(flat), tuple(sorted(shared.items())))
+    key = (mesh, rank, saving, keys, _signature(flat), tuple(sorted(shared.items())))
     per_spec = _PLANS.get(spec)
     if per_spec is None:
         per_spec = _PLANS.setdefault(spec, OrderedDict())
     hit = per_spec.get(key)
     if hit is None:
-        hit = _structural(spec, mesh, rank, flat, saving=saving, shared=shared)
+        hit = _structural(spec, mesh, rank, flat, saving=saving, shared=shared, keys=keys)
         per_spec[key] = hit
         while len(per_spec) > PLAN_CACHE_SIZE:
             per_spec.popitem(last=False)
@@ -325,6 +394,7 @@ def _structural(
     *,
     saving: bool,
     shared: Mapping[str, tuple[str, ...]] | None = None,
+    keys: KeyLayout | None = None,
 ) -> _Structural:
     """Build :func:`canonical_plan`'s structural part (uncached)."""
     from shardspec.runtime.dtensor import to_torch
@@ -342,6 +412,8 @@ def _structural(
     found: set[str] = set()  # the parameter names in the keys, as this rank's model has them
     for key in sorted(flat):
         value = flat[key]
+        if keys is not None and key.endswith(keys.skip):
+            continue  # neither saved nor loaded, as an ignored entry
         span = names.split(key)
         if span is None:
             if ignored_key(spec, key):
@@ -372,11 +444,20 @@ def _structural(
         # The mesh of the parameter's view (``mesh`` itself without views): rank numbers
         # are the same in every view, so its per-rank tables index this plan's ranks.
         pmesh = spec.mesh_of(fqn, mesh)
+        # A trainer's key layout: the fused components under the hooks' keys (the model's
+        # own entry, where a hook splits it), else the fused tensor whole.
+        comps = [c for c, _ in storage_units(layout) if c is not None]
+        split = keys is not None and bool(comps) and not key[b:]
+        split = split and keys.component_keys(fqn, comps) is not None  # type: ignore[union-attr]
+        if keys is not None and comps and not split:
+            layout = stored_whole(layout)
         declared = layout  # what the fingerprint describes, for saving and loading alike
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())
-        pieces = rank_pieces(layout, pmesh)
+        pieces = _pieces(layout, pmesh, key, keys)
         spans = names.name_indexed_spans(fqn, layout)  # once per parameter, not per piece
+        hooked = keys if split else None  # components under the hooks' keys
+
         if shape != module_shape(layout, pmesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
             vstart = pieces[rank][0].name_indexed_start if pieces[rank] else ()
@@ -403,8 +484,7 @@ def _structural(
         mine: list[tuple[str, Unit]] = []
         for k, piece in enumerate(pieces[rank]):
             name = names.canonical(fqn, layout, piece.name_indexed_start, spans)
-            if piece.component is not None:
-                name = f"{name}.{piece.component}"
+            name = _stored_name(spec, hooked, comps, name, piece.component)
             skey = key[:a] + name + key[b:]
             unit = Unit(
                 skey,
@@ -427,8 +507,7 @@ def _structural(
             for r, row in enumerate(pieces):
                 for k, piece in enumerate(row):
                     name = names.canonical(fqn, layout, piece.name_indexed_start, spans)
-                    if piece.component is not None:
-                        name = f"{name}.{piece.component}"
+                    name = _stored_name(spec, hooked, comps, name, piece.component)
                     skey = key[:a] + name + key[b:]
                     plan.keys.add(skey)
                     if saving and not any(s == 0 for s in piece.sizes):
@@ -438,10 +517,9 @@ def _structural(
             continue
         # Every rank of the stage stores the same keys: the parameter's name, or one per
         # component (under its global name).
-        stored = key[:a] + fqn + key[b:]
         for piece in next((row for row in pieces if row), ()):
             comp = piece.component
-            plan.keys.add(stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:])
+            plan.keys.add(key[:a] + _stored_name(spec, hooked, comps, fqn, comp) + key[b:])
         if not saving:
             continue  # a load reads every chunk it holds: no writers to choose
         if unreplicated(layout, pmesh):
@@ -451,7 +529,7 @@ def _structural(
             continue
         # Replicated chunks: the layout's distinct chunks, each once (a table per layout).
         for comp, offsets, replicas, n in chunk_table(layout, pmesh):
-            skey = stored if comp is None else key[:a] + f"{fqn}.{comp}" + key[b:]
+            skey = key[:a] + _stored_name(spec, hooked, comps, fqn, comp) + key[b:]
             chunks.append(((skey, offsets), stage_writers(layout, pmesh, replicas), n * itemsize))
     if saving:
         base = [0] * mesh.world
@@ -459,9 +537,46 @@ def _structural(
             for r, n in enumerate(rank_elements(layout, lm)):
                 base[r] += n * itemsize * count
         plan.writer = assign_writers(chunks, mesh.world, base)
-    plan.fingerprint = fingerprint(structure, mesh, extra=spec.name)
-    plan.uncovered = uncovered(spec, unnamed, found)
+    plan.fingerprint = fingerprint(
+        structure, mesh, extra=spec.name if keys is None else f"{spec.name}:{keys!r}"
+    )
+    plan.uncovered = uncovered(spec, unnamed, found, keys)
     return _Structural(plan, tuple(rest), tuple(params))
+
+
+def _pieces(layout: ParamLayout, mesh: Mesh, key: str, keys: KeyLayout | None) -> tuple:
+    """:func:`rank_pieces`, with a fused tensor stored whole that a rank does not hold in
+    one block reported for people."""
+    try:
+        return rank_pieces(layout, mesh)
+    except ValueError as e:
+        if keys is None:
+            raise
+        raise CheckpointError(
+            f"{key}: keys={keys.name!r} stores this fused tensor whole (as the trainer's state "
+            f"dict names it), but {e}: a rank's part of it must be one block. Shard the fused "
+            "dimension by whole groups (`fuse ... as N groups of ...`) or not at all"
+        ) from None
+
+
+def _stored_name(
+    spec: CompiledSpec, keys: KeyLayout | None, comps: list[str], name: str, comp: str | None
+) -> str:
+    """The stored name of component ``comp`` of parameter ``name`` (``name`` itself for
+    None): ``<name>.<comp>``, or with ``keys`` the key the trainer's hook writes for it
+    (where the manifest records the model's state-dict hooks, one of the keys they write)."""
+    if comp is None:
+        return name
+    if keys is None:
+        return f"{name}.{comp}"
+    out = keys.component_keys(name, comps)[comps.index(comp)]  # type: ignore[index]
+    if len(spec.hook_keys) and out not in spec.hook_keys:
+        raise CheckpointError(
+            f"{name}: keys={keys.name!r} stores component {comp!r} as {out}, but the model's "
+            "state-dict hooks (the manifest's state_dict section) write no such key; the "
+            "model does not present this parameter as that trainer does"
+        )
+    return out
 
 
 def foreign_buffer_message(names: Names, key: str, buffer: str) -> str:
@@ -478,13 +593,19 @@ def foreign_buffer_message(names: Names, key: str, buffer: str) -> str:
     )
 
 
-def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple[str, ...]:
+def uncovered(
+    spec: CompiledSpec, keys: Sequence[str], found: set[str], layout: KeyLayout | None = None
+) -> tuple[str, ...]:
     """Of ``keys`` (flat keys of tensors that name no parameter and match no ignore), those
     that are the model's state but that nothing in the spec covers, each described: a key
     a state-dict hook writes (the manifest lists it), or a tensor inside one of the model's
     modules (around the manifest's parameters, or the parameters ``found`` in the state
     dict) that is no buffer the manifest lists. Other tensors (a step counter, an RNG
-    state, entries of the caller's own) are not the model's: DCP stores them as ever."""
+    state, entries of the caller's own) are not the model's: DCP stores them as ever.
+
+    With a trainer's key ``layout``, a key its hooks write for a parameter in the state
+    dict (torchtitan's ``wq.weight`` in ``model.state_dict()``) is covered: it is the name
+    the layout stores that component under."""
     if not keys:
         return ()
     held = sorted(found)
@@ -498,6 +619,12 @@ def uncovered(spec: CompiledSpec, keys: Sequence[str], found: set[str]) -> tuple
         starts = _dot_starts(key)
         stops = [i for i, ch in enumerate(key) if ch == "."] + [len(key)]
         parts = [key[a:b] for a in starts for b in stops if b > a]
+        if layout is not None and any(
+            f in found or (spec.params is not None and f in spec.params)
+            for p in parts
+            for f in layout.sources(p)
+        ):
+            continue
         hook = next((p for p in parts if p in spec.hook_keys), None)
         if hook is not None:
             module, sources = spec.hook_keys[hook]
@@ -560,9 +687,11 @@ def _local_of(value: Any, expected: Expected, key: str, spec: CompiledSpec) -> t
                     f"spec's layout {expected.placements} on {expected.mesh.names}; the model "
                     "is not on the spec's layout (check it with verify(model, mesh))"
                 )
-        return value.to_local()
+        # A parameter (named_parameters()) detached, the same storage: a load writes into
+        # it in place, which autograd refuses on a view of it.
+        value = value.to_local()
     if isinstance(value, torch.Tensor):
-        return value
+        return value.detach() if value.requires_grad else value
     raise CheckpointError(f"{key}: expected a tensor, got {type(value).__name__}")
 
 

@@ -57,7 +57,10 @@ from shardspec.runtime.checkpoint.planners import (
 )
 from shardspec.runtime.checkpoint.staging import free_staging_memory, reader_fills_sinks
 from shardspec.runtime.units import (
+    KEY_LAYOUTS,
+    TORCHTITAN,
     CheckpointError,
+    KeyLayout,
     Names,
     canonical_plan,
     clear_plan_cache,
@@ -71,12 +74,15 @@ from shardspec.runtime.units import (
 
 __all__ = [
     "COLLECTIVE_TIMEOUT",
+    "KEY_LAYOUTS",
     "MARKER",
     "REPLACED",
     "SAVING",
+    "TORCHTITAN",
     "CheckpointError",
     "CheckpointRecoveryWarning",
     "ChecksumError",
+    "KeyLayout",
     "LocalityLoadPlanner",
     "Names",
     "ShardspecLoadPlanner",

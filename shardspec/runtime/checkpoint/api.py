@@ -60,7 +60,7 @@ from shardspec.runtime.checkpoint.planners import (
 from shardspec.runtime.checkpoint.staging import reader_fills_sinks
 from shardspec.runtime.checkpoint.trust import SafeChecksumReader
 from shardspec.runtime.spec import CompiledSpec
-from shardspec.runtime.units import CheckpointError
+from shardspec.runtime.units import CheckpointError, KeyLayout
 
 # ----------------------------------------------------------------------------- async
 
@@ -103,6 +103,7 @@ def save(
     process_group: Any = None,
     asynchronous: bool = False,
     strict: bool = True,
+    keys: str | KeyLayout | None = None,
 ) -> Any:
     """Save ``state`` to ``path`` so that ``path`` always holds a complete checkpoint: the
     previous one or the new one, never a mix (see the README's "Checkpoints").
@@ -143,9 +144,18 @@ def save(
     model's state that no rule, ignore or buffer of the manifest covers (a key a state-dict
     hook writes in place of a parameter, say) fails the save on every rank before a byte
     is written; ``strict=False`` saves it whole, as DCP does, with an
-    :class:`UncoveredEntriesWarning`."""
+    :class:`UncoveredEntriesWarning`.
+
+    ``keys`` (for the planner made here): the checkpoint keys of another trainer, so that
+    it reads the checkpoint as its own: ``"torchtitan"`` stores a fused parameter that the
+    model's state-dict hooks split (``qkv_linear.wqkv.weight``) as the hooks present it
+    (``qkv_linear.wq.weight``, ``wk``, ``wv``), and every other fused tensor (optimizer
+    state included) whole under its parameter's name, as torchtitan's checkpointer does;
+    the hooks' keys in ``model.state_dict()`` are then covered, not refused. None (or
+    ``"shardspec"``): shardspec's own layout (components under ``<fqn>.<component>``).
+    Load with the same ``keys``."""
     path = target(path)
-    planner = planner or ShardspecSavePlanner(spec, mesh, strict=strict)
+    planner = planner or ShardspecSavePlanner(spec, mesh, strict=strict, keys=keys)
     if not asynchronous:
         wait_for_saves()
         with _no_gc():  # the group lives in the roll only (see _Roll)
@@ -292,6 +302,7 @@ def load(
     atomic: bool = True,
     verify: bool = True,
     trusted: bool = True,
+    keys: str | KeyLayout | None = None,
 ) -> ShardspecLoadPlanner:
     """Load ``path`` into ``state`` in place. Validates everything before reading, reads
     into staging buffers, and changes the live tensors only after every rank's reads
@@ -327,7 +338,8 @@ def load(
     Whatever the trust, ``.metadata`` must match the checksum its save recorded (unless
     ``verify=False``), and every data file it names must be a plain file inside the
     folder; a failure is one line naming ``.metadata``. ``path``: a symbolic link is
-    followed, as by :func:`save`."""
+    followed, as by :func:`save`. ``keys``: the key layout the checkpoint was saved with
+    (see :func:`save`; ``"torchtitan"`` reads torchtitan's own checkpoints)."""
     path = target(path)
     wait_for_saves()
     recovered = _exchange(
@@ -345,11 +357,11 @@ def load(
     marker = _read_marker(path) if locality and atomic else None
     planner: ShardspecLoadPlanner
     if not atomic:
-        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=False)
+        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=False, keys=keys)
     elif marker is not None:
-        planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial)
+        planner = LocalityLoadPlanner(spec, mesh, marker=marker, partial=partial, keys=keys)
     else:
-        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True)
+        planner = ShardspecLoadPlanner(spec, mesh, partial=partial, staging=True, keys=keys)
     reader = storage_reader if storage_reader is not None else _reader(path, verify, trusted)
     planner.capture = reader_fills_sinks(reader)
     error: CheckpointError | None = None

@@ -52,9 +52,15 @@ class LocalityLoadPlanner(ShardspecLoadPlanner):
     ``.shardspec.json``). Call :meth:`exchange` after ``dcp.load`` and before ``commit``."""
 
     def __init__(
-        self, spec, mesh: Any = None, *, marker: dict | None = None, partial: bool = False
+        self,
+        spec,
+        mesh: Any = None,
+        *,
+        marker: dict | None = None,
+        partial: bool = False,
+        keys: Any = None,
     ) -> None:
-        super().__init__(spec, mesh, partial=partial, staging=True)
+        super().__init__(spec, mesh, partial=partial, staging=True, keys=keys)
         self.marker = marker or {}
         self.active = False
         self.remote_rest: set[str] = set()

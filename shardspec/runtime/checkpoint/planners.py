@@ -60,10 +60,13 @@ from shardspec.runtime.checkpoint.global_plan import validate_global_plan
 from shardspec.runtime.checkpoint.staging import _cpu_copy, _give, _Sink, _stage_value
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
+    KEY_LAYOUTS,
     CheckpointError,
+    KeyLayout,
     _flat,
     canonical_plan,
     ignored_key,
+    key_layout,
     mesh_and_rank,
     rename_path,
     unit_commit,
@@ -262,6 +265,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         role: str = "state",
         enable_plan_caching: bool = True,
         strict: bool = True,
+        keys: str | KeyLayout | None = None,
     ) -> None:
         # Plan caching needs DCP's cache protocol (a class-level cache of local plans that
         # finish_plan fills from a pending plan, as in torch 2.13). Where the installed DCP
@@ -275,6 +279,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.spec = spec
         self.role = role
         self.strict = strict
+        self.keys = key_layout(keys)
         self._mesh_arg = mesh
         self._staged: dict[str, torch.Tensor] | None = None
         self._pooled: list[torch.Tensor] = []
@@ -294,7 +299,9 @@ class ShardspecSavePlanner(DefaultSavePlanner):
     def _set_up(self, state_dict: Mapping[str, Any]) -> None:
         flat, mappings = _flat(state_dict)
         self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
-        self.canon, rest, self.local = canonical_plan(self.spec, self.lmesh, self.rank, flat)
+        self.canon, rest, self.local = canonical_plan(
+            self.spec, self.lmesh, self.rank, flat, keys=self.keys
+        )
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
         self._staged = None
@@ -475,10 +482,12 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         *,
         partial: bool = False,
         staging: bool = False,
+        keys: str | KeyLayout | None = None,
     ) -> None:
         super().__init__(allow_partial_load=partial)
         self.recovered: list[str] = []  # what load() finished or undid of an interrupted save
         self.spec = spec
+        self.keys = key_layout(keys)
         self._mesh_arg = mesh
         self.partial = partial
         self.staging = staging
@@ -500,7 +509,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         flat, self.flat_mappings = _flat(state_dict)
         self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(
-            self.spec, self.lmesh, self.rank, flat, saving=False
+            self.spec, self.lmesh, self.rank, flat, saving=False, keys=self.keys
         )
         self.stored_to_own = {new: old for old, new in self.canon.renamed.items()}
         self.state_dict = rest  # keyed by stored names
@@ -726,9 +735,21 @@ def validate(
     if problems:
         raise CheckpointError(
             f"the checkpoint does not match the state dict ({len(problems)} problem(s)); "
-            "nothing was read:\n  " + "\n  ".join(problems)
+            "nothing was read:\n  " + "\n  ".join(problems) + _key_layout_hint(canon, md)
         )
     return legacy, skipped
+
+
+def _key_layout_hint(canon: CanonicalPlan, md: Mapping[str, Any]) -> str:
+    """Where the checkpoint holds a parameter's components under the keys another
+    trainer's hooks write (torchtitan's ``qkv_linear.wq.weight``) and the state dict asks
+    for them in shardspec's own layout: which ``keys=`` reads it."""
+    missing = {u.source for u in canon.units if u.key not in md and u.fused is not None}
+    for name, layout in KEY_LAYOUTS.items():
+        found = next((k for k in md for s in layout.sources(k) if s in missing), None)
+        if found is not None:
+            return f"\nhint: the checkpoint stores {found} as {name} does; load with keys={name!r}"
+    return ""
 
 
 def _mentions(key: str, names: frozenset[str]) -> bool:

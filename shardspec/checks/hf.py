@@ -1415,13 +1415,18 @@ def _pad_findings(
     want = padded_size(t.size, multiple)
     if size != want:
         fits = _fitting_multiples(t.size, size)
-        hint = (
-            f"the model's {size} rows are {t.size} padded to a multiple of "
-            f"{' or '.join(map(str, fits))}: write `pad {t.dim} to {fits[0]}`"
-            if fits
-            else f"the model's dimension is smaller than the HF one: check the model's "
-            f"manifest (a model padded to {multiple} has {want})"
-        )
+        if size == t.size:
+            hint = "the model's dimension is the HF one's size, not padded: delete the pad"
+        elif fits:
+            hint = (
+                f"the model's {size} rows are {t.size} padded to a multiple of "
+                f"{' or '.join(map(str, fits))}: write `pad {t.dim} to {fits[0]}`"
+            )
+        else:
+            hint = (
+                "the model's dimension is smaller than the HF one: check the model's "
+                f"manifest (a model padded to {multiple} has {want})"
+            )
         out.append(
             (
                 "SS132",

@@ -57,4 +57,23 @@ CASES = [
             ),
         ],
     },
+    {
+        "name": "a pad on a dimension the model does not pad",
+        "spec": spec(" transpose pad 0 to 64 transpose"),
+        "manifest": manifest(1024),
+        "hf_manifest": HF,
+        "expect": [
+            ("SS075", 8, "has shape [1000, 8], line 8 expects [1024, 8]"),
+            ("SS132", 8, "dimension 1 has 8 in the model", "pad 0 to 64", "delete the pad"),
+        ],
+    },
+    {
+        "name": "no HF manifest: the HF size is unknown",
+        "spec": spec(" pad 0 to 64").replace('hf "hf.json" {', "hf {"),
+        "manifest": manifest(1024),
+        "expect": [
+            ("SS079", 7, "the hf block names no HF manifest"),
+            ("SS132", 8, "needs the HF size of the dimension it pads", "pad 0 to 64"),
+        ],
+    },
 ]

@@ -180,10 +180,27 @@ def _compile(root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hf_pad")
     _compile(root)
-    return root, run_ranks(hf_pad_scenarios.run, 4, str(root), timeout=600)
+    return root
+
+
+@pytest.fixture(scope="module")
+def four(compiled: Path) -> tuple[Path, list[dict]]:
+    return compiled, run_ranks(hf_pad_scenarios.run, 4, str(compiled), timeout=600)
+
+
+def test_explain_shows_the_unpadded_hf_shape(
+    compiled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardspec import cli
+
+    capsys.readouterr()
+    assert cli.main(["explain", str(compiled / "padded.shard"), "lm_head.weight"]) == 0
+    out = capsys.readouterr().out
+    assert "lm_head.weight [1024, 32] <- lm_head.weight [1000, 32]" in out, out
+    assert "pad 0 to 64" in out
 
 
 def test_load_equals_transformers_weights_real_rows_padding_zero(four) -> None:  # type: ignore[no-untyped-def]

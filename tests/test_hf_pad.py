@@ -243,3 +243,30 @@ def test_dcp_checkpoint_stores_the_padded_parameter(four) -> None:  # type: igno
     for r in ranks:
         assert r["dcp_same"]
         assert set(r["dcp_padding"]) == {3.0}  # the padding row written before the save
+
+
+def test_diff_padding_the_vocabulary_keeps_hf_checkpoints_loading(
+    compiled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shardspec diff`` from the unpadded model to the padded one: the HF tensors read
+    keep their shape, so HF checkpoints that load under OLD load under NEW (DCP
+    checkpoints do not: the parameters' global shape changes)."""
+    import json
+
+    from shardspec import cli
+
+    for name in ("padded.shard", "padded.manifest.json", "padded.hf.json"):
+        (tmp_path / name).write_bytes((compiled / name).read_bytes())
+    doc = json.loads((compiled / "padded.manifest.json").read_text(encoding="utf-8"))
+    for e in doc["entries"]:
+        if e["shape"][:1] == [PADDED]:
+            e["shape"][0] = VOCAB
+    (tmp_path / "plain.manifest.json").write_text(json.dumps(doc), encoding="utf-8")
+    text = hf_pad_scenarios.SPEC.replace(" pad 0 to 64", "")
+    text = text.replace("padded.manifest.json", "plain.manifest.json")
+    (tmp_path / "plain.shard").write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    cli.main(["diff", str(tmp_path / "plain.shard"), str(tmp_path / "padded.shard")])
+    out = capsys.readouterr().out
+    assert "NEW reads:    lm_head.weight [1000, 32] pad 0 to 64" in out, out
+    assert "HF checkpoints that load under OLD load under NEW" in out, out

@@ -613,3 +613,67 @@ def test_fuzz_engine_spec_never_raises(
         plan = _plan(LLAMA, str(folder / "llama.shard"), TRAIN, {"world": engine_world})
         assert plan.status == 0
         execute(plan)
+
+
+# ------------------------------------------------------------------------------ padding
+
+
+def test_padded_engine_vocab_every_real_element_once_no_padding_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer with an unpadded vocabulary (1000 rows, dp 2 x tp 2) to a vLLM-style
+    engine whose embedding is padded to a multiple of 64 (1024 rows) and split over tp 2:
+    the plan covers every real element exactly once and sends no padding (the engine's
+    padding rows stay unwritten: ``execute`` checks each engine element's write count
+    against the owner's layout, the padding built here with torch as unmapped)."""
+    import dataclasses
+
+    from shardspec.core.hfmap import padded_dims
+    from shardspec.inputs.hfmanifest import dump_hf_manifest
+
+    owner = _unit
+
+    def padded_unit(ids: dict[str, torch.Tensor], src: Source) -> torch.Tensor:
+        """The unit without its pads (torch), then each padded dimension grown with -1."""
+        plain = [t for t in src.transforms if t.kind != "pad"]
+        t = owner(ids, dataclasses.replace(src, transforms=tuple(plain)))
+        base = 1 if src.stacked else 0
+        for d, pad in padded_dims(t.dim() - base, src.transforms):
+            extra = -(-pad.size // pad.multiple) * pad.multiple - t.shape[d + base]
+            shape = list(t.shape)
+            shape[d + base] = extra
+            t = torch.cat([t, torch.full(shape, -1, dtype=t.dtype)], dim=d + base)
+        return t
+
+    monkeypatch.setattr(f"{__name__}._unit", padded_unit)
+    train = _write(
+        tmp_path / "t",
+        {"w.weight": [1000, 8], "n.weight": [8]},
+        lines=PLAIN,
+        world=4,
+        fsdp="fsdp dp",
+    )
+    engine = _write(
+        tmp_path / "e",
+        {"w.weight": [1024, 8], "n.weight": [8]},
+        lines="    w.proj -> w.weight pad 0 to 64\n    n.proj -> n.weight",
+    )
+    text = Path(engine).read_text(encoding="utf-8").replace("hf {", 'hf "hf.json" {')
+    Path(engine).write_text(text, encoding="utf-8")
+    hf = {
+        "format": "shardspec-hf-manifest/1",
+        "config": {},
+        "tensors": {
+            "w.proj": {"shape": [1000, 8], "dtype": "F32", "file": "model.safetensors"},
+            "n.proj": {"shape": [8], "dtype": "F32", "file": "model.safetensors"},
+        },
+    }
+    (tmp_path / "e" / "hf.json").write_text(dump_hf_manifest(hf), encoding="utf-8")
+    plan = _plan(train, engine, {}, {})
+    assert plan.status == 0, plan.diagnostics
+    assert plan.diagnostics == []
+    (w,) = (t for t in plan.tensors if t.key == "w.proj")
+    assert w.shape == (1000, 8)
+    execute(plan)
+    # Engine rank 1 holds rows 512..1023, 488 of them real: it receives those only.
+    assert plan.received == [(512 * 8 + 8) * 4, (488 * 8 + 8) * 4]

@@ -32,13 +32,15 @@ from shardspec.core.hfmap import (
     dtype_kind,
     fused_of,
     hf_dim,
+    padded_dims,
+    padded_size,
     template_captures,
     transform_problem,
     unit_names,
 )
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
-from shardspec.findings.suggest import ratio
+from shardspec.findings.suggest import closest, ratio
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.resolve.hf import (
@@ -109,6 +111,11 @@ def check_hf_items(spec: ir.Spec) -> tuple[list[Diagnostic], set[int]]:
             span = twice[-1].name.span if twice else m.span
         elif "stack index" in why and m.stack is not None:
             span = m.stack.span
+        elif why.startswith("`pad"):
+            span = next((t.span for t in every if t.kind == "pad"), m.span)
+            out.append(diag("SS070", why, span, _PAD_HINT))
+            bad.add(i)
+            continue
         out.append(diag("SS070", why, span, _CAPTURE_HINT))
         bad.add(i)
     for kind, items in (("drop", hf.drops), ("keep", hf.keeps)):
@@ -529,7 +536,7 @@ def check_hf_units(
     spec = res.spec
     hf = spec.hf
     assert hf is not None and res.manifest is not None
-    full = build_hfmap(hf)
+    full = build_hfmap(hf, hf_manifest)
     # Only sound map lines take part (hfmap cannot fill a template whose captures differ
     # from its other side's); indices are translated back to the spec's map lines.
     good = [i for i in range(len(full.rules)) if i not in bad]
@@ -562,6 +569,7 @@ def check_hf_units(
             acc.unit(grp, names[0], len(names), names, grp.values(), xs)
     out += _report_not_produced(res, acc.not_produced, hf_manifest)
     out += _check_splits(res, full, bad, by_name, hf_manifest)
+    out += _check_pads(res, full, bad)
     for rules, (_, first, n) in sorted(acc.twice.items()):
         maps = [hf.maps[i] for i in rules]
         lines = ", ".join(str(m.span.line) for m in maps)
@@ -827,7 +835,8 @@ def _check_keys(
                 f"HF key {_more_n(present, n)} has shape {_shape(got)}, line {m.span.line} "
                 f"expects {_shape(expected)}",
                 m.hf.span,
-                "the expected shape is the unit's, inverted through the transforms "
+                _pad_hint(hfmap.rules[acc.good.index(i)], expected, got)
+                or "the expected shape is the unit's, inverted through the transforms "
                 "(and without the stacked first dimension for `[e]`)",
             )
         )
@@ -1326,6 +1335,151 @@ def _split_problems(
 
 
 # ------------------------------------------------------------------------------ no file
+
+
+# ------------------------------------------------------------- SS132-SS133: padded dims
+
+
+_PAD_HINT = (
+    "end a whole-tensor line with the pad, after any `rope`: "
+    "`model.embed_tokens.weight -> tok.weight pad 0 to 64`"
+)
+
+
+def _check_pads(res: Resolved, full: HFMap, bad: set[int]) -> list[Diagnostic]:
+    """SS132 (the model's padded size is not the HF size rounded up to the multiple, the HF
+    size is unknown, or the multiple names no mesh axis) and SS133 (a padded dimension
+    that does not split evenly over the axes sharding it, FSDP's aside), once per line."""
+    hf = res.spec.hf
+    assert hf is not None
+    lines = {
+        i
+        for i, r in enumerate(full.rules)
+        if i not in bad and any(t.kind == "pad" for t in r.transforms)
+    }
+    if not lines or res.mesh is None:
+        return []
+    mesh = res.mesh
+    found: dict[tuple[str, int], tuple[str, str]] = {}  # (code, line) -> (message, hint)
+    for fqn, m in res.stored:
+        if m.layout is None or any(d.name_indexed for d in m.layout.dims):
+            continue
+        fused = fused_of(m.layout.dims)
+        fsdp = res.fsdp_of_rule(m.winner)
+        for name, shape in unit_names(fqn, m.layout.dims, ()):
+            srcs = full.sources(name, shape, fused)
+            if len(srcs) != 1 or srcs[0].rule not in lines:
+                continue
+            src = srcs[0]
+            sub = shape[1:] if src.stacked else shape
+            first = 1 if src.stacked else 0
+            for d, t in padded_dims(len(sub), src.transforms):
+                if d >= len(sub):
+                    continue  # SS076
+                for code, why, hint in _pad_findings(name, sub[d], t, mesh, m, d + first, fsdp):
+                    found.setdefault((code, src.rule), (why, hint))
+    out = []
+    for (code, i), (why, hint) in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        pad = next(t for t in hf.maps[i].transforms if t.kind == "pad")
+        out.append(diag(code, why, pad.span, hint))
+    return out
+
+
+def _pad_findings(
+    name: str, size: int, t: Any, mesh: Any, m: Any, dim: int, fsdp: str | None
+) -> list[tuple[str, str, str]]:
+    """What is wrong with unit ``name``'s dimension ``dim`` of model size ``size``, padded
+    by ``t``: ``(code, message, hint)``."""
+    unknown = [a for a in t.axes if a not in mesh.names]
+    if unknown:
+        near = closest(unknown[0], list(mesh.names))
+        return [
+            (
+                "SS132",
+                f"`{t}`: {unknown[0]!r} is no mesh axis",
+                f"did you mean `{near}`?" if near else f"name a mesh axis: {', '.join(mesh.names)}",
+            )
+        ]
+    if t.size == 0:
+        return [
+            (
+                "SS132",
+                f"{name}: `{t}` needs the HF size of the dimension it pads, and the spec's HF "
+                "manifest gives none",
+                'name the HF manifest: `hf "model.hf.json" { ... }` (made by `shardspec '
+                "hf-manifest HF_DIR -o FILE`)",
+            )
+        ]
+    multiple = t.multiple * math.prod(mesh.size(a) for a in t.axes)
+    out = []
+    want = padded_size(t.size, multiple)
+    if size != want:
+        fits = _fitting_multiples(t.size, size)
+        if size == t.size:
+            hint = "the model's dimension is the HF one's size, not padded: delete the pad"
+        elif fits:
+            hint = (
+                f"the model's {size} rows are {t.size} padded to a multiple of "
+                f"{' or '.join(map(str, fits))}: write `pad {t.dim} to {fits[0]}`"
+            )
+        else:
+            hint = (
+                "the model's dimension is smaller than the HF one: check the model's "
+                f"manifest (a model padded to {multiple} has {want})"
+            )
+        out.append(
+            (
+                "SS132",
+                f"{name}: dimension {dim} has {size} in the model, but the HF size {t.size} "
+                f"padded to a multiple of {multiple} is {want}",
+                hint,
+            )
+        )
+        return out
+    axes = [a for a in m.layout.dims[dim].axes if a != fsdp]
+    ways = math.prod(mesh.size(a) for a in axes)
+    if ways > 1 and size % ways:
+        out.append(
+            (
+                "SS133",
+                f"{name}: the padded dimension {dim} ({size}) does not split evenly over "
+                f"{' x '.join(axes)} ({ways} ways)",
+                f"pad to a multiple of the split too, so that every rank holds the same rows: "
+                f"`pad {t.dim} to {t.multiple} x {' x '.join(axes)}`",
+            )
+        )
+    return out
+
+
+def _pad_hint(rule: MapRule, expected: tuple[int, ...], got: tuple[int, ...]) -> str:
+    """For an HF tensor smaller than the model's along one dimension and equal along the
+    rest: the ``pad`` to end the line with (the model's dimension, a multiple that pads the
+    HF size to the model's), or ``""``."""
+    diff = [k for k, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b]
+    if len(expected) != len(got) or len(diff) != 1 or expected[diff[0]] < got[diff[0]]:
+        return ""
+    k = diff[0]
+    fits = _fitting_multiples(got[k], expected[k])
+    # the model's dimension that HF dimension k becomes (a pad ends the chain)
+    d = next(i for i in range(len(got)) if hf_dim(len(got), rule.transforms, i) == k)
+    return (
+        f"the model's dimension {d} is larger ({expected[k]} against {got[k]}): if the model "
+        f"pads it (a vocabulary padded for tensor parallelism), end the line with "
+        f"`pad {d} to {fits[0]}`"
+    )
+
+
+def _fitting_multiples(hf_size: int, size: int) -> list[int]:
+    """Multiples that pad ``hf_size`` to exactly ``size`` (divisors of ``size`` above
+    ``size - hf_size``), at most two: vLLM's 64 where it fits, else powers of two, else
+    the smallest."""
+    if not 0 < hf_size <= size:
+        return []
+    fit = [m for m in range(size - hf_size + 1, size + 1) if size % m == 0]
+    twos = [m for m in fit if m & (m - 1) == 0]
+    first = [64] if 64 in fit else []
+    out = first + [m for m in twos if m not in first] + [m for m in fit if m not in twos]
+    return out[:2]
 
 
 def no_hf_manifest(spec: ir.Spec) -> list[Diagnostic]:

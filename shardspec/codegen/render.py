@@ -338,13 +338,17 @@ def _hf_context(
     Each rule records the dtypes the HF manifest gives its keys, which load_hf checks."""
     if spec.hf is None:
         return None
-    hfmap = with_dtypes(build_hfmap(spec.hf), hf_manifest)
+    hfmap = with_dtypes(build_hfmap(spec.hf, hf_manifest), hf_manifest)
+
+    def transform(t: Transform) -> Call:
+        if t.kind == "pad":
+            axes = (Kw("axes", t.axes),) if t.axes else ()
+            pad = (Kw("dim", t.dim), Kw("multiple", t.multiple), *axes, Kw("size", t.size))
+            return Call("Transform", ("pad", *pad))
+        return Call("Transform", (t.kind, t.head_dim) if t.kind == "rope" else (t.kind,))
 
     def transforms(items: tuple[Transform, ...]) -> tuple[Call, ...]:
-        return tuple(
-            Call("Transform", (t.kind, t.head_dim) if t.kind == "rope" else (t.kind,))
-            for t in items
-        )
+        return tuple(transform(t) for t in items)
 
     def parts(r: MapRule) -> tuple:
         if r.parts is None:

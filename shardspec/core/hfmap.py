@@ -24,6 +24,14 @@ Transforms apply in the order written, from the HF tensor to the model's:
 * ``rope N``: the RoPE row permutation from Hugging Face's rotate-half layout to the
   Meta/torchtitan interleaved layout, per head of ``N`` rows, on dimension 0. Row
   ``h*N + 2j + t`` of the model's tensor is row ``h*N + t*N/2 + j`` of the HF tensor.
+* ``pad D to M [x AXIS ...]``: dimension ``D`` grows from the HF tensor's ``size`` (the HF
+  manifest's, recorded when the spec is compiled) to ``ceil(size / M') * M'``, ``M'`` the
+  multiple times the named mesh axes' sizes (vLLM's vocabulary padded to 64; Megatron's to
+  ``make_vocab_size_divisible_by x tp``). Index ``i < size`` is HF index ``i``; the
+  indices from ``size`` on are padding, with no HF source: :func:`source_indices` leaves
+  them out (they are the tail of the model's box along that dimension), load fills them
+  with zeros and export writes only the real ones. Only ``transpose`` (or another ``pad``)
+  may follow a ``pad``, so the padding stays a tail of the model's dimension.
 
 The compiler (lint) and the runtime (``load_hf``/``export_hf``) both use this module, so
 the names and slices they compute cannot disagree. No torch here.
@@ -52,6 +60,8 @@ __all__ = [
     "hf_dim",
     "hf_shape",
     "model_indices",
+    "padded_dims",
+    "padded_size",
     "rope_row",
     "source_indices",
     "template_captures",
@@ -160,13 +170,38 @@ class _RuleIndex:
 
 @dataclass(frozen=True)
 class Transform:
-    """One step from the HF tensor towards the model's: ``transpose`` or ``rope``."""
+    """One step from the HF tensor towards the model's: ``transpose``, ``rope`` or ``pad``.
+    A ``pad`` grows dimension ``dim`` (of the tensor at its place in the chain) from the
+    HF tensor's ``size`` to a multiple of ``multiple`` times the sizes of mesh axes
+    ``axes``; only ``dim`` and ``size`` enter the index arithmetic (the multiple is what
+    lint checks the model's size against)."""
 
     kind: str
     head_dim: int = 0  # rope only
+    dim: int = 0  # pad only, with the fields below
+    multiple: int = 0
+    axes: tuple[str, ...] = ()
+    size: int = 0  # the HF size along `dim`; 0: unknown (no HF manifest)
 
     def __str__(self) -> str:
+        if self.kind == "pad":
+            return f"pad {self.dim} to {' x '.join([str(self.multiple), *self.axes])}"
         return f"rope {self.head_dim}" if self.kind == "rope" else self.kind
+
+
+def padded_size(size: int, multiple: int) -> int:
+    """``size`` rounded up to a multiple of ``multiple`` (vLLM's ``pad_vocab_size``)."""
+    return -(-size // multiple) * multiple if multiple > 0 else size
+
+
+def padded_dims(ndim: int, transforms: Sequence[Transform]) -> list[tuple[int, Transform]]:
+    """Each ``pad`` of the chain with the model dimension it pads (later transposes move
+    it): ``(model dim, pad)``, in chain order."""
+    out: list[tuple[int, Transform]] = []
+    for i, t in enumerate(transforms):
+        if t.kind == "pad":
+            out.append((hf_dim(ndim, transforms[i + 1 :], t.dim), t))
+    return out
 
 
 @dataclass(frozen=True)
@@ -292,17 +327,24 @@ def hf_shape(model_shape: Sequence[int], transforms: Sequence[Transform]) -> tup
     for t in reversed(transforms):
         if t.kind == "transpose":
             shape = shape[::-1]
+        elif t.kind == "pad" and t.dim < len(shape):
+            shape = (*shape[: t.dim], t.size, *shape[t.dim + 1 :])
     return shape
 
 
 def transform_problem(model_shape: Sequence[int], transforms: Sequence[Transform]) -> str | None:
     """Why the chain cannot apply (and so cannot be inverted) on this shape, or None."""
     shape = hf_shape(model_shape, transforms)
-    for t in transforms:
+    for i, t in enumerate(transforms):
         if t.kind == "transpose":
             if len(shape) != 2:
                 return f"transpose needs a 2-D tensor, this one has shape {list(shape)}"
             shape = shape[::-1]
+        elif t.kind == "pad":
+            if t.dim >= len(shape):
+                return f"{t}: the tensor has {len(shape)} dimensions, shape {list(shape)}"
+            later = model_shape[hf_dim(len(shape), transforms[i + 1 :], t.dim)]
+            shape = (*shape[: t.dim], later, *shape[t.dim + 1 :])
         elif t.kind == "rope":
             if t.head_dim < 2 or t.head_dim % 2:
                 return f"rope needs an even head size, got {t.head_dim}"
@@ -344,7 +386,9 @@ def source_indices(
     the order of the model box's positions along model dimension ``model_dim_of[k]``. The
     box is then ``hf[ix_(*per_hf_dim)]`` with its dimensions permuted so that HF dimension
     ``k`` lands on ``model_dim_of[k]``. With ``split``, the unit is the part of the HF
-    tensor from ``split.start`` along ``split.dim``.
+    tensor from ``split.start`` along ``split.dim``. A ``pad`` leaves out the box's
+    padding indices, which have no HF source: the indices then fill the *leading* part of
+    the box along that dimension (the padding is its tail), and the rest is padding.
     """
     cur: list[tuple[int, Index]] = [
         (d, range(o, o + s)) for d, (o, s) in enumerate(zip(offsets, sizes, strict=True))
@@ -355,10 +399,20 @@ def source_indices(
         elif t.kind == "rope":
             d, idx = cur[0]
             cur[0] = (d, tuple(rope_row(m, t.head_dim) for m in idx))
+        elif t.kind == "pad":
+            d, idx = cur[t.dim]
+            cur[t.dim] = (d, _unpadded(idx, t.size))
     if split is not None and (split.start or split.groups > 1):
         d, idx = cur[split.dim]
         cur[split.dim] = (d, _in_split(idx, split))
     return tuple(i for _, i in cur), tuple(d for d, _ in cur)
+
+
+def _unpadded(idx: Index, size: int) -> Index:
+    """The indices of ``idx`` below ``size`` (a pad's real ones; a range stays one)."""
+    if isinstance(idx, range):
+        return range(min(idx.start, size), min(idx.stop, size))
+    return tuple(i for i in idx if i < size)
 
 
 def _in_split(idx: Index, split: Split) -> Index:
@@ -380,7 +434,8 @@ def model_indices(
     from the HF side: which model index fills each HF position, per model dimension.
 
     Returns ``(per_model_dim, hf_dim_of)``: ``model[ix_(*per_model_dim)]`` permuted so
-    that model dimension ``k`` lands on ``hf_dim_of[k]`` is the HF tensor.
+    that model dimension ``k`` lands on ``hf_dim_of[k]`` is the HF tensor (a padded
+    dimension's indices are its real ones, ``range(size)``: the padding is not exported).
     """
     hshape = hf_shape(shape, transforms)
     # Walk forward from HF positions: position p of HF dim k reads model index f(p).
@@ -702,9 +757,28 @@ class HFMap:
             for t in (*rule.transforms, *(t for p in parts for t in p.transforms)):
                 if t.kind == "rope" and (t.head_dim < 2 or t.head_dim % 2):
                     yield i, f"rope needs an even head size, got {t.head_dim}"
+            yield from ((i, why) for why in _pad_problems(rule))
             part_names = [p.name for p in parts]
             for n in sorted({n for n in part_names if part_names.count(n) > 1}):
                 yield i, f"component {n!r} is named twice in the `as` list"
+
+
+def _pad_problems(rule: MapRule) -> Iterable[str]:
+    """Why a map line's ``pad`` transforms cannot apply whatever the shapes."""
+    chain = rule.transforms
+    for i, t in enumerate(chain):
+        if t.kind != "pad":
+            continue
+        if t.multiple < 1:
+            yield f"`{t}`: the multiple must be at least 1"
+        if any(u.kind == "rope" for u in chain[i + 1 :]):
+            yield f"`{t}` comes before `rope`: write the pad last, after the rope"
+        if rule.grouped or rule.parts is not None:
+            yield f"`{t}` on a split line: pad a whole tensor, not a fused part"
+    for p in rule.parts or ():
+        for t in p.transforms:
+            if t.kind == "pad":
+                yield f"`{t}` in the `as` part {p.name!r}: pad a whole tensor, not a fused part"
 
 
 def unit_names(

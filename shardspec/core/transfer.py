@@ -195,7 +195,7 @@ def holdings(
 
 
 def _axes(
-    source: Source, held: Sequence[Ranges], first: int, pos: Callable[[int, int, int], Iterable]
+    source: Source, held: Sequence[Ranges], first: int, pos: Callable[[int, int, int], Sequence]
 ) -> tuple[Axis, ...]:
     """The HF axes of a rank's unit index sets ``held`` (model dims ``first``..), through
     the source's transforms and split: one :func:`source_indices` call per run of the dim
@@ -212,8 +212,8 @@ def _axes(
         for k, idx in enumerate(per_dim):
             d = dim_of[k]
             if i < len(held[d]):
-                hf[k].extend(idx)
-                local[k].extend(pos(d + first, *held[d][i]))
+                hf[k].extend(idx)  # a pad's real indices: the run's leading positions
+                local[k].extend(pos(d + first, *held[d][i])[: len(idx)])
     return tuple(Axis(dim_of[k] + first, tuple(hf[k]), tuple(local[k])) for k in range(len(held)))
 
 

@@ -590,7 +590,7 @@ def _hf_reads(res: Resolved) -> tuple[dict[str, str], dict[str, tuple[int, ...]]
     reads with its shape."""
     if res.spec.hf is None:
         return {}, {}
-    hfmap = build_hfmap(res.spec.hf)
+    hfmap = build_hfmap(res.spec.hf, res.hf_manifest)
     texts: dict[str, str] = {}
     keys: dict[str, tuple[int, ...]] = {}
     for name, shape, _fqn, fused in stored_units(res):

@@ -35,6 +35,7 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.findings.suggest import closest_few
 from shardspec.frontend import ir
+from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry
 from shardspec.resolve.params import Match, Resolved
 
@@ -586,7 +587,7 @@ def hf_facts(res: Resolved, fqn: str, m: Match, mesh: Mesh, layout: ParamLayout)
     mine = None
     if indexed and len(spans) == len(indexed):
         mine = set(_global_names(fqn, layout, mesh, indexed, spans))
-    return _hf_units(res.spec.hf, fqn, layout, spans, mine)
+    return _hf_units(res.spec.hf, fqn, layout, spans, mine, res.hf_manifest)
 
 
 def _global_names(
@@ -628,13 +629,14 @@ def _hf_units(
     layout: ParamLayout,
     spans: list[tuple[int, int]],
     mine: set[str] | None,
+    hfm: HFManifest | None = None,
 ) -> HFFacts:
     """The sources of the first HF_UNITS storage units of ``fqn`` (a name-indexed module:
-    those in ``mine``)."""
+    those in ``mine``); ``hfm``: the HF manifest, for the sizes ``pad`` lines pad."""
     from shardspec.core.hfmap import fused_of, unit_names
     from shardspec.resolve.hf import build_hfmap
 
-    hfmap = build_hfmap(block)
+    hfmap = build_hfmap(block, hfm)
     units = unit_names(fqn, layout.dims, spans)
     fused = fused_of(layout.dims)
     if mine is not None:

@@ -1160,6 +1160,31 @@ CHECKS: tuple[Check, ...] = (
         "# engine hf block: no line for lm_head.weight",
         "# engine hf block:\ndrop lm_head.weight",
     ),
+    Check(
+        "SS132",
+        "pad-size-mismatch",
+        E,
+        "A `pad D to M` line's model size is not the HF size rounded up to the multiple (or "
+        "the HF size is unknown, or an axis it names is no mesh axis).",
+        "load_hf reads the HF tensor's real rows and zero-fills the rest, export_hf writes the "
+        "real rows back: both need the model's padded size to be exactly the HF size rounded "
+        "up to the multiple (vLLM: to 64; Megatron: to `make_vocab_size_divisible_by` x tp), "
+        "and the HF size from the spec's HF manifest.",
+        "# HF vocab 1000, model 1024\nmodel.embed_tokens.weight -> tok.weight pad 0 to 256",
+        "model.embed_tokens.weight -> tok.weight pad 0 to 64   # 1000 -> 1024",
+    ),
+    Check(
+        "SS133",
+        "pad-uneven-split",
+        W,
+        "A padded dimension does not split evenly over the mesh axes that shard it (FSDP's "
+        "axis aside).",
+        "Engines that pad a vocabulary pad it so that every tensor-parallel rank holds the same "
+        "rows (vLLM's `VocabParallelEmbedding`: padded vocab / tp); an uneven split loads, but "
+        "is not the layout such an engine holds.",
+        "# 1000 -> 1040 rows over tp 16\nmodel.embed_tokens.weight -> tok.weight pad 0 to 16",
+        "model.embed_tokens.weight -> tok.weight pad 0 to 64 x tp   # Megatron's rule",
+    ),
 )
 
 # Codes that no check reports any more. They stay reserved: a code never changes meaning.

@@ -374,10 +374,14 @@ class IgnoreRule(Node):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HFTransform(Node):
-    """``transpose``, or ``rope N`` (``head_dim`` N), on an hf map line."""
+    """``transpose``, ``rope N`` (``head_dim`` N), or ``pad D to M [x AXIS ...]`` (``dim``
+    D, ``multiple`` M, ``axes`` the mesh axes whose sizes multiply M), on an hf map line."""
 
     kind: str
     head_dim: int = 0
+    dim: int = 0
+    multiple: int = 0
+    axes: tuple[Name, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

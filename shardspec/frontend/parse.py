@@ -494,6 +494,14 @@ class _ToIR:
 
     def hf_transform(self, meta, children):
         kind = children[0]
+        if kind.type == "PAD":
+            return ir.HFTransform(
+                **self._at(meta),
+                kind="pad",
+                dim=int(children[1]),
+                multiple=int(children[2]),
+                axes=tuple(self._name(c) for c in children[3:]),
+            )
         head_dim = int(children[1]) if len(children) > 1 else 0
         return ir.HFTransform(**self._at(meta), kind=str(kind), head_dim=head_dim)
 

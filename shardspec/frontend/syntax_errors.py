@@ -40,6 +40,7 @@ _TOKEN_NAMES = {
     "ARROW": "'->'",
     "TRANSPOSE": "'transpose'",
     "ROPE": "'rope'",
+    "PAD": "'pad'",
     "CONFIG_EXPR": "a product of config keys and whole numbers (a * b * 2)",
     "PIPE_LOCAL": "'local'",
     "COMMA": "','",
@@ -416,6 +417,36 @@ def _split_counts(w: _Where) -> str:
     return ""
 
 
+_PAD_FORM = (
+    "write `pad D to M`: D the dimension's index, M the multiple, times mesh axes' sizes "
+    "after `x` (vLLM: `pad 0 to 64`; Megatron: `pad 0 to 128 x tp`)"
+)
+_TRANSFORM_WORDS = ("pad", "rope", "transpose", "grouped")
+
+
+def _pad_line(w: _Where) -> str:
+    """A ``pad`` transform written wrong, or a transform's name misspelled on a map line."""
+    before = w.before if w.before.strip() else w.before_or_prior
+    if re.search(r"\bpad\s*$", before) and "INT" in w.expected:
+        if w.word and w.word[0].isalpha():
+            return f"pad names the dimension by its index, not by name ({w.word!r}); {_PAD_FORM}"
+        return _PAD_FORM
+    if re.search(r"\bpad\s+\d+\s*$", before) or re.search(r"\bpad\s+\d+\s+to\s*$", before):
+        return _PAD_FORM
+    if re.search(r"\bpad\s+\d+\s+to\s+\d+(?:\s+x\s+\w+)*\s*(?:x|\*)\s*$", before):
+        return "multiply the multiple by a mesh axis's size with `x AXIS`: `pad 0 to 128 x tp`"
+    if "->" not in before or "ARROW" not in w.expected:
+        return ""
+    # `padd 0 to 64`: the misspelled word was read as the next map line's HF name.
+    words = before.split("->", 1)[1].split()
+    odd = words[-1] if len(words) >= 2 else ""
+    guess = closest(odd.lower(), _TRANSFORM_WORDS) if odd.isalpha() else None
+    if guess is None:
+        return ""
+    form = {"pad": _PAD_FORM, "rope": "`rope N`, N the head size in rows"}.get(guess, "")
+    return f"did you mean `{guess}`?" + (f" ({form})" if form else "")
+
+
 def _mesh_size(w: _Where) -> str:
     if w.expected & {"INT", "REST"} and not w.expected & {"NAME", "COMMA"} and w.word:
         return "a mesh axis size is a positive whole number, or `*` for the rest of the world"
@@ -490,6 +521,7 @@ def _rule_line(w: _Where) -> str:
 _HINTS: tuple[Callable[[_Where], str], ...] = (
     _unclosed_block,
     _hf_parts,
+    _pad_line,
     _fp8_line,
     # hf and pipeline blocks
     _Hint(

@@ -11,15 +11,25 @@ import bisect
 import dataclasses
 import re
 
-from shardspec.core.hfmap import SCALE_FORMATS, BlockQuant, HFMap, MapRule, Part, Transform
+from shardspec.core.hfmap import (
+    SCALE_FORMATS,
+    BlockQuant,
+    HFMap,
+    MapRule,
+    Part,
+    Transform,
+    padded_size,
+)
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def build_hfmap(block: ir.HFBlock) -> HFMap:
-    """The block as the pure-Python mapping model; ``rules[i]`` is ``block.maps[i]``."""
+def build_hfmap(block: ir.HFBlock, hfm: HFManifest | None = None) -> HFMap:
+    """The block as the pure-Python mapping model; ``rules[i]`` is ``block.maps[i]``. With
+    the block's HF manifest, each ``pad`` records the HF size it pads (see
+    :func:`with_pad_sizes`)."""
     rules = tuple(
         MapRule(
             hf=m.hf.text,
@@ -34,13 +44,40 @@ def build_hfmap(block: ir.HFBlock) -> HFMap:
         )
         for m in block.maps
     )
-    return HFMap(
+    hfmap = HFMap(
         rules=rules,
         drops=tuple(d.pattern.text for d in block.drops),
         ties=tuple((t.alias.text, t.source.text) for t in block.ties),
         keeps=tuple(k.pattern.text for k in block.keeps),
         quants=tuple(block_quant(q) for q in block.fp8),
     )
+    return with_pad_sizes(hfmap, hfm)
+
+
+def with_pad_sizes(hfmap: HFMap, hfm: HFManifest | None) -> HFMap:
+    """``hfmap`` with each ``pad`` transform's ``size``: the HF size of the dimension it
+    pads, from the first key (in the manifest's order) that its line reads; lint checks
+    every other key against it (SS072, SS132). Without a manifest, or on a line that reads
+    none of its keys, the size stays 0 (unknown; SS132 says so)."""
+    if hfm is None or not any(t.kind == "pad" for r in hfmap.rules for t in r.transforms):
+        return hfmap
+    shapes: dict[int, tuple[int, ...]] = {}
+    for key, tensor in hfm.tensors.items():
+        for i, _, _ in hfmap.consumers(key):
+            shapes.setdefault(i, tensor.shape)
+    rules = list(hfmap.rules)
+    for i, rule in enumerate(rules):
+        if i in shapes and any(t.kind == "pad" for t in rule.transforms):
+            chain, shape = [], list(shapes[i])
+            for t in rule.transforms:
+                if t.kind == "transpose":
+                    shape.reverse()
+                elif t.kind == "pad" and t.dim < len(shape):
+                    t = dataclasses.replace(t, size=shape[t.dim])
+                    shape[t.dim] = padded_size(t.size, t.multiple)
+                chain.append(t)
+            rules[i] = dataclasses.replace(rule, transforms=tuple(chain))
+    return dataclasses.replace(hfmap, rules=tuple(rules))
 
 
 # An fp8 line's words: the scale format and the FP8 dtype each word sets.
@@ -144,7 +181,12 @@ def stray_scales(hf: ir.HFBlock, hfm: HFManifest) -> dict[str, str]:
 
 
 def _transforms(items: tuple[ir.HFTransform, ...]) -> tuple[Transform, ...]:
-    return tuple(Transform(t.kind, t.head_dim) for t in items)
+    return tuple(
+        Transform("pad", dim=t.dim, multiple=t.multiple, axes=tuple(a.text for a in t.axes))
+        if t.kind == "pad"
+        else Transform(t.kind, t.head_dim)
+        for t in items
+    )
 
 
 def template_problem(text: str) -> str | None:

@@ -212,7 +212,7 @@ def _side(
             )
         )
         return None
-    side = Side(role, shown, res, build_hfmap(res.spec.hf), res.mesh)
+    side = Side(role, shown, res, build_hfmap(res.spec.hf, res.hf_manifest), res.mesh)
     _collect(side, plan)
     return side
 

@@ -113,4 +113,40 @@ CASES = [
             """,
         "expect": [("SS001", 2, "unexpected '['", "[", "a parameter pattern")],
     },
+    {
+        "name": "pad misspelled on an hf map line",
+        "spec": """
+            hf {
+                a.weight -> b.weight padd 0 to 64
+            }
+            """,
+        "expect": [("SS001", 2, "unexpected '0'", "0", "did you mean `pad`?")],
+    },
+    {
+        "name": "pad names its dimension by index",
+        "spec": """
+            hf {
+                a.weight -> b.weight pad vocab to 64
+            }
+            """,
+        "expect": [("SS001", 2, "unexpected 'vocab'", "vocab", "by its index, not by name")],
+    },
+    {
+        "name": "pad without `to`",
+        "spec": """
+            hf {
+                a.weight -> b.weight pad 0 64
+            }
+            """,
+        "expect": [("SS001", 2, "unexpected '64'", "64", "write `pad D to M`")],
+    },
+    {
+        "name": "pad's axis factor written with `*`",
+        "spec": """
+            hf {
+                a.weight -> b.weight pad 0 to 128 * tp
+            }
+            """,
+        "expect": [("SS001", 2, "unexpected 'tp'", "tp", "`x AXIS`")],
+    },
 ]

@@ -121,4 +121,21 @@ hf "hf.json" {
             ("SS073", "hf.json:6", "unexpected HF key 'model.layers.0.gate_up'"),
         ],
     },
+    {
+        "name": "a pad before rope, a pad on an `as` part, a pad to 0",
+        "spec": """
+            mesh over 2 ranks { tp: 2 }
+            hf {
+                a.weight -> b.weight pad 0 to 64 rope 16
+                c.weight -> d.weight as q pad 0 to 64, k
+                e.weight -> f.weight pad 0 to 0
+            }
+            """,
+        "expect": [
+            ("SS079", 2, "the hf block names no HF manifest"),
+            ("SS070", 3, "`pad 0 to 64` comes before `rope`", "pad 0 to 64", "after any `rope`"),
+            ("SS070", 4, "in the `as` part 'q': pad a whole tensor", "pad 0 to 64"),
+            ("SS070", 5, "`pad 0 to 0`: the multiple must be at least 1", "pad 0 to 0"),
+        ],
+    },
 ]

@@ -343,6 +343,8 @@ def _to_hf(full: torch.Tensor, transforms: Sequence) -> torch.Tensor:
     for d, idx in enumerate(per_dim):
         if not isinstance(idx, range):
             t = t.index_select(d, torch.tensor(idx, dtype=torch.long))
+        elif len(idx) != t.shape[d]:  # a padded dimension: its real indices only
+            t = t.narrow(d, idx.start, len(idx))
     order = [hf_dim_of.index(k) for k in range(len(hf_dim_of))]
     if order != list(range(len(order))):
         t = t.permute(order)

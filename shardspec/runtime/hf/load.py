@@ -450,7 +450,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
                 ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split
             )
             read += part.numel() * part.element_size()
-            owned += n * part.element_size()
+            owned += part.numel() * part.element_size()  # real elements: padding owns none
         else:
             skey = b.quant.scale_key(b.key)
             sl = DequantSlice(
@@ -465,8 +465,18 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
             read += sl.bytes_read
             itemsize = SCALE_ITEMSIZE[ckpt.handle(skey).get_slice(skey).get_dtype()]
             owned += n + n * itemsize // math.prod(b.quant.block)
-        parts.append(part)
+        parts.append(_zero_padded(part, b.sizes))
     return (torch.stack(parts) if src.stacked else parts[0]), read, owned
+
+
+def _zero_padded(part: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """A box read through a ``pad`` (its real, leading part: see ``source_indices``) as the
+    whole box, the padding zero-filled (as vLLM fills a padded vocabulary's rows)."""
+    if tuple(part.shape) == tuple(sizes):
+        return part
+    out = part.new_zeros(tuple(sizes))
+    out[tuple(slice(0, n) for n in part.shape)] = part
+    return out
 
 
 def _place(staged: Sequence[_Staged]) -> None:

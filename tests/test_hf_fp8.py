@@ -1005,3 +1005,52 @@ def test_runs_of_one_box_share_their_scale_blocks_and_get_their_own_rows() -> No
     # scale blocks: rows 0-1 x cols 0-2, row 2 x cols 0-2, rows 0-1 x cols 0-2 (kept), and
     # rows 0-1 x cols 0-2 (the strided run's cover, kept)
     assert box.bytes_read == read_q + 4 * (6 + 3)
+
+
+# ---------------------------------------------------------------- the fast dequantization
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_e4m3_code_dequantizes_bitwise_into_the_models_dtype(dtype: torch.dtype) -> None:
+    """DequantSlice converts e4m3fn through float16 and writes the model's dtype in one
+    pass: every one of the 256 codes (subnormals, the largest, both NaNs, both zeros) times
+    scales across binades, in boxes at an offset spanning chunks and block rows, stacked
+    3-D and with strided columns, is bitwise ``dtype(float32(q) * scale[block])``."""
+    bq = BlockQuant("w", block=(4, 4))
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    g = torch.Generator().manual_seed(5)
+    q = codes[torch.randint(0, 256, (2, 40, 24), generator=g)]
+    q[0, :8, :16] = codes[:128].view(8, 16)  # every finite positive code, no NaN in the block
+    s = torch.exp2(torch.randint(-140, 110, (2, 10, 6), generator=g).float()) * (
+        1 + torch.rand(2, 10, 6, generator=g)
+    )
+    want = sc.ref_dequantize(q, s, bq.block).to(dtype)
+    old = fp8.CHUNK_ELEMENTS
+    try:
+        fp8.CHUNK_ELEMENTS = 40  # chunks of a few rows, inside and across block rows
+        box = fp8.DequantSlice(q, s, bq, "w_scale_inv", dtype)
+        for index in [
+            (slice(0, 2, 1), slice(0, 40, 1), slice(0, 24, 1)),
+            (slice(1, 2, 1), slice(3, 37, 1), slice(5, 23, 1)),
+            (slice(0, 2, 1), slice(6, 9, 1), slice(1, 24, 3)),
+        ]:
+            got = box[index]
+            assert got.dtype == dtype
+            assert same_bits(got, want[index].contiguous()), index
+    finally:
+        fp8.CHUNK_ELEMENTS = old
+
+
+def test_the_float16_route_is_many_times_faster_than_torchs_fp8_cast() -> None:
+    """Why the route exists (a bound, not a benchmark: generous)."""
+    import time
+
+    q = torch.randn(512, 1024).to(torch.float8_e4m3fn)
+    h = torch.empty(q.shape, dtype=torch.int16)
+    t0 = time.perf_counter()
+    q.to(torch.float32)
+    cast = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fp8._e4m3_as_f16(q, h)
+    h.view(torch.float16).to(torch.float32)
+    assert time.perf_counter() - t0 < cast

@@ -442,8 +442,11 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
     its share of its tensor's scale bytes: the scale's element size per block of ``R x C``
     elements)."""
     src = r.source
+    # a stacked source's boxes go straight into their slot of one buffer in the model's
+    # dtype (no torch.stack of the parts, no second cast)
+    stack = torch.empty(r.unit.sizes, dtype=r.tensor.dtype) if src.stacked else None
     parts, read, owned = [], 0, 0
-    for b in r.boxes:
+    for i, b in enumerate(r.boxes):
         n = math.prod(b.sizes)
         if b.quant is None:
             part = _read_box(
@@ -458,6 +461,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
                 ckpt.handle(skey).get_slice(skey),
                 b.quant,
                 skey,
+                r.tensor.dtype,  # dequantized straight into the model's dtype
             )
             part = _read_box(
                 ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl
@@ -465,8 +469,12 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
             read += sl.bytes_read
             itemsize = SCALE_ITEMSIZE[ckpt.handle(skey).get_slice(skey).get_dtype()]
             owned += n + n * itemsize // math.prod(b.quant.block)
-        parts.append(_zero_padded(part, b.sizes))
-    return (torch.stack(parts) if src.stacked else parts[0]), read, owned
+        part = _zero_padded(part, b.sizes)
+        if stack is None:
+            parts.append(part)
+        else:
+            stack[i].copy_(part)
+    return (parts[0] if stack is None else stack), read, owned
 
 
 def _zero_padded(part: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:

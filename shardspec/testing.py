@@ -219,6 +219,11 @@ def _entry(
         os._exit(0)
 
 
+# How run_ranks starts ranks unless told: "spawn" (a fresh interpreter per rank, as the
+# benchmarks and the demo measure them), or "forkserver" (tests/conftest.py sets it for the
+# test suite; see run_ranks).
+DEFAULT_START_METHOD = "spawn"
+
 # What the fork server imports once, before it forks any rank (run_ranks).
 FORKSERVER_PRELOAD = (
     "torch",
@@ -234,7 +239,7 @@ def run_ranks(
     world: int,
     *args: Any,
     timeout: float = 300.0,
-    start_method: str = "forkserver",
+    start_method: str | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return each rank's result.
 
@@ -243,14 +248,15 @@ def run_ranks(
     fails instead of hanging. Raises ``RuntimeError`` with every failing rank's traceback if
     any rank fails.
 
-    By default the ranks are forked from multiprocessing's fork server, which imports torch
-    (:data:`FORKSERVER_PRELOAD`) once per calling process and has run nothing in parallel
-    (torch's thread pools are not fork-safe once used): a fresh interpreter importing torch
-    on every rank of every call cost most of a short multi-rank test on 2 busy cores. Each
-    rank still gets the caller's current environment, working directory and ``sys.path``,
-    as a spawned one does. A forked rank leaves with ``os._exit`` after its teardown, without
-    interpreter shutdown: ``start_method="spawn"`` runs each rank as a fresh interpreter
-    that shuts down as usual (tests/test_harness_shutdown.py proves the teardown so).
+    ``start_method`` (default :data:`DEFAULT_START_METHOD`): ``"spawn"`` runs each rank as
+    a fresh interpreter that shuts down as usual; ``"forkserver"`` forks the ranks from
+    multiprocessing's fork server, which imports torch (:data:`FORKSERVER_PRELOAD`) once per
+    calling process and has run nothing in parallel (torch's thread pools are not fork-safe
+    once used): a fresh interpreter importing torch on every rank of every call cost most of
+    a short multi-rank test on 2 busy cores (the test suite forks). Either way each rank
+    gets the caller's current environment, working directory and ``sys.path``. A forked
+    rank leaves with ``os._exit`` after its teardown, without interpreter shutdown
+    (tests/test_harness_shutdown.py spawns, to prove the teardown against that shutdown).
 
     After ``fn`` returns, each rank destroys every process group (:func:`release_distributed`)
     and fails if a torch.distributed thread survives that (see the module docstring): ``fn``
@@ -261,6 +267,7 @@ def run_ranks(
 
     import torch.multiprocessing as mp
 
+    start_method = start_method or DEFAULT_START_METHOD
     if start_method == "forkserver":
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     env = dict(os.environ)

@@ -144,12 +144,24 @@ def set_rank_env(rank: int, world: int, port: int) -> None:
 
 
 def _entry(
-    rank: int, world: int, port: int, fn: Callable, args: tuple, outdir: str, timeout: float
+    rank: int,
+    world: int,
+    port: int,
+    fn: Callable,
+    args: tuple,
+    outdir: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
 ) -> None:
     import pickle
     from datetime import timedelta
 
     import torch.distributed as dist
+
+    # The caller's environment, as it is now (a forked rank has its fork server's).
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
 
     try:
         # Imported before the default group exists: its functions take
@@ -207,7 +219,28 @@ def _entry(
         os._exit(0)
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+# How run_ranks starts ranks unless told: "spawn" (a fresh interpreter per rank, as the
+# benchmarks and the demo measure them), or "forkserver" (tests/conftest.py sets it for the
+# test suite; see run_ranks).
+DEFAULT_START_METHOD = "spawn"
+
+# What the fork server imports once, before it forks any rank (run_ranks).
+FORKSERVER_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+)
+
+
+def run_ranks(
+    fn: Callable,
+    world: int,
+    *args: Any,
+    timeout: float = 300.0,
+    start_method: str | None = None,
+) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return each rank's result.
 
     ``fn`` must be importable (module level). Ranks see no GPU. A collective that waits
@@ -215,21 +248,36 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> l
     fails instead of hanging. Raises ``RuntimeError`` with every failing rank's traceback if
     any rank fails.
 
+    ``start_method`` (default :data:`DEFAULT_START_METHOD`): ``"spawn"`` runs each rank as
+    a fresh interpreter that shuts down as usual; ``"forkserver"`` forks the ranks from
+    multiprocessing's fork server, which imports torch (:data:`FORKSERVER_PRELOAD`) once per
+    calling process and has run nothing in parallel (torch's thread pools are not fork-safe
+    once used): a fresh interpreter importing torch on every rank of every call cost most of
+    a short multi-rank test on 2 busy cores (the test suite forks). Either way each rank
+    gets the caller's current environment, working directory and ``sys.path``. A forked
+    rank leaves with ``os._exit`` after its teardown, without interpreter shutdown
+    (tests/test_harness_shutdown.py spawns, to prove the teardown against that shutdown).
+
     After ``fn`` returns, each rank destroys every process group (:func:`release_distributed`)
     and fails if a torch.distributed thread survives that (see the module docstring): ``fn``
     must not leave meshes, groups or DTensors in globals.
     """
+    import multiprocessing
     import pickle
 
     import torch.multiprocessing as mp
 
+    start_method = start_method or DEFAULT_START_METHOD
+    if start_method == "forkserver":
+        multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as outdir:
         mp.start_processes(
             _entry,
-            args=(world, free_port(), fn, args, outdir, timeout),
+            args=(world, free_port(), fn, args, outdir, timeout, env),
             nprocs=world,
             join=True,
-            start_method="spawn",
+            start_method=start_method,
         )
         results = []
         errors = []

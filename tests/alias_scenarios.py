@@ -99,3 +99,12 @@ def unknown_axis(rank: int, world: int, path: str, folder: str) -> dict[str, str
         except (SpecError, CheckpointError) as e:
             out[what] = str(e)
     return out
+
+
+def run_all(rank: int, world: int, path: str, folder: str, root: str) -> dict[str, Any]:
+    """Both scenarios in one spawn (a spawn of 4 ranks costs seconds): the saves and loads
+    under ``folder``, then the refused mesh, whose save would write under ``root``."""
+    return {
+        "save_and_load": save_and_load(rank, world, path, folder),
+        "unknown_axis": unknown_axis(rank, world, path, root),
+    }

@@ -16,6 +16,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not add the cwd
     sys.path.insert(0, str(REPO_ROOT))
 
+from shardspec import testing  # noqa: E402  (after the path above)
+
+# Multi-rank tests fork their ranks from a fork server that imported torch once, instead
+# of a fresh interpreter importing torch per rank per spawn (shardspec.testing.run_ranks).
+testing.DEFAULT_START_METHOD = "forkserver"
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -91,15 +91,14 @@ def test_both_torchtitan_spellings_verify_save_and_load(tmp_path: Path) -> None:
     path = _compile(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    results = run_ranks(sc.save_and_load, 4, path, str(folder))
-    errors = run_ranks(sc.unknown_axis, 4, path, str(tmp_path))
-    for got in results:
+    ranks = run_ranks(sc.run_all, 4, path, str(folder), str(tmp_path))
+    for got in (r["save_and_load"] for r in ranks):
         assert got["dp_shard:axes"] == ("dp_shard", "tp")
         assert got["fsdp:axes"] == ("fsdp", "tp")  # the trainer's own mesh, as it is
         for move in ("dp_shard->fsdp", "fsdp->dp_shard"):
             assert got[move] == [], move
             assert got[f"{move}:keys"] > 10
-    for got in errors:
+    for got in (r["unknown_axis"] for r in ranks):
         for what, message in got.items():
             assert "'data' is neither an axis of spec 'llama_aka' nor an alias" in message, what
             assert "dp_shard (aka fsdp), tp" in message, what

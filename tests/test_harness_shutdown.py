@@ -74,7 +74,8 @@ def _ranks(rank: int, world: int) -> dict:
 def test_rank_harness_leaves_no_gloo_threads() -> None:
     # start_processes raises ProcessExitedException for any rank that does not exit with 0
     # (a SIGABRT at shutdown included), so returning at all means every rank exited cleanly.
-    reports = run_ranks(_ranks, 4, timeout=120)
+    # Spawned ranks: each runs interpreter shutdown (a forked rank leaves with os._exit).
+    reports = run_ranks(_ranks, 4, timeout=120, start_method="spawn")
     assert len(reports) == 4
     for rank, r in enumerate(reports):
         assert r["last_mesh_is_mesh"], rank

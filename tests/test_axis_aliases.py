@@ -23,9 +23,9 @@ def _compile(tmp_path: Path, aka: bool = True) -> str:
     for name in ("llama.manifest.json", "llama.hf.json"):
         shutil.copy(ROOT / "specs" / name, tmp_path / name)
     text = (ROOT / "specs" / "llama.shard").read_text()
-    assert "dp_shard: *     " in text
+    assert "dp_shard: *   " in text
     if aka:
-        text = text.replace("dp_shard: *     ", AKA, 1)
+        text = text.replace("dp_shard: *   ", AKA, 1)
     spec = tmp_path / "llama_aka.shard"
     spec.write_text(text)
     out = compile_specs([str(spec)], str(tmp_path / "gen"))

@@ -384,9 +384,11 @@ class CompiledSpec:
             unknown = [n for n in names if n not in self.axes]
             if unknown:
                 raise SpecError(
-                    f"the DeviceMesh's axis {', '.join(map(repr, unknown))} is neither an axis "
-                    f"of spec {self.name!r} nor an alias of one; the spec's axes are "
-                    f"{self._axes_doc()}",
+                    f"the DeviceMesh's axes {tuple(getattr(mesh, 'mesh_dim_names', ()))} are "
+                    f"not the spec's axes {self.axes}: axis "
+                    f"{', '.join(map(repr, unknown))} is neither an axis of spec "
+                    f"{self.name!r} nor an alias of one (the spec's axes are "
+                    f"{self._axes_doc()}); build the mesh with build_mesh()",
                     None,
                     f"name it as the spec does, or declare the trainer's name in the spec's "
                     f"mesh (`{self.axes[0]}: ... aka {unknown[0]}`)",

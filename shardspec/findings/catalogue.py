@@ -16,7 +16,6 @@ from pathlib import Path
 from shardspec.findings.codes import CHECKS, RETIRED, Check
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
-README_PATH = Path(__file__).resolve().parents[2] / "README.md"
 
 _HEADER = """\
 # Check catalogue
@@ -42,27 +41,15 @@ def _anchor(c: Check) -> str:
     return f"{c.code.lower()}-{c.name}"
 
 
-def render_summary(link_prefix: str = "") -> str:
-    """A Markdown table of every code: code, name, severity and summary, one row each.
-    ``link_prefix`` (e.g. ``docs/checks.md``) makes the links point into another file."""
+def render_summary() -> str:
+    """A Markdown table of every code: code, name, severity and summary, one row each, each
+    code linking to its section below. It lives only in docs/checks.md: the README links
+    there rather than holding a copy."""
     rows = ["| Code | Name | Severity | Summary |", "| --- | --- | --- | --- |"]
     for c in CHECKS:
         summary = c.summary.replace("|", "\\|")
-        link = f"{link_prefix}#{_anchor(c)}"
-        rows.append(f"| [{c.code}]({link}) | `{c.name}` | {c.severity.value} | {summary} |")
+        rows.append(f"| [{c.code}](#{_anchor(c)}) | `{c.name}` | {c.severity.value} | {summary} |")
     return "\n".join(rows) + "\n"
-
-
-README_START, README_END = "<!-- checks:start -->", "<!-- checks:end -->"
-
-
-def sync_readme(text: str) -> str:
-    """``text`` (the README) with the table between the check markers regenerated."""
-    head, start, rest = text.partition(README_START)
-    _, end, tail = rest.partition(README_END)
-    if not start or not end:
-        raise ValueError(f"the README lacks the {README_START} ... {README_END} markers")
-    return f"{head}{README_START}\n{render_summary('docs/checks.md')}{README_END}{tail}"
 
 
 def render_check(c: Check) -> str:
@@ -105,39 +92,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--output", default=str(DEFAULT_PATH), metavar="FILE", help="default: docs/checks.md"
     )
-    p.add_argument(
-        "--readme",
-        default=str(README_PATH),
-        metavar="FILE",
-        help="README whose check table to keep in step (default: README.md)",
-    )
     args = p.parse_args(argv)
-    path, readme = Path(args.output), Path(args.readme)
-    try:
-        current_readme = readme.read_text(encoding="utf-8")
-        wanted = {path: render(), readme: sync_readme(current_readme)}
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"{readme}: {e}\n")
-        return 2
+    path, text = Path(args.output), render()
     if args.check:
-        stale = []
-        for target, text in wanted.items():
-            try:
-                current = target.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                current = None
-            if current != text:
-                stale.append(str(target))
-        if stale:
-            sys.stderr.write(
-                f"{', '.join(stale)} out of date; run `python -m shardspec.findings.catalogue`\n"
-            )
+        try:
+            current: str | None = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            current = None
+        if current != text:
+            sys.stderr.write(f"{path} out of date; run `python -m shardspec.findings.catalogue`\n")
             return 1
         return 0
-    for target, text in wanted.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8", newline="\n")
-        sys.stdout.write(f"wrote {target}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8", newline="\n")
+    except OSError as e:
+        sys.stderr.write(f"{path}: {e}\n")
+        return 2
+    sys.stdout.write(f"wrote {path}\n")
     return 0
 
 

@@ -126,7 +126,9 @@ def test_fuzz_mutated_plan_is_a_plan_error_or_a_plan(tp2: dict[str, Any], data: 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(cut=st.integers(0, 10**6), junk=st.binary(max_size=16))
-def test_fuzz_damaged_plan_bytes(tp2: dict[str, Any], cut: int, junk: bytes, tmp_path_factory: Any) -> None:
+def test_fuzz_damaged_plan_bytes(
+    tp2: dict[str, Any], cut: int, junk: bytes, tmp_path_factory: Any
+) -> None:
     raw = json.dumps(tp2).encode()
     path = tmp_path_factory.mktemp("p") / "plan.json"
     path.write_bytes(raw[: cut % (len(raw) + 1)] + junk)
@@ -134,6 +136,89 @@ def test_fuzz_damaged_plan_bytes(tp2: dict[str, Any], cut: int, junk: bytes, tmp
         load_plan(path)
     except PlanError:
         pass
+
+
+# ------------------------------------------------------------------------------ in one process
+
+
+def _run_in_process(plan: Any, bucket: int) -> None:
+    """Every message of the runtime's schedule packed by the sender's code (``_fill``) from
+    id tensors of every trainer rank and written by the receiver's (``_drain``) into empty
+    engine tensors; each engine element must then hold the id its own layout puts there
+    (the plan tests' torch-built local tensors)."""
+    import torch
+
+    from tests.test_transfer_plan import _ids, _locals
+
+    doc = json.loads(json.dumps(plan_json(plan)))
+    loaded = load_plan(doc)
+    ids = _ids(plan.trainer)
+    src = {
+        r: {f: t.double() for f, t in ts.items()} for r, ts in _locals(plan.trainer, ids).items()
+    }
+    want = _locals(plan.engine, ids)
+    got = {
+        r: {f: torch.full(t.shape, -1.0, dtype=torch.float64) for f, t in ts.items()}
+        for r, ts in want.items()
+    }
+    for t in loaded.tensors:  # ids are exact in float64; the plan's dtype is the engine's
+        assert t.dtype == "float32"
+    loaded.tensors = [transfer.TensorInfo(t.hf, t.src_dtype, "float64") for t in loaded.tensors]
+    loaded.moves = [
+        transfer.Move(
+            m.tensor,
+            m.src,
+            m.dst,
+            m.count,
+            m.src_param,
+            m.src_fixed,
+            m.dst_param,
+            m.dst_fixed,
+            m.dims,
+            8,
+        )
+        for m in loaded.moves
+    ]
+    rounds = loaded.schedule(bucket)
+    for rnd in rounds:
+        for msg in rnd:
+            buf = transfer._fill(msg, src[msg.src], loaded)
+            transfer._drain(msg, buf, got[msg.dst], loaded)
+        sizes: dict[tuple[str, int], int] = {}
+        for msg in rnd:
+            for end in (("s", msg.src), ("r", msg.dst)):
+                sizes[end] = sizes.get(end, 0) + msg.nbytes
+        for end, n in sizes.items():  # a round over the bucket holds one message only
+            assert (
+                n <= bucket
+                or sum(1 for m in rnd if (m.src if end[0] == "s" else m.dst) == end[1]) == 1
+            )
+    for r, ts in want.items():
+        for f, t in ts.items():
+            mapped = t >= 0
+            assert torch.equal(got[r][f][mapped], t[mapped].double()), f"rank {r} {f}"
+
+
+@pytest.mark.parametrize("engine", [(1, 1), (2, 2), (8, 2)], ids=["one-rank", "tp2", "dp4-tp2"])
+@pytest.mark.parametrize("bucket", [64, 1 << 20])
+def test_llama_in_one_process(engine: tuple[int, int], bucket: int) -> None:
+    plan = plan_transfer(LLAMA, LLAMA, {"tp": 2}, {"tp": engine[1]}, 4, engine[0])
+    assert plan.status == 0
+    _run_in_process(plan, bucket)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pair=st.data())
+def test_property_random_pairs_in_one_process(pair: Any, tmp_path_factory: Any) -> None:
+    """The plan tests' random pairs (RoPE, transposes, fused splits and joins, tp 1-4,
+    FSDP or not): the runtime's packing and unpacking give every engine element its id
+    (non-contiguous positions take the index path)."""
+    from tests.test_transfer_plan import _pairs, pair_plan
+
+    plan = pair_plan(pair.draw(_pairs()), tmp_path_factory)
+    if plan.status != 0:
+        return  # refused pairs: the plan tests check those
+    _run_in_process(plan, pair.draw(st.sampled_from([16, 1 << 20])))
 
 
 # ------------------------------------------------------------------------------ multi-rank
@@ -163,7 +248,9 @@ def dist_results(tmp_path_factory: Any) -> dict[str, Any]:
         Path(plans[name]).write_text(json.dumps(doc))
     stale = _doc(2, 2)
     stale["sender"]["layout"]["spec_sha256"] = "0" * 64  # a plan of another trainer spec
-    stale["fingerprint"] = transfer._fingerprint(stale["sender"]["layout"], stale["receiver"]["layout"])
+    stale["fingerprint"] = transfer._fingerprint(
+        stale["sender"]["layout"], stale["receiver"]["layout"]
+    )
     plans["stale"] = str(folder / "stale.json")
     Path(plans["stale"]).write_text(json.dumps(stale))
     plans["damaged"] = str(folder / "damaged.json")
@@ -172,17 +259,36 @@ def dist_results(tmp_path_factory: Any) -> dict[str, Any]:
     cases = {
         "tp2": {"plan": plans["tp2"], "engine": "tp2", "bucket": small, "export": True},
         "one": {"plan": plans["one"], "engine": "one", "bucket": 1 << 20, "export": True},
-        "bf16": {"plan": plans["bf16"], "engine": "tp2", "bucket": small, "export": True,
-                 "dtype": "bfloat16"},
+        "bf16": {
+            "plan": plans["bf16"],
+            "engine": "tp2",
+            "bucket": small,
+            "export": True,
+            "dtype": "bfloat16",
+        },
         "stale": {"plan": plans["stale"], "engine": "tp2", "bucket": small},
-        "damaged": {"plan": plans["tp2"], "engine": "tp2", "bucket": small,
-                    "plan_on": {5: plans["damaged"]}},
-        "killed": {"plan": plans["tp2"], "engine": "tp2", "bucket": small, "victim": 1,
-                   "die_at": 2, "timeout": 20.0, "linger": 25.0},
+        "damaged": {
+            "plan": plans["tp2"],
+            "engine": "tp2",
+            "bucket": small,
+            "plan_on": {5: plans["damaged"]},
+        },
+        "killed": {
+            "plan": plans["tp2"],
+            "engine": "tp2",
+            "bucket": small,
+            "victim": 1,
+            "die_at": 2,
+            "timeout": 20.0,
+            "linger": 25.0,
+        },
     }
     for name in cases:
         (folder / "runs" / name).mkdir(parents=True)
-    rounds = [(name, ts.transfer_round, (str(folder / "runs" / name), case)) for name, case in cases.items()]
+    rounds = [
+        (name, ts.transfer_round, (str(folder / "runs" / name), case))
+        for name, case in cases.items()
+    ]
     results = run_rounds(6, rounds, timeout=400, pg_timeout=120)
     results["owned"] = owned
     return results
@@ -235,7 +341,9 @@ def test_refused_on_every_rank_before_any_byte(dist_results: dict[str, Any], nam
         assert "another trainer spec" in ranks[0]["error"]
         assert "group rank" in ranks[4]["error"] and "refused" in ranks[4]["error"]
     else:
-        assert "damaged or not a transfer plan" in ranks[5]["error"] or "not JSON" in ranks[5]["error"]
+        assert (
+            "damaged or not a transfer plan" in ranks[5]["error"] or "not JSON" in ranks[5]["error"]
+        )
         assert "group rank 5 (engine rank 1) refused" in ranks[0]["error"]
 
 
@@ -247,4 +355,6 @@ def test_killed_trainer_rank(dist_results: dict[str, Any]) -> None:
     assert 1 not in results  # the victim left no result
     for r in (0, 2, 3, 4, 5):
         error = results[r][1]["error"]
-        assert "Not answering after the failure (dead or hung): group rank 1 (trainer rank 1)" in error, (r, error)
+        assert (
+            "Not answering after the failure (dead or hung): group rank 1 (trainer rank 1)" in error
+        ), (r, error)

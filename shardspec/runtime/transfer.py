@@ -353,9 +353,7 @@ def _move(m: Any, at: str, tensor: int, T: int, N: int, itemsize: int) -> Move:
         raise _Bad(f"{at} moves from sender {src} of {T} to receiver {dst} of {N}")
     params = [_get(m, k, str, at) for k in ("src_param", "dst_param")]
     fixed = [
-        tuple(
-            (f[0], f[1]) for f in (_ints(x, 2, f"{at}.{k}[]") for x in _get(m, k, list, at))
-        )
+        tuple((f[0], f[1]) for f in (_ints(x, 2, f"{at}.{k}[]") for x in _get(m, k, list, at)))
         for k in ("src_fixed", "dst_fixed")
     ]
     dims = []
@@ -370,7 +368,9 @@ def _move(m: Any, at: str, tensor: int, T: int, N: int, itemsize: int) -> Move:
         n *= dim.count
     if n != count:
         raise _Bad(f"{at} says {count} elements and its runs hold {n}")
-    return Move(tensor, src, dst, count, params[0], fixed[0], params[1], fixed[1], tuple(dims), itemsize)  # type: ignore[arg-type]
+    return Move(
+        tensor, src, dst, count, params[0], fixed[0], params[1], fixed[1], tuple(dims), itemsize
+    )
 
 
 # ------------------------------------------------------------------------------ local views
@@ -412,7 +412,7 @@ class _View:
 def _positions(runs: tuple[tuple[int, int, int, int, int], ...], side: int) -> list[int]:
     out: list[int] = []
     for r in runs:
-        start, step = (r[0], r[3]) if side == 0 else (r[1], r[3])
+        start, step = (r[0], r[3]) if side == 0 else (r[1], r[4])
         out.extend(range(start, start + r[2] * step, step) if step else [start] * r[2])
     return out
 
@@ -736,7 +736,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _pieces(
-    side: int, msg: Message, locals_: dict[str, torch.Tensor]
+    side: int, msg: Message, locals_: Mapping[str, torch.Tensor]
 ) -> Iterator[tuple[Move, int, _View]]:
     for m, off in zip(msg.moves, msg.offsets, strict=True):
         yield m, off, _view(m, side, locals_[m.src_param if side == 0 else m.dst_param])
@@ -758,16 +758,11 @@ def _round(
     T = plan.senders
     ops, bufs, peers = [], [], []
     for msg in msgs:
-        buf = torch.empty(msg.nbytes, dtype=torch.uint8)
         if side == 0:
-            for m, off, view in _pieces(0, msg, locals_):
-                dtype = getattr(torch, plan.tensors[m.tensor].dtype)
-                part = view.narrowed()
-                if part is None:
-                    part = view.local[view.index()]
-                part = part.to(dtype).contiguous().reshape(-1)
-                buf[off : off + m.nbytes].copy_(part.view(torch.uint8))
-                stats.sent_bytes += m.nbytes
+            buf = _fill(msg, locals_, plan)
+            stats.sent_bytes += sum(m.nbytes for m in msg.moves)
+        else:
+            buf = torch.empty(msg.nbytes, dtype=torch.uint8)
         peer = msg.dst + T if side == 0 else msg.src
         fn = dist.isend if side == 0 else dist.irecv
         ops.append(dist.P2POp(fn, buf, group=group, group_peer=peer))
@@ -791,17 +786,45 @@ def _round(
             raise TransferError(
                 f"{_who(g, T)}: {verb} {_who(peer, T)} failed: it died, hangs or left the "
                 f"group ({type(e).__name__}: {_first_line(e)}); "
-                + ("this engine model is marked stale" if side == 1 else "the engine model is marked stale")
+                + (
+                    "this engine model is marked stale"
+                    if side == 1
+                    else "the engine model is marked stale"
+                )
             ) from None
     if side == 1:
         for msg, buf in zip(msgs, bufs, strict=True):
-            for m, off, view in _pieces(1, msg, locals_):
-                dtype = getattr(torch, plan.tensors[m.tensor].dtype)
-                shape = [d.count for d in m.dims]
-                data = buf[off : off + m.nbytes].view(dtype).reshape(shape)
-                part = view.narrowed()
-                if part is not None:
-                    part.copy_(data)
-                else:
-                    view.local.index_put_(view.index(), data)
-                stats.received_bytes += m.nbytes
+            _drain(msg, buf, locals_, plan)
+            stats.received_bytes += sum(m.nbytes for m in msg.moves)
+
+
+def _fill(msg: Message, locals_: Mapping[str, torch.Tensor], plan: TransferPlan) -> torch.Tensor:
+    """The sender's buffer of ``msg``: each move's elements selected from its local
+    tensor, in HF dim order, cast to the plan's dtype, at its offset."""
+    import torch
+
+    buf = torch.empty(msg.nbytes, dtype=torch.uint8)
+    for m, off, view in _pieces(0, msg, locals_):
+        dtype = getattr(torch, plan.tensors[m.tensor].dtype)
+        part = view.narrowed()
+        if part is None:
+            part = view.local[view.index()]
+        part = part.to(dtype).contiguous().reshape(-1)
+        buf[off : off + m.nbytes].copy_(part.view(torch.uint8))
+    return buf
+
+
+def _drain(
+    msg: Message, buf: torch.Tensor, locals_: Mapping[str, torch.Tensor], plan: TransferPlan
+) -> None:
+    """Write the received buffer of ``msg`` into the receiver's local tensors."""
+    import torch
+
+    for m, off, view in _pieces(1, msg, locals_):
+        dtype = getattr(torch, plan.tensors[m.tensor].dtype)
+        data = buf[off : off + m.nbytes].view(dtype).reshape([d.count for d in m.dims])
+        part = view.narrowed()
+        if part is not None:
+            part.copy_(data)
+        else:
+            view.local.index_put_(view.index(), data)

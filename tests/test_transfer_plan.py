@@ -410,6 +410,16 @@ def _pairs(draw: Any) -> dict[str, Any]:
     return {"rows": rows, "cols": cols, "naming": naming, "a": side(), "b": side()}
 
 
+def pair_plan(pair: dict[str, Any], tmp_path_factory: Any) -> Plan:
+    """The plan of a :func:`_pairs` pair, its two specs written to fresh folders."""
+    paths = []
+    for n, s in enumerate((pair["a"], pair["b"])):
+        fields = {k: s[k] for k in ("lines", "fuse", "world", "tp", "fsdp", "shard")}
+        manifest = {"w.weight": s["shape"], "n.weight": [pair["cols"]]}
+        paths.append(_write(tmp_path_factory.mktemp(f"s{n}"), manifest, **fields))
+    return _plan(paths[0], paths[1], {}, {})
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -419,12 +429,7 @@ def test_property_every_element_exactly_once(pair: Any, tmp_path_factory: Any) -
     engine's own layout holds there (or the pair is refused where the names or shapes
     disagree)."""
     a, b = pair["a"], pair["b"]
-    paths = []
-    for n, s in enumerate((a, b)):
-        fields = {k: s[k] for k in ("lines", "fuse", "world", "tp", "fsdp", "shard")}
-        manifest = {"w.weight": s["shape"], "n.weight": [pair["cols"]]}
-        paths.append(_write(tmp_path_factory.mktemp(f"s{n}"), manifest, **fields))
-    plan = _plan(paths[0], paths[1], {}, {})
+    plan = pair_plan(pair, tmp_path_factory)
     if any(not d.code.startswith("SS12") for d in plan.diagnostics):
         assert plan.status == 1  # a spec lint refuses on its own (a fused dim over tp 3)
         return

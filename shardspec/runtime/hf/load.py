@@ -456,9 +456,10 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
             owned += part.numel() * part.element_size()  # real elements: padding owns none
         else:
             skey = b.quant.scale_key(b.key)
+            scales = ckpt.handle(skey).get_slice(skey)
             sl = DequantSlice(
                 ckpt.handle(b.key).get_slice(b.key),
-                ckpt.handle(skey).get_slice(skey),
+                scales,
                 b.quant,
                 skey,
                 r.tensor.dtype,  # dequantized straight into the model's dtype
@@ -467,7 +468,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
                 ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl
             )
             read += sl.bytes_read
-            itemsize = SCALE_ITEMSIZE[ckpt.handle(skey).get_slice(skey).get_dtype()]
+            itemsize = SCALE_ITEMSIZE[scales.get_dtype()]
             owned += n + n * itemsize // math.prod(b.quant.block)
         part = _zero_padded(part, b.sizes)
         if stack is None:

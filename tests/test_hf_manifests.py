@@ -157,3 +157,19 @@ def test_bad_hf_directories_are_findings(tmp_path: Path, how: str, code: str, me
 def test_missing_directory_is_ss002(tmp_path: Path) -> None:
     rc, _, stderr = _cli(["hf-manifest", str(tmp_path / "nope")])
     assert rc == 2 and "error SS002 [unreadable-input]" in stderr and "is not a directory" in stderr
+
+
+@pytest.mark.parametrize("size", [True, 4.0, "4"])
+def test_hf_manifest_sizes_are_json_integers(tmp_path: Path, size: object) -> None:
+    """A size that is a bool, a float or a text is refused by name (pydantic's lax mode
+    would read ``true`` as 1 and ``"4"`` as 4)."""
+    path = tmp_path / "hf.json"
+    tensor = {"shape": [size, 8], "dtype": "F32", "file": "model.safetensors"}
+    path.write_text(json.dumps({"format": FORMAT, "config": {}, "tensors": {"w": tensor}}))
+    with pytest.raises(
+        HFManifestError, match=r"tensors\.w\.shape\.0: Input should be a valid integer"
+    ):
+        load_hf_manifest(path)
+    tensor["shape"] = [4, 8]
+    path.write_text(json.dumps({"format": FORMAT, "config": {}, "tensors": {"w": tensor}}))
+    assert load_hf_manifest(path).tensors["w"].shape == (4, 8)

@@ -209,6 +209,10 @@ def test_load_manifest_either_way(
         '"fqn": "b.weight"': ("lists 'a.weight' twice", '"fqn": "a.weight"'),
         '"tied_to": "a.weight"': ("which is no parameter", '"tied_to": "c.buf"'),
     }
+    for size in ("true", "4.0", '"4"'):  # sizes are JSON integers: no bool, float or text
+        path.write_text(VALID.replace('"shape": [\n    4,', f'"shape": [\n    {size},', 1))
+        with pytest.raises(ManifestError, match=r"shape\.0: Input should be a valid integer"):
+            load_manifest(path)
     for old, (message, new) in bad.items():
         path.write_text(VALID.replace(old, new, 1))
         with pytest.raises(ManifestError, match=message) as e:

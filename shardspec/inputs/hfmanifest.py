@@ -28,7 +28,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from shardspec.core.jsontext import JSONTextError, loads
 from shardspec.core.paths import Escape, escape
@@ -55,7 +55,7 @@ class HFManifestError(ValueError):
 class HFTensor(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    shape: tuple[int, ...]
+    shape: tuple[StrictInt, ...]
     dtype: str
     file: str
 

@@ -57,7 +57,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from shardspec.core.jsontext import JSONTextError, loads
@@ -124,7 +124,7 @@ class _EntryModel:
 
     fqn: str
     kind: Literal["param", "buffer", "extra_state"] = "param"
-    shape: tuple[int, ...] = ()
+    shape: tuple[StrictInt, ...] = ()
     dtype: str = ""
     module: str | None = None
     cls: str | None = Field(default=None, validation_alias="class")
@@ -143,7 +143,7 @@ class StateDictKey(BaseModel):
     change: Literal["added", "dropped", "reshaped"]
     module: str = ""  # the module whose hooks (or overridden methods) do it; "" the model
     from_: tuple[str, ...] = Field((), alias="from")
-    shape: tuple[int, ...] | None = None  # as state_dict() has it (None: not a tensor)
+    shape: tuple[StrictInt, ...] | None = None  # as state_dict() has it (None: not a tensor)
     dtype: str = ""
 
 

@@ -221,11 +221,11 @@ def _split_defines(defines: list[tuple[str, int]]) -> tuple[dict[str, int], int 
     return sizes, world
 
 
-def _repeated_define(defines: list[tuple[str, int]]) -> str | None:
+def _repeated_define(defines: list[tuple[str, int]], flag: str = "-D") -> str | None:
     seen: dict[str, int] = {}
     for name, size in defines:
         if seen.get(name, size) != size:
-            return f"-D {name} is given twice, as {seen[name]} and {size}"
+            return f"{flag} {name} is given twice, as {seen[name]} and {size}"
         seen[name] = size
     return None
 
@@ -244,11 +244,14 @@ def _specs(given: list[str]) -> list[str]:
     return out
 
 
-def _bad_define(spec_axes: dict[str, list[str]], sizes: dict[str, int]) -> str | None:
+def _bad_define(
+    spec_axes: dict[str, list[str]], sizes: dict[str, int], flag: str = "-D"
+) -> str | None:
     for path, axes in spec_axes.items():
         for name in sizes:
             if name not in axes:
-                return f"-D {name}: spec {path} has no mesh axis {name!r} (axes: {', '.join(axes)})"
+                known = ", ".join(axes)
+                return f"{flag} {name}: spec {path} has no mesh axis {name!r} (axes: {known})"
     return None
 
 
@@ -278,19 +281,20 @@ def _status(outcome) -> int:
     return 1 if outcome.errors else 0
 
 
-def _check_defines(args, paths) -> int | None:
+def _check_defines(args, paths, flag: str = "-D") -> int | None:
+    """SS006/SS004 for bad ``-D`` values (``flag``: the option as the user wrote it)."""
     from shardspec.findings.diagnostics import clip
     from shardspec.frontend.limits import NUMBER_HINT
 
     for name, size in args.defines:
         if isinstance(size, str):
             _bad_argument(
-                f"-D {name}: number too large: {clip(size)} ({len(size)} digits)",
+                f"{flag} {name}: number too large: {clip(size)} ({len(size)} digits)",
                 NUMBER_HINT,
                 "SS006",
             )
             return 2
-    twice = _repeated_define(args.defines)
+    twice = _repeated_define(args.defines, flag)
     if twice:
         _bad_argument(twice, "give each axis once")
         return 2
@@ -305,9 +309,9 @@ def _check_defines(args, paths) -> int | None:
         if spec is not None and spec.mesh is not None:
             meshes = spec.views or (spec.mesh,)  # every view's axes
             axes[p] = list(dict.fromkeys(a.name.text for m in meshes for a in m.axes))
-    bad = _bad_define(axes, sizes)
+    bad = _bad_define(axes, sizes, flag)
     if bad:
-        _bad_argument(bad, "-D takes a mesh axis of every spec given, or world")
+        _bad_argument(bad, f"{flag} takes a mesh axis of every spec given, or world")
         return 2
     return None
 
@@ -471,7 +475,8 @@ def cmd_transfer(args) -> int:
 
     sides = []
     for side, path in (("train", args.train), ("infer", args.infer)):
-        bad = _check_defines(argparse.Namespace(defines=getattr(args, f"{side}_defines")), [path])
+        defines = argparse.Namespace(defines=getattr(args, f"{side}_defines"))
+        bad = _check_defines(defines, [path], f"--{side}-D")
         if bad is not None:
             return bad
         sides.append(_split_defines(getattr(args, f"{side}_defines")))

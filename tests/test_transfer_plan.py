@@ -532,6 +532,20 @@ def test_cli_bad_input_exit_2(argv: list[str]) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--train-D", "tpp=2"], "--train-D tpp: spec"),
+        (["--infer-D", "tp=2", "--infer-D", "tp=4"], "--infer-D tp is given twice"),
+        (["--train-D", "tp=" + "9" * 5000], "--train-D tp: number too large"),
+    ],
+)
+def test_cli_bad_sizes_name_the_side(argv: list[str], said: str) -> None:
+    """An error about a size names the option the user wrote, not lint's ``-D``."""
+    rc, _, err = _cli(["transfer", LLAMA, LLAMA, *argv])
+    assert rc == 2 and "error SS00" in err and said in err, err
+
+
 def test_cli_unwritable_plan(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder", encoding="utf-8")
     plan = str(tmp_path / "file" / "p.json")

@@ -198,9 +198,9 @@ def _add_fmt(sub) -> None:
     f = sub.add_parser(
         "fmt",
         help="rewrite specs in the one canonical layout",
-        description="Rewrite each spec in the canonical layout (README, `shardspec fmt`), "
-        "comments kept; a file already in it is not touched, and a spec with a syntax error "
-        "is reported and left as it is.",
+        description="Rewrite each spec in the canonical layout (docs/commands.md, `shardspec "
+        "fmt`), comments kept; a file already in it is not touched, and a spec with a syntax "
+        "error is reported and left as it is.",
     )
     f.add_argument("specs", nargs="*", metavar="SPEC", help=f"spec files (default: {DEFAULT_GLOB})")
     f.add_argument(

@@ -270,7 +270,7 @@ def _save_steps(
         if outcome is not None and outcome[0] == "ok"
         else f"saving {path} failed after writing its data: {path} holds the new checkpoint "
         f"if rank 0 moved it into place, else the previous one, and the next save or load "
-        f"of {path} completes the move (see the README)",
+        f"of {path} completes the move (docs/checkpoints.md)",
         roll,
     )
     if _distributed(roll.group):  # every rank is still there at the end, or every survivor says

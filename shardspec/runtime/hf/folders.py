@@ -277,7 +277,7 @@ class ExportSession:
             held = (
                 f"{self.path} holds the new export if rank 0 moved it into place, else the "
                 f"previous one; the next export_hf to {self.path} finishes or undoes what "
-                "was left (see the README)"
+                'was left (docs/huggingface.md, "Loading and exporting Hugging Face checkpoints")'
             )
         return HFError(
             f"export to {self.path} failed on rank {self.rank} while {self.step}: {who} "

@@ -19,7 +19,9 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
+from shardspec.frontend.ir import rules_to_check
 from shardspec.resolve.params import Resolved
+from shardspec.resolve.views import captures_key
 
 
 def _targets(rule: ir.Rule, item: ir.HeadSize) -> tuple[str, str | None] | None:
@@ -38,7 +40,8 @@ def check_heads_items(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS020: a ``heads`` item names no dimension or component; SS027: it names a
     dimension indexed by a name capture; SS035: a size of 0, or heads given twice."""
     out: list[Diagnostic] = []
-    for rule in spec.rules:
+    finds = lambda r: bool(_sorted_items(r)[1])  # noqa: E731
+    for rule in rules_to_check(spec.rules, finds, captures_key):
         out.extend(_sorted_items(rule)[1])
     return out
 
@@ -135,7 +138,7 @@ def rule_heads(res: Resolved) -> tuple[dict[int, RuleHeads], list[Diagnostic]]:
     hfm = res.hf_manifest
     config = getattr(hfm, "config", None) or {}
     unknowable = res.spec.hf is not None and hfm is None
-    for rule in res.spec.rules:
+    for rule in rules_to_check(res.spec.rules, lambda r: bool(r.heads)):
         heads = RuleHeads()
         for item, (dim, comp) in _sorted_items(rule)[0]:
             size = item.size

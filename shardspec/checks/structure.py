@@ -7,12 +7,15 @@ Each returns its diagnostics and adds the index of every rule it finds unsound t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 
 from shardspec.core.patterns import PatternError, compile_glob
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
+from shardspec.frontend.ir import rules_to_check
+from shardspec.resolve.views import captures_key
 
 
 def check_mesh(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
@@ -80,6 +83,24 @@ def _check_one_mesh(mesh: ir.MeshDecl) -> list[Diagnostic]:
     return out
 
 
+def _each(
+    rules: Sequence[ir.Rule],
+    one: Callable[[ir.Rule], list[Diagnostic]],
+    broken: set[int] | None,
+    key: Callable[[ir.RuleTable, int], Hashable] | None = None,
+) -> list[Diagnostic]:
+    """What ``one`` finds in each rule, in order (rules it finds something in are added
+    to ``broken``, unless None); of a rule table, only the rules of shapes (and ``key``s)
+    whose first rule ``one`` finds something in are read (:func:`ir.rules_to_check`)."""
+    out: list[Diagnostic] = []
+    for rule in rules_to_check(rules, lambda r: bool(one(r)), key):
+        found = one(rule)
+        if found and broken is not None:
+            broken.add(rule.index)
+        out += found
+    return out
+
+
 def _unknown_axis(a: ir.Name, axes: list[str]) -> Diagnostic:
     """SS011 for an axis name the mesh does not declare, with the closest declared one."""
     return diag("SS011", f"unknown mesh axis {a.text!r}", a.span, did_you_mean(a.text, axes))
@@ -115,7 +136,16 @@ _PATTERN_SYNTAX = (
 def check_patterns(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """SS044: every rule and ignore pattern compiles."""
     out = []
-    patterns: list[tuple[ir.Pattern, int | None]] = [(r.pattern, r.index) for r in spec.rules]
+    patterns: list[tuple[ir.Pattern, int | None]] = []
+    rules = spec.rules
+    if isinstance(rules, ir.RuleTable):  # a rule's node only where its pattern is bad
+        for i in range(len(rules)):
+            try:
+                compile_glob(rules.pattern_text(i))
+            except PatternError:
+                patterns.append((rules[i].pattern, i))
+    else:
+        patterns += [(r.pattern, r.index) for r in rules]
     patterns += [(ig.pattern, None) for ig in spec.ignores]
     for pattern, index in patterns:
         try:
@@ -131,11 +161,11 @@ def check_patterns(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
 
 def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """Dimensions, axes, local and replicate lists of every rule."""
-    out: list[Diagnostic] = []
     axes = _axes(spec)
     known_axes = set(axes)
-    for rule in spec.rules:
-        bad = len(out)
+
+    def one(rule: ir.Rule) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
         dims = [d.text for d in rule.dims]
         if not rule.dims_given and not rule.replicate_all:
             out.append(
@@ -241,9 +271,9 @@ def check_rule_names(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                             "them first (outermost)",
                         )
                     )
-        if len(out) > bad:
-            broken.add(rule.index)
-    return out
+        return out
+
+    return _each(spec.rules, one, broken)
 
 
 def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
@@ -252,9 +282,9 @@ def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     Component sizes against the tensor need shapes; :mod:`shardspec.core.layout` checks those
     (SS050, SS051).
     """
-    out: list[Diagnostic] = []
-    for rule in spec.rules:
-        bad = len(out)
+
+    def one(rule: ir.Rule) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
         dims = [d.text for d in rule.dims]
         fused: set[str] = set()
         for f in rule.fusions:
@@ -332,9 +362,9 @@ def check_fusions(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     "split the parameter, or fuse one dimension only",
                 )
             )
-        if len(out) > bad:
-            broken.add(rule.index)
-    return out
+        return out
+
+    return _each(spec.rules, one, broken)
 
 
 def _sub_span(pattern: ir.Pattern, text: str) -> Span:
@@ -348,13 +378,13 @@ def _sub_span(pattern: ir.Pattern, text: str) -> Span:
 
 def check_name_indexed(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     """Dimensions indexed by a capture in the pattern (per-expert local modules)."""
-    out: list[Diagnostic] = []
-    for rule in spec.rules:
+
+    def one(rule: ir.Rule) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
         try:
             glob = compile_glob(rule.pattern.text)
         except PatternError:
-            continue
-        bad = len(out)
+            return out
         dims = {d.text: d for d in rule.dims}
         local = {a.text for a in rule.local}
         for cap in glob.captures:
@@ -393,9 +423,9 @@ def check_name_indexed(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         "drop the `fuse`",
                     )
                 )
-        if len(out) > bad:
-            broken.add(rule.index)
-    return out
+        return out
+
+    return _each(spec.rules, one, broken, captures_key)
 
 
 STRUCTURE_CHECKS_BASE = (
@@ -417,7 +447,7 @@ def check_checkpoint_placements(spec: ir.Spec, broken: set[int]) -> list[Diagnos
     out: list[Diagnostic] = []
     axes = _axes(spec)
     fsdps = rule_fsdp(spec)
-    for rule in spec.rules:
+    for rule in rules_to_check(spec.rules, lambda r: bool(r.checkpoint_shards)):
         if not rule.checkpoint_shards:
             continue
         fsdp = fsdps.get(rule.index)
@@ -510,13 +540,14 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     from shardspec.resolve.params import rule_spec
     from shardspec.resolve.views import rule_fsdp
 
-    out: list[Diagnostic] = []
     fsdps = rule_fsdp(spec)
-    for rule in spec.rules:
+
+    def one(rule: ir.Rule) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
         st = rule.style
         fsdp = fsdps.get(rule.index)
         if st is None:
-            continue
+            return out
         for extra in rule.extra_styles:
             out.append(
                 diag("SS029", "a rule states one style", extra.span, "keep one `style` line")
@@ -531,7 +562,7 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     did_you_mean(kind, list(KINDS), listed_as="styles"),
                 )
             )
-            continue
+            return out
         for what, name in (("input", st.input), ("output", st.output)):
             if name is None:
                 continue
@@ -566,11 +597,11 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     )
                 )
         if kind in ("none", EXPERT_PARALLEL) or not rule.dims_given:
-            continue  # (expert_parallel: SS106)
+            return out  # (expert_parallel: SS106)
         try:
             runtime = rule_spec(rule, fsdp)
         except PatternError:
-            continue
+            return out
         dims = [d for d in runtime.dims if d not in runtime.name_indexed]
         sharded = mp_dims(dict(runtime.shard), dims, fsdp, set(runtime.local))
         if kind == "sequence_parallel" and sharded:
@@ -594,7 +625,9 @@ def check_styles(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                     "axis (`shard out over tp`)",
                 )
             )
-    return out
+        return out
+
+    return _each(spec.rules, one, None, captures_key)
 
 
 STRUCTURE_CHECKS = (*STRUCTURE_CHECKS_BASE, check_checkpoint_placements, check_styles)

@@ -17,6 +17,7 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.findings.suggest import did_you_mean
 from shardspec.frontend import ir
+from shardspec.frontend.ir import rules_to_check
 from shardspec.resolve.params import Resolved
 from shardspec.resolve.views import named_views, rule_fsdp, views_of
 
@@ -201,7 +202,8 @@ def check_rule_views(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     rule names; a rule names the own axes of one view only. Such rules are broken."""
     out: list[Diagnostic] = []
     views = views_of(spec)
-    for rule in spec.rules:
+
+    def one(rule: ir.Rule) -> list[Diagnostic]:
         found = []
         for extra in rule.extra_views:
             found.append(diag("SS104", "a rule states one view", extra.span, "keep one `view`"))
@@ -249,6 +251,10 @@ def check_rule_views(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                         f"state `view {v1}`, or use view {stated.text!r}'s axes",
                     )
                 )
+        return found
+
+    for rule in rules_to_check(spec.rules, lambda r: bool(one(r))):
+        found = one(rule)
         if found:
             broken.add(rule.index)
             out.extend(found)
@@ -261,7 +267,7 @@ def check_expert_rules(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     views = views_of(spec)
     fsdps = rule_fsdp(spec)
-    for rule in spec.rules:
+    for rule in rules_to_check(spec.rules, _ep_style):
         st = rule.style
         if st is None or st.kind.text != EXPERT_PARALLEL or rule.index in broken:
             continue
@@ -294,6 +300,11 @@ def check_expert_rules(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
                 )
             )
     return out
+
+
+def _ep_style(rule: ir.Rule) -> bool:
+    st = rule.style
+    return st is not None and st.kind.text == EXPERT_PARALLEL
 
 
 def expert_axis(rule: ir.Rule, fsdp: str | None) -> ir.Name | None:

@@ -581,7 +581,8 @@ def hf_facts(res: Resolved, fqn: str, m: Match, mesh: Mesh, layout: ParamLayout)
     without an hf block). A module indexed by name is its global indices (one per rank)."""
     if res.spec.hf is None:
         return None
-    found = res.globs[m.winner].regex.match(fqn) if m.winner in res.globs else None
+    glob = res.globs.get(m.winner) if m.winner is not None else None
+    found = glob.regex.match(fqn) if glob is not None else None
     spans = [found.span(d.name) for d in layout.dims if d.name_indexed] if found else []
     indexed = name_indexed_indices(m, layout)
     mine = None

@@ -42,7 +42,11 @@ from shardspec.frontend.parse import (
     rule_node,
 )
 
-__all__ = ["fast_statements"]
+__all__ = ["COLUMNS_FROM", "fast_statements"]
+
+# A spec of at least this many rules keeps them in columns (:class:`ir.RuleTable`), read
+# again from the text when asked for; fewer are a tuple of nodes.
+COLUMNS_FROM = 1024
 
 
 class _Decline(Exception):
@@ -143,6 +147,20 @@ def fast_statements(text: str, source: ir.Source) -> list[object] | None:
         return None
 
 
+def _rule_reader(text: str, source: ir.Source) -> Any:
+    """A function that reads again the rule whose statement starts at an offset of
+    ``text`` (one the reader read before, to the same node)."""
+
+    def read(start: int, index: int) -> ir.Rule:
+        reader = _Reader(text, source)
+        reader.pos = reader.base = start
+        reader.at = ir.Anchor(source, start)
+        reader.rule_index = index
+        return reader.param()
+
+    return read
+
+
 class _Reader:
     def __init__(self, text: str, source: ir.Source) -> None:
         self.lexicon = lexicon = _lexicon()
@@ -236,13 +254,19 @@ class _Reader:
     def statements(self) -> list[object]:
         out: list[object] = []
         text = self.text
+        table = ir.RuleTable(text, _rule_reader(text, self.source))
+        rules: list[ir.Rule] = []  # while there are fewer than COLUMNS_FROM
+        shapes: dict[Any, int] = {}
         self.blank()
         while self.pos < len(text):
             start = self.pos
             self.base, self.at = start, ir.Anchor(self.source, start)
             kw, _ = self.peek()
             if kw == "param":
-                out.append(self.param())
+                rule = self.param()
+                table.add(rule, start, self.last, shapes)
+                if len(rules) < COLUMNS_FROM:
+                    rules.append(rule)
             elif kw == "ignore":
                 self.keyword("ignore")
                 pattern = self.pattern("ignore")
@@ -257,6 +281,10 @@ class _Reader:
                 out.extend(self.block(kw))
             else:
                 raise _Decline
+        if len(table) < COLUMNS_FROM:
+            out.extend(rules)  # (the order of rules among other statements is their own)
+        else:
+            out.append(table)
         return out
 
     def manifest(self) -> _Manifest:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import re
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypedDict
+from typing import Any, TypedDict, overload
 
 from shardspec.findings.diagnostics import Span
 
@@ -367,6 +368,136 @@ class Rule(Node):
         return _RULE_FIELDS
 
 
+class RuleTable(Sequence[Rule]):
+    """The rules of a large spec, as the fast reader read them, in columns: per rule, where
+    its statement starts and ends and where its pattern is (offsets in the text), and its
+    *shape*: the text of its statement around the pattern. Rules of one shape differ only
+    in their pattern and their place, so one :class:`Rule` per shape (the first rule of
+    it, :attr:`shapes`) holds what they say; a rule's own node is read again from the text
+    when asked for (``table[i]``: the same node the reader built, spans included).
+
+    The per-rule loops of resolve and the checks read :meth:`shape_of` and
+    :meth:`pattern_text` (see :func:`rules_to_check`); other code reads the rules as a
+    tuple's, a few at a time (the last ones read are kept)."""
+
+    __slots__ = ("_cache", "_ends", "_pattern", "_read", "_shape", "_starts", "shapes", "text")
+
+    _CACHE = 4096
+
+    def __init__(self, text: str, read: Callable[[int, int], Rule]) -> None:
+        self.text = text
+        self._read = read  # (statement start, rule index) -> the rule
+        big = "i" if len(text) < 2**31 else "q"
+        self._starts: array[int] = array(big)
+        self._ends: array[int] = array(big)
+        self._pattern: array[int] = array(big)  # pattern start, end: two per rule
+        self._shape: array[int] = array("i")
+        self.shapes: list[Rule] = []
+        self._cache: dict[int, Rule] = {}
+
+    def add(self, rule: Rule, start: int, end: int, known: dict[Hashable, int]) -> None:
+        """Append ``rule`` (the next index), its statement from ``start`` to ``end``;
+        ``known``: the shape ids by key, shared by the calls of one reading."""
+        p0, p1 = start + rule.pattern.start, start + rule.pattern.end
+        key = (self.text[start:p0], self.text[p1:end])
+        shape = known.get(key)
+        if shape is None:
+            shape = known[key] = len(self.shapes)
+            self.shapes.append(rule)
+        self._starts.append(start)
+        self._ends.append(end)
+        self._pattern.extend((p0, p1))
+        self._shape.append(shape)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def shape_of(self, index: int) -> int:
+        """The shape id of rule ``index`` (an index into :attr:`shapes`)."""
+        return self._shape[index]
+
+    def shape_ids(self) -> array[int]:
+        """Every rule's shape id, in rule order."""
+        return self._shape
+
+    def pattern_text(self, index: int) -> str:
+        """The pattern of rule ``index`` as written."""
+        return self.text[self._pattern[2 * index] : self._pattern[2 * index + 1]]
+
+    @overload
+    def __getitem__(self, index: int) -> Rule: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Rule, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Rule | tuple[Rule, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("rule index out of range")
+        rep = self.shapes[self._shape[index]]
+        if rep.index == index:
+            return rep
+        got = self._cache.get(index)
+        if got is None:
+            got = self._read(self._starts[index], index)
+            if len(self._cache) >= self._CACHE:
+                self._cache.clear()
+            self._cache[index] = got
+        return got
+
+    def __iter__(self) -> Iterator[Rule]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (tuple, RuleTable)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"RuleTable({len(self)} rules, {len(self.shapes)} shapes)"
+
+
+def rules_to_check(
+    rules: Sequence[Rule],
+    finds: Callable[[Rule], bool],
+    key: Callable[[RuleTable, int], Hashable] | None = None,
+) -> Iterator[Rule]:
+    """The rules a per-rule check must read, in order: every rule of a tuple; of a
+    :class:`RuleTable`, the rules of each shape whose first rule ``finds`` something in
+    (rules of one shape say the same but for their pattern and place, so a check that
+    reads neither finds the same in each). ``key`` (table, index): a check that reads the
+    pattern too keys rules by what it reads of it (their shape included), and the first
+    rule of each key is asked."""
+    if not isinstance(rules, RuleTable):
+        yield from rules
+        return
+    shapes = rules.shape_ids()
+    if key is None:
+        bad = [finds(rep) for rep in rules.shapes]
+        if not any(bad):
+            return
+        for i, shape in enumerate(shapes):
+            if bad[shape]:
+                yield rules[i]
+        return
+    asked: dict[Hashable, bool] = {}
+    for i in range(len(rules)):
+        k = key(rules, i)
+        got = asked.get(k)
+        if got is None:
+            got = asked[k] = finds(rules[i])
+        if got:
+            yield rules[i]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class IgnoreRule(Node):
     pattern: Pattern
@@ -530,7 +661,7 @@ class Spec:
     # views may give one per view).
     views: tuple[MeshDecl, ...] = ()
     fsdps: tuple[Name, ...] = ()
-    rules: tuple[Rule, ...] = ()
+    rules: tuple[Rule, ...] | RuleTable = ()
     ignores: tuple[IgnoreRule, ...] = ()
     hf: HFBlock | None = None
     pipeline: Pipeline | None = None

@@ -735,7 +735,11 @@ def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec
     views: list[ir.MeshDecl] = []
     fsdps: list[_Fsdp] = []
     meshes: list[ir.MeshDecl] = []
+    table: ir.RuleTable | None = None
     for stmt in statements:
+        if isinstance(stmt, ir.RuleTable):  # the fast reader's rules of a large spec
+            table = stmt
+            continue
         if isinstance(stmt, ir.MeshDecl):
             meshes.append(stmt)
             if stmt.name is not None:
@@ -781,6 +785,8 @@ def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec
         fields["views"] = tuple(meshes)
         fields["mesh"] = views[0]
     fields.update(_sort(others, _SPEC_LISTS))
+    if table is not None:
+        fields["rules"] = table
     fields["suppressions"] = _suppressions(path, text)
     spec = ir.Spec(path=path, source=text, sha256=_sha256(text), **fields)
     return spec, diags

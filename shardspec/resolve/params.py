@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shardspec.core.layout import (
     MAX_WORLD,
@@ -30,7 +32,9 @@ from shardspec.core.views import SINGLE, Views, view_sizes
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
 from shardspec.inputs.manifest import Entry, Manifest
-from shardspec.resolve.views import rule_view, views_of
+from shardspec.resolve.views import per_rule, rule_view, views_of
+
+_V = TypeVar("_V")
 
 # What a Match holds when nothing matched: shared by every match, never changed.
 _NO_CAPTURES: dict[str, str] = {}
@@ -63,8 +67,8 @@ class Resolved:
     manifest: Manifest | None
     mesh: Mesh | None
     mesh_error: str | None
-    globs: dict[int, Glob]  # rule index -> compiled pattern (good patterns only)
-    rule_specs: dict[int, RuleSpec]  # rule index -> plain rule (sound rules only)
+    globs: Mapping[int, Glob]  # rule index -> compiled pattern (good patterns only)
+    rule_specs: Mapping[int, RuleSpec]  # rule index -> plain rule (sound rules only)
     ignore_globs: dict[int, Glob]
     matches: dict[str, Match]  # fqn -> match, for params and extra state
     name_indexed_counts: dict[int, dict[str, int]]
@@ -81,7 +85,7 @@ class Resolved:
     # ``SINGLE``, for a spec with one unnamed mesh). ``mesh`` is the default view's.
     views: Views | None = None
     view_meshes: dict[str, Mesh] = field(default_factory=dict)
-    rule_views: dict[int, str] = field(default_factory=dict)
+    rule_views: Mapping[int, str] = field(default_factory=dict)
     # Pipeline ties (`tie ALIAS = SOURCE`): per alias whose source is a parameter, the rules
     # that match the alias's own name and, where one wins, its layout on the source's shape
     # (the alias's stage must hold the source's layout; the rule gives the module's style).
@@ -306,14 +310,16 @@ def pipeline_spec(spec: ir.Spec) -> PipelineSpec | None:
     )
 
 
-def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
-    """The plain-data form of a rule, with the FSDP default applied.
+def rule_spec(rule: ir.Rule, fsdp: str | None, pattern: str | None = None) -> RuleSpec:
+    """The plain-data form of a rule, with the FSDP default applied (``pattern``: the
+    rule's, or that of another rule of its shape in a rule table).
 
     FSDP shards the module tensor's first dimension over the data-parallel axis, innermost
     (after any model-parallel axes on that dimension), unless the rule mentions that axis
     itself (in a ``shard`` or a ``replicate``), or is ``replicate``.
     """
-    glob = compile_glob(rule.pattern.text)
+    pattern = rule.pattern.text if pattern is None else pattern
+    glob = compile_glob(pattern)
     name_indexed = tuple(d.text for d in rule.dims if d.text in glob.captures)
     shard = {s.dim.text: tuple(a.text for a in s.axes) for s in rule.shards}
     mentioned = {a for axes in shard.values() for a in axes} | {a.text for a in rule.replicate}
@@ -330,7 +336,7 @@ def rule_spec(rule: ir.Rule, fsdp: str | None) -> RuleSpec:
         for f in rule.fusions
     )
     return RuleSpec(  # its tuples shared with every rule like it (a large spec's repeat)
-        pattern=rule.pattern.text,
+        pattern=pattern,
         dims=one(tuple(d.text for d in rule.dims)),
         shard=one(tuple((d, shard[d]) for d in (x.text for x in rule.dims) if d in shard)),
         fuse=one(fuse),
@@ -374,17 +380,21 @@ def resolve(
         mesh_error_hint = e.hint
     # An FSDP axis the mesh lacks is reported (SS011) and otherwise left out, so that no
     # layout refers to an axis without a size. Each rule takes its view's FSDP axis.
-    rule_views = {r.index: rule_view(views, r) for r in spec.rules} if views else {}
-    globs: dict[int, Glob] = {}
-    specs: dict[int, RuleSpec] = {}
-    for rule in spec.rules:
-        try:
-            globs[rule.index] = compile_glob(rule.pattern.text)
-        except PatternError:
-            continue
-        if rule.index not in broken:
-            fsdp = views.fsdp_of(rule_views[rule.index]) if views else None
-            specs[rule.index] = rule_spec(rule, fsdp)
+    rule_views = per_rule(spec.rules, lambda r: rule_view(views, r)) if views else {}
+    globs: Mapping[int, Glob]
+    specs: Mapping[int, RuleSpec]
+    if isinstance(spec.rules, ir.RuleTable):
+        globs, specs = _table_globs(spec.rules, broken, views, rule_views)
+    else:
+        globs, specs = {}, {}
+        for rule in spec.rules:
+            try:
+                globs[rule.index] = compile_glob(rule.pattern.text)
+            except PatternError:
+                continue
+            if rule.index not in broken:
+                fsdp = views.fsdp_of(rule_views[rule.index]) if views else None
+                specs[rule.index] = rule_spec(rule, fsdp)
     ignore_globs: dict[int, Glob] = {}
     for i, ig in enumerate(spec.ignores):
         try:
@@ -416,6 +426,52 @@ def resolve(
         _layouts(res)
     _place_stages(res)
     return res
+
+
+class _TableRules(Mapping[int, _V]):
+    """Per rule of a rule table whose pattern compiles and that is not left out, a value
+    worked out when read (:func:`_table_globs`); a large spec holds no object per rule."""
+
+    __slots__ = ("_make", "_n", "_out")
+
+    def __init__(self, n: int, out: frozenset[int], make: Callable[[int], _V]) -> None:
+        self._n, self._out, self._make = n, out, make
+
+    def __getitem__(self, index: int) -> _V:
+        if not isinstance(index, int) or not 0 <= index < self._n or index in self._out:
+            raise KeyError(index)
+        return self._make(index)
+
+    def __len__(self) -> int:
+        return self._n - len(self._out)
+
+    def __iter__(self) -> Iterator[int]:
+        out = self._out
+        return (i for i in range(self._n) if i not in out)
+
+
+def _table_globs(
+    table: ir.RuleTable,
+    broken: set[int],
+    views: Views | None,
+    rule_views: Mapping[int, str],
+) -> tuple[Mapping[int, Glob], Mapping[int, RuleSpec]]:
+    """``resolve``'s globs and rule specs of a rule table: the same as of its rules, read
+    from the columns when asked for."""
+    failed = set()
+    for i in range(len(table)):
+        try:
+            compile_glob(table.pattern_text(i))
+        except PatternError:
+            failed.add(i)
+    left_out = frozenset(failed)
+
+    def spec_of(i: int) -> RuleSpec:
+        fsdp = views.fsdp_of(rule_views[i]) if views else None
+        return rule_spec(table.shapes[table.shape_of(i)], fsdp, table.pattern_text(i))
+
+    globs = _TableRules(len(table), left_out, lambda i: compile_glob(table.pattern_text(i)))
+    return globs, _TableRules(len(table), left_out | frozenset(broken), spec_of)
 
 
 def _place_stages(res: Resolved) -> None:

@@ -7,8 +7,53 @@ The checks (:mod:`shardspec.checks.views`) report what is wrong; this only reads
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import TypeVar
+
+from shardspec.core.patterns import PatternError, compile_glob
 from shardspec.core.views import SINGLE, Views
 from shardspec.frontend import ir
+
+_T = TypeVar("_T")
+
+
+class PerShape(Mapping[int, _T]):
+    """A value per rule of a :class:`~shardspec.frontend.ir.RuleTable` that only its shape
+    decides (the text of the rule but its pattern): one value per shape, read by index."""
+
+    __slots__ = ("_table", "_values")
+
+    def __init__(self, table: ir.RuleTable, values: list[_T]) -> None:
+        self._table, self._values = table, values
+
+    def __getitem__(self, index: int) -> _T:
+        if not isinstance(index, int) or not 0 <= index < len(self._table):
+            raise KeyError(index)
+        return self._values[self._table.shape_of(index)]
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._table)))
+
+
+def per_rule(rules: Sequence[ir.Rule], f: Callable[[ir.Rule], _T]) -> Mapping[int, _T]:
+    """``f`` of each rule, by rule index, where ``f`` reads no rule's pattern nor place:
+    called once per shape of a rule table."""
+    if isinstance(rules, ir.RuleTable):
+        return PerShape(rules, [f(rep) for rep in rules.shapes])
+    return {r.index: f(r) for r in rules}
+
+
+def captures_key(table: ir.RuleTable, index: int) -> Hashable:
+    """What a check that reads a rule's pattern only for its captures reads of rule
+    ``index``: its shape and its pattern's captures (None: the pattern does not compile)."""
+    try:
+        captures: tuple[str, ...] | None = compile_glob(table.pattern_text(index)).captures
+    except PatternError:
+        captures = None
+    return table.shape_of(index), captures
 
 
 def views_of(spec: ir.Spec) -> Views | None:
@@ -64,9 +109,9 @@ def rule_view(views: Views, rule: ir.Rule) -> str:
     return next(iter(named), views.default)
 
 
-def rule_fsdp(spec: ir.Spec) -> dict[int, str | None]:
+def rule_fsdp(spec: ir.Spec) -> Mapping[int, str | None]:
     """Each rule's FSDP axis: its view's."""
     views = views_of(spec)
     if views is None:
         return {}
-    return {r.index: views.fsdp_of(rule_view(views, r)) for r in spec.rules}
+    return per_rule(spec.rules, lambda r: views.fsdp_of(rule_view(views, r)))

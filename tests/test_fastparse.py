@@ -98,7 +98,8 @@ def items(draw: st.DrawFn) -> list[str]:
         )
         return ["style", draw(NAMES), *[w for o in opts for w in o]]
     size = st.one_of(NUMBERS, NAMES)
-    heads = st.builds(lambda n, s: [n, s], NAMES, size)
+    replicated = st.sampled_from([[], ["replicated"]])  # `heads k 16 replicated`
+    heads = st.builds(lambda n, s, r: [n, s, *r], NAMES, size, replicated)
     return ["heads", *[w for h in _list_of(draw, heads) for w in h]]
 
 
@@ -170,7 +171,7 @@ def test_generated_statements(stmts: list[list[str]], data: st.DataObject) -> No
 
 
 ATOMS = ["param ", "{", "}", "[", "]", "(", ")", ",", " ", "\n", "#", '"', "shard ", " over ",
-         "replicate", "heads", "fuse ", " as ", "3", "x", "*", ".", "local", "input", "mesh {",
+         "replicate", "replicated", "heads", "fuse ", " as ", "3", "x", "*", ".", "local", "input", "mesh {",
          "hf {", "}\n", "é", "\x0b"]  # fmt: skip
 
 

@@ -171,6 +171,9 @@ class HeadSize(Node):
     target: Name
     size: int | None = None
     size_name: Name | None = None
+    # `heads k 16 replicated`: where the axis splitting the fused dimension has more ranks
+    # than the component has heads, each head is held whole by consecutive ranks (vLLM).
+    replicated: bool = False
 
     @property
     def size_text(self) -> str:

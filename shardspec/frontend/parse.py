@@ -462,12 +462,13 @@ class _ToIR:
         )
 
     def head_size(self, meta, children):
-        target, size = children
+        target, size = children[:2]
         return ir.HeadSize(
             **self._at(meta),
             target=self._name(target),
             size=int(size) if size.type == "INT" else None,
             size_name=self._name(size) if size.type == "NAME" else None,
+            replicated=len(children) > 2,
         )
 
     def heads_item(self, meta, children):

@@ -76,9 +76,7 @@ def qwen2_rounds(rank: int, world: int, folder: str, plans: dict[int, str]) -> d
     """Every engine of ``plans`` (tp -> plan path) in turn; what the test checks."""
     torch.set_num_threads(1)
     out: dict[str, Any] = {"rank": rank, "engines": {}}
-    tmesh = DeviceMesh(
-        "cpu", torch.arange(T).reshape(2, 2), mesh_dim_names=("dp_shard", "tp")
-    )
+    tmesh = DeviceMesh("cpu", torch.arange(T).reshape(2, 2), mesh_dim_names=("dp_shard", "tp"))
     emeshes = {
         tp: DeviceMesh("cpu", torch.arange(T, T + tp), mesh_dim_names=("tp",)) for tp in plans
     }

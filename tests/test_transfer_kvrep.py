@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from shardspec.core.layout import (
     Fusion,
+    LayoutError,
     Mesh,
     RuleSpec,
     build_layout,
@@ -24,7 +25,6 @@ from shardspec.core.layout import (
     local_indices,
     module_shape,
 )
-from shardspec.core.layout import LayoutError
 from shardspec.transfer import plan_json, plan_transfer
 from tests import vllm_slices
 from tests.test_transfer_plan import _ids, _index, _locals, _positions
@@ -138,9 +138,7 @@ def _moved(doc: dict, src: dict, want: dict) -> tuple[dict, dict, list[int]]:
             ddims = [(d["dst_dim"], _positions(d["runs"], False)) for d in m["dims"]]
             didx = _index(g.dim(), m["dst_fixed"], ddims)
             g[didx] = data
-            times[m["dst"]][m["dst_param"]].index_put_(
-                didx, torch.ones_like(data), accumulate=True
-            )
+            times[m["dst"]][m["dst_param"]].index_put_(didx, torch.ones_like(data), accumulate=True)
             received[m["dst"]] += m["count"] * t["itemsize"]
     return got, times, received
 

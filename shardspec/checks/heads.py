@@ -255,7 +255,9 @@ def check_replicated_sizes(res: Resolved) -> list[Diagnostic]:
                 heads = size // head if size % head == 0 else 0
                 if heads and (heads % n == 0 or n % heads == 0):
                     continue
-                item = next(h for h in rule.heads if h.replicated and h.target.text in (comp, dim.name))
+                item = next(
+                    h for h in rule.heads if h.replicated and h.target.text in (comp, dim.name)
+                )
                 out.append(_sizes_diag(fqn, dim.name, comp, size, head, dim.axes[0], n, item))
     return out
 
@@ -267,8 +269,7 @@ def _sizes_diag(
     if not heads or size % head:
         return diag(
             "SS116",
-            f"{fqn}: component {comp!r} of {dim!r} has {size} indices, not whole heads of "
-            f"{head}",
+            f"{fqn}: component {comp!r} of {dim!r} has {size} indices, not whole heads of {head}",
             item.span,
             "the size is one head's size in indices (head_dim)",
         )

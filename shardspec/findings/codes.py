@@ -1127,6 +1127,21 @@ CHECKS: tuple[Check, ...] = (
         "param qkv_proj.weight [qkv, hidden] {\n    fuse qkv as q 64, k 32, v 32\n"
         "    heads k 16 replicated\n    shard qkv over tp\n    local tp\n}",
     ),
+    Check(
+        "SS118",
+        "unknown-pad-dimension",
+        E,
+        "A map line's `pad NAME to M` names no dimension of the rules that place its target, "
+        "or a dimension found at several indices there.",
+        "`pad vocab to 64` names the target rule's dimension, as `shard vocab over tp` does; "
+        "a typo would otherwise pad nothing, or the wrong dimension. The finding lists the "
+        "dimension names that exist; where the name is ambiguous, give the index "
+        "(`pad 0 to 64`).",
+        "param embed.weight [vocab, hidden] {}\nhf {\n    embed.weight -> embed.weight "
+        "pad vocb to 64\n}",
+        "param embed.weight [vocab, hidden] {}\nhf {\n    embed.weight -> embed.weight "
+        "pad vocab to 64\n}",
+    ),
     # --- transfer (`shardspec transfer TRAIN ENGINE`) ------------------------------------
     Check(
         "SS124",

@@ -423,7 +423,7 @@ class _Reader:
     def replicated_word(self) -> bool:
         """``replicated`` after a head size (a keyword there: lark's lexer reads it so)."""
         word, m = self.peek()
-        if word != "replicated":
+        if word != "replicated" or m is None:
             return False
         self.take(m)
         return True

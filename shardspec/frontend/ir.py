@@ -385,6 +385,9 @@ class HFTransform(Node):
     dim: int = 0
     multiple: int = 0
     axes: tuple[Name, ...] = ()
+    # `pad vocab to 64`: the target rule's dimension name, resolved to ``dim`` when the
+    # spec is read (:mod:`shardspec.frontend.padnames`)
+    dim_name: Name | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

@@ -40,10 +40,15 @@ HEADS = {"heads": 4, "kv_heads": 2, "head_dim": 16}
 
 
 def _hf_tensors(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of an export's files; a key in two files (written twice) is an error."""
     out: dict[str, torch.Tensor] = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, name)))
+            got = load_file(os.path.join(folder, name))
+            twice = sorted(set(got) & set(out))
+            if twice:
+                raise AssertionError(f"{folder}: written twice: {twice}")
+            out.update(got)
     return out
 
 
@@ -133,6 +138,8 @@ def qwen2_rounds(rank: int, world: int, folder: str, plans: dict[int, str]) -> d
         path = os.path.join(folder, f"engine-{tp}-export")
         spec.export_hf(engine, path, emeshes[tp], process_group=engine_groups[tp])
         dist.barrier(engine_groups[tp])
-        back = _hf_tensors(path)
-        result["export_mismatch"] = _mismatch(back, hf)
+        try:
+            result["export_mismatch"] = _mismatch(_hf_tensors(path), hf)
+        except AssertionError as e:
+            result["export_mismatch"] = [str(e)]
     return out

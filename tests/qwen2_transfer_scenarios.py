@@ -90,13 +90,16 @@ def qwen2_rounds(rank: int, world: int, folder: str, plans: dict[int, str]) -> d
     engine_groups = {tp: dist.new_group(list(range(T, T + tp)), backend="gloo") for tp in plans}
     export = os.path.join(folder, "trainer-export")
     model: torch.nn.Module | None = None
+    full: dict[str, torch.Tensor] = {}
     if rank < T:
         model = _trained(tmesh)
-        with count_collectives() as calls:
-            trainer_layout.export_hf(model, export, tmesh, process_group=trainer_group)
-        out["export_groups"] = sorted(calls)
+        trainer_layout.export_hf(model, export, tmesh, process_group=trainer_group)
+        # torch's own gathering of the trained model (HF names are the model's own)
+        full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     dist.barrier()  # the export is on disk (outside every counted block)
     hf = _hf_tensors(export)
+    if rank < T:
+        out["export_vs_torch"] = _mismatch(hf, full)
     for tp, plan in plans.items():
         result: dict[str, Any] = {}
         out["engines"][tp] = result

@@ -172,3 +172,14 @@ def test_qwen2_to_vllm_engine_every_element_once(tp: int) -> None:
         assert torch.equal(got[0][k][16:], got[1][k][16:])
         assert torch.equal(got[2][k][16:], got[3][k][16:])
         assert not torch.equal(got[0][k][16:], got[2][k][16:])
+
+
+def test_engine_at_a_tp_that_does_not_fit_is_refused() -> None:
+    """The tp 4 engine spec checked at tp 3 (neither a divisor nor a multiple of the 2 KV
+    heads, nor the tp its modules were built with): findings at the engine's lines, no
+    plan."""
+    plan = plan_transfer(QWEN2, _engine(4), None, {"tp": 3}, None, 3)
+    assert plan.status == 1 and plan.tensors == []
+    codes = {d.code for d in plan.diagnostics if d.is_error}
+    assert {"SS013", "SS051"} <= codes, codes
+    assert all(d.span.file.endswith("qwen2_vllm_tp4.shard") for d in plan.diagnostics)

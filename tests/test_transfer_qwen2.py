@@ -67,6 +67,11 @@ def test_engine_equals_vllms_slice_of_the_export(results: dict[str, Any], tp: in
 
 
 def test_trainer_exports_over_its_own_group(results: dict[str, Any]) -> None:
-    """export_hf's process_group: the trainer's 4 ranks of the 8-rank job export alone."""
+    """export_hf's process_group: the trainer's 4 ranks of the 8-rank job export alone
+    (the engine ranks take no part), and the files hold, bitwise, the trained model's
+    tensors as torch gathers them (``full_tensor()``): the owner's answer the engines are
+    compared with is the trainer's own."""
     for rank in range(qs.T):
-        assert results["ranks"][rank]["export_groups"], rank
+        assert results["ranks"][rank]["export_vs_torch"] == [], rank
+    for rank in range(qs.T, 8):
+        assert "export_vs_torch" not in results["ranks"][rank]

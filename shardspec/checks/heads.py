@@ -237,18 +237,20 @@ def check_replicated_sizes(res: Resolved) -> list[Diagnostic]:
     ``num_kv_heads % tp == 0``), with the sizes that work."""
     out: list[Diagnostic] = []
     seen: set[int] = set()
-    if res.mesh is None:
+    wanted = {r.index for r in res.spec.rules if any(h.replicated for h in r.heads)}
+    if res.mesh is None or not wanted:
         return out
     for fqn, m in res.params:
-        if m.layout is None or m.winner is None or m.winner in seen:
+        if m.layout is None or m.winner not in wanted or m.winner in seen:
             continue
+        assert m.winner is not None
+        seen.add(m.winner)
         mesh = res.mesh_of_rule(m.winner)
-        rule = next(r for r in res.spec.rules if r.index == m.winner)
+        rule = res.spec.rules[m.winner]
         for dim in m.layout.dims:
             f = dim.fusion
             if f is None or not f.replicated or len(dim.axes) != 1 or mesh is None:
                 continue
-            seen.add(m.winner)
             n = mesh.size(dim.axes[0])
             for comp, head in f.replicated:
                 size = dict(f.components)[comp]

@@ -57,6 +57,8 @@ def _save(kind: str, folder: Path) -> None:
         model = hf.deepseek_v3_tiny()
     elif kind == "gpt_oss":
         model = hf.gpt_oss_tiny()
+    elif kind == "qwen2":
+        model = hf.qwen2_tiny()
     else:
         model = transformers.Qwen3MoeForCausalLM(qwen3_moe_config())
     model.save_pretrained(folder)
@@ -131,6 +133,7 @@ MANIFESTS = {
     "deepseek_v3.hf.json": "deepseek_v3",
     "deepseek_v3_fp8.hf.json": "deepseek_v3_fp8",  # its FP8 release's format
     "gpt_oss.hf.json": "gpt_oss",
+    "qwen2.hf.json": "qwen2",  # the trainer and the vLLM-style engines of specs/qwen2*.shard
 }
 
 

@@ -98,7 +98,8 @@ def items(draw: st.DrawFn) -> list[str]:
         )
         return ["style", draw(NAMES), *[w for o in opts for w in o]]
     size = st.one_of(NUMBERS, NAMES)
-    heads = st.builds(lambda n, s: [n, s], NAMES, size)
+    replicated = st.sampled_from([[], ["replicated"]])  # `heads k 16 replicated`
+    heads = st.builds(lambda n, s, r: [n, s, *r], NAMES, size, replicated)
     return ["heads", *[w for h in _list_of(draw, heads) for w in h]]
 
 
@@ -149,6 +150,8 @@ def statements(draw: st.DrawFn) -> list[str]:
         ]
     if kind == "hf":
         line = [draw(PATTERNS), "->", draw(PATTERNS)]
+        if draw(st.booleans()):  # `pad 0 to 64`, `pad vocab to 64` (a rule's dimension)
+            line += ["pad", draw(st.one_of(NUMBERS, NAMES)), "to", draw(NUMBERS)]
         # an fp8 line, its options in any order (`{key}` a brace the block's end skips)
         options = [["scale", "{key}_s"], ["block", draw(NUMBERS), "x", draw(NUMBERS)]]
         options += [[w] for w in ("ue8m0", "float32", "e4m3", "e5m2", draw(NAMES))]
@@ -170,8 +173,8 @@ def test_generated_statements(stmts: list[list[str]], data: st.DataObject) -> No
 
 
 ATOMS = ["param ", "{", "}", "[", "]", "(", ")", ",", " ", "\n", "#", '"', "shard ", " over ",
-         "replicate", "heads", "fuse ", " as ", "3", "x", "*", ".", "local", "input", "mesh {",
-         "hf {", "}\n", "é", "\x0b"]  # fmt: skip
+         "replicate", "replicated", "heads", "fuse ", " as ", "3", "x", "*", ".", "local",
+         "input", "mesh {", "hf {", "}\n", "é", "\x0b"]  # fmt: skip
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))

@@ -31,7 +31,8 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "specs").mkdir()
     for name in ("llama.shard", "llama.manifest.json", "llama.hf.json", "qwen2.shard"):
         shutil.copy(REPO / "specs" / name, tmp_path / "specs" / name)
-    shutil.copy(REPO / "specs" / "qwen2.manifest.json", tmp_path / "specs")
+    for name in ("qwen2.manifest.json", "qwen2.hf.json"):  # (qwen2.shard has an hf block)
+        shutil.copy(REPO / "specs" / name, tmp_path / "specs")
     (tmp_path / "specs" / "broken.shard").write_text(BROKEN, "utf-8")
     (tmp_path / "specs" / "warn.shard").write_text(WARNS, "utf-8")
     (tmp_path / "specs" / "syntax.shard").write_text("mesh { tp 2 }\n", "utf-8")

@@ -175,3 +175,117 @@ def _lookup(
         "write the size (`heads kv 128`), name a config.json key (`heads kv head_dim`), "
         "or build the manifest with the argument (`--arg head_dim=128`)",
     )
+
+
+# ------------------------------------------------------------------ replicated heads
+
+
+def check_replicated_items(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
+    """SS117: a ``heads ... replicated`` item the layout cannot hold: on a dimension that
+    is not fused (or in a fused dimension of groups), with a size that is a name, or on a
+    dimension not split over exactly one axis that the module holds locally (the engine's
+    module is built with its shard, which no DTensor placement describes)."""
+    out: list[Diagnostic] = []
+    for rule in spec.rules:
+        for item in rule.heads:
+            if item.replicated:
+                problem = _replicated_problem(rule, item)
+                if problem is not None:
+                    out.append(diag("SS117", problem[0], item.span, problem[1]))
+    return out
+
+
+def _replicated_problem(rule: ir.Rule, item: ir.HeadSize) -> tuple[str, str] | None:
+    target = _targets(rule, item)
+    what = f"heads {item.target.text} {item.size_text} replicated"
+    if target is None:
+        return None  # SS020 says so
+    fusion = next((f for f in rule.fusions if f.dim.text == target[0]), None)
+    if fusion is None:
+        return (
+            f"`{what}`: {target[0]!r} is not a fused dimension; replicated heads are a "
+            "component's (vLLM's QKVParallelLinear holds [q_r; k_r; v_r])",
+            f"fuse the dimension (`fuse {target[0]} as q 64, k 32, v 32`) and give the "
+            "replicated component its heads (`heads k 16 replicated`)",
+        )
+    if fusion.groups:
+        return (
+            f"`{what}`: {target[0]!r} is fused in groups, whose split over tp keeps whole "
+            "groups; heads replicate only in a dimension of components one after another",
+            f"write `fuse {target[0]} as q .., k .., v ..` without groups",
+        )
+    if item.size_name is not None:
+        return (
+            f"`{what}`: the head size of replicated heads must be a number, the layout "
+            "needs it before any manifest is read",
+            f"write the head size ({item.size_name.text}'s value) as a number",
+        )
+    axes = [a.text for s in rule.shards if s.dim.text == target[0] for a in s.axes]
+    local = {a.text for a in rule.local}
+    if len(axes) != 1 or axes[0] not in local:
+        said = ", ".join(axes) if axes else "no axis"
+        return (
+            f"`{what}`: {target[0]!r} is split over {said}; replicated heads need one axis "
+            "that the module holds locally (several ranks hold the same head, which no "
+            "DTensor placement describes)",
+            f"write `shard {target[0]} over tp` and `local tp`: the engine builds each "
+            "rank's module with its shard, as vLLM does",
+        )
+    return None
+
+
+def check_replicated_sizes(res: Resolved) -> list[Diagnostic]:
+    """SS116: a component with replicated heads whose axis size neither divides its head
+    count nor is a multiple of it (vLLM: ``tp % num_kv_heads == 0`` or
+    ``num_kv_heads % tp == 0``), with the sizes that work."""
+    out: list[Diagnostic] = []
+    seen: set[int] = set()
+    wanted = {r.index for r in res.spec.rules if any(h.replicated for h in r.heads)}
+    if res.mesh is None or not wanted:
+        return out
+    for fqn, m in res.params:
+        if m.layout is None or m.winner not in wanted or m.winner in seen:
+            continue
+        assert m.winner is not None
+        seen.add(m.winner)
+        mesh = res.mesh_of_rule(m.winner)
+        rule = res.spec.rules[m.winner]
+        for dim in m.layout.dims:
+            f = dim.fusion
+            if f is None or not f.replicated or len(dim.axes) != 1 or mesh is None:
+                continue
+            n = mesh.size(dim.axes[0])
+            for comp, head in f.replicated:
+                size = dict(f.components)[comp]
+                heads = size // head if size % head == 0 else 0
+                if heads and (heads % n == 0 or n % heads == 0):
+                    continue
+                item = next(
+                    h for h in rule.heads if h.replicated and h.target.text in (comp, dim.name)
+                )
+                out.append(_sizes_diag(fqn, dim.name, comp, size, head, dim.axes[0], n, item))
+    return out
+
+
+def _sizes_diag(
+    fqn: str, dim: str, comp: str, size: int, head: int, axis: str, n: int, item: ir.HeadSize
+) -> Diagnostic:
+    heads = size // head
+    if not heads or size % head:
+        return diag(
+            "SS116",
+            f"{fqn}: component {comp!r} of {dim!r} has {size} indices, not whole heads of {head}",
+            item.span,
+            "the size is one head's size in indices (head_dim)",
+        )
+    fit = [k for k in range(1, heads + 1) if heads % k == 0]
+    fit += [heads * k for k in (2, 3, 4, 8)]
+    return diag(
+        "SS116",
+        f"{fqn}: {axis}={n} neither divides the {heads} heads of component {comp!r} of "
+        f"{dim!r} nor is a multiple of them: some rank would hold part of a head, or "
+        "heads unevenly",
+        item.span,
+        f"{axis} sizes that work: {', '.join(map(str, fit))}, ... (a divisor of {heads} "
+        f"splits the heads; a multiple replicates each head on {axis}/{heads} ranks)",
+    )

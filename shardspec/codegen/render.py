@@ -182,6 +182,8 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
         fields.append(("any_rank", True))
     if rs.ckpt_shard:
         fields.append(("ckpt_shard", rs.ckpt_shard))
+    if rs.replicated_heads:
+        fields.append(("replicated_heads", rs.replicated_heads))
     return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 

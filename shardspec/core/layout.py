@@ -76,6 +76,9 @@ class Fusion:
 
     components: tuple[tuple[str, int], ...]  # (name, size); per group when groups > 1
     groups: int = 1  # > 1: the component block repeats once per group (GQA layout)
+    # (name, head size) of components whose heads are replicated when the first axis has
+    # more ranks than the component has heads (vLLM's QKVParallelLinear KV heads).
+    replicated: tuple[tuple[str, int], ...] = ()
 
     @property
     def group_size(self) -> int:
@@ -244,6 +247,9 @@ class RuleSpec:
     # Checkpoint-only splits: (dim, axes) cutting stored chunks further over axes the
     # parameter is replicated on at run time.
     ckpt_shard: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # `heads COMP SIZE replicated`: (dim, component, head size) of fused components whose
+    # heads the dimension's one (local) axis replicates when it has more ranks than heads.
+    replicated_heads: tuple[tuple[str, str, int], ...] = ()
 
     def axes_of(self, dim: str) -> tuple[str, ...]:
         return dict(self.shard).get(dim, ())
@@ -287,7 +293,12 @@ def build_layout(
             size = shapes[name] * local_factor
         fusion = None
         if name in fusions:
-            fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes)
+            replicated = tuple((c, h) for d, c, h in rule.replicated_heads if d == name)
+            if replicated:
+                size = _replicated_size(name, shapes[name], fusions[name], replicated, axes, rule)
+            fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes, rep=replicated)
+            if replicated and axes[0] in local:
+                _check_module_size(name, shapes[name], fusion, axes[0], sizes)
         dims.append(Dim(name, size, axes, fusion, name in rule.name_indexed))
     ckpt_of = dict(rule.ckpt_shard)
     ckpt = tuple(ckpt_of.get(d.name, ()) for d in dims) if ckpt_of else ()
@@ -323,6 +334,46 @@ def _check_axes(rule: RuleSpec, sizes: dict[str, int]) -> None:
             )
 
 
+def _replicated_size(
+    dim: str,
+    module_size: int,
+    fuse: tuple[tuple[tuple[str, int | None], ...], int],
+    replicated: tuple[tuple[str, int], ...],
+    axes: tuple[str, ...],
+    rule: RuleSpec,
+) -> int:
+    """The global size of a fused dimension with replicated heads: its components' sizes,
+    which must be given (a module built with its shard does not tell them), over one axis."""
+    comps, groups = fuse
+    if len(axes) != 1 or groups != 1 or any(s is None for _, s in comps):
+        raise LayoutError(
+            f"dimension {dim!r}: replicated heads ({', '.join(c for c, _ in replicated)}) "
+            "need one shard axis, no groups, and every component's global size",
+            LayoutProblem.COMPONENT_SPLIT,
+            "write `fuse qkv as q 64, k 32, v 32` and `shard qkv over tp` with `local tp`",
+        )
+    if axes[0] not in rule.local:
+        return module_size
+    return sum(int(s or 0) for _, s in comps)
+
+
+def _check_module_size(
+    dim: str, module_size: int, fusion: Fusion, axis: str, sizes: dict[str, int]
+) -> None:
+    """A module built with its shard of a dimension with replicated heads holds what rank 0
+    of ``axis`` holds (every rank holds as much)."""
+    n = sizes[axis]
+    held = [component_chunk(fusion, c, s, n, 0) for c, s in fusion.components]
+    size = sum(b - a for a, b in held)
+    if size != module_size:
+        raise LayoutError(
+            f"dimension {dim!r} is {module_size} in the module, but each of the {n} ranks "
+            f"of {axis} holds {size} of it (its components' slices, replicated heads whole)",
+            LayoutProblem.COMPONENT_SIZES,
+            f"build the module with {axis}={n}, or give the components' global sizes",
+        )
+
+
 def _fusion(
     dim: str,
     size: int,
@@ -331,6 +382,7 @@ def _fusion(
     *,
     axes: tuple[str, ...],
     sizes: dict[str, int],
+    rep: tuple[tuple[str, int], ...] = (),
 ) -> Fusion:
     if groups < 1:
         raise LayoutError(
@@ -358,7 +410,7 @@ def _fusion(
                 LayoutProblem.COMPONENT_SIZES,
                 "component sizes are global sizes; they must add up to the dimension",
             )
-    fusion = Fusion(comp_sizes, groups)
+    fusion = Fusion(comp_sizes, groups, rep)
     if axes:
         n = sizes[axes[0]]
         if groups > 1 and groups % n:
@@ -367,7 +419,11 @@ def _fusion(
                 LayoutProblem.COMPONENT_SPLIT,
                 f"the group count must be a multiple of {axes[0]}",
             )
-        bad = [(c, s) for c, s in comp_sizes if groups == 1 and s % n]
+        bad = [
+            (c, s)
+            for c, s in comp_sizes
+            if groups == 1 and s % n and replicated_heads(fusion, c, s, n) is None
+        ]
         if bad:
             detail = ", ".join(f"{c} {s}" for c, s in bad)
             raise LayoutError(
@@ -450,11 +506,35 @@ def _first_split(dim: Dim, n: int, i: int) -> Ranges:
         return _merge([(g0 * f.group_size, g1 * f.group_size)])
     parts = []
     start = 0
-    for _, size in f.components:
-        lo, hi = chunk_bounds(size, n, i)
+    for name, size in f.components:
+        lo, hi = component_chunk(f, name, size, n, i)
         parts.append((start + lo, start + hi))
         start += size
     return _merge(parts)
+
+
+def replicated_heads(fusion: Fusion, name: str, size: int, n: int) -> int | None:
+    """The head count of component ``name`` (``size`` indices) when its heads are
+    replicated over ``n`` ranks (``n`` above the head count: vLLM's ``QKVParallelLinear``
+    with ``tp > num_kv_heads``); ``None`` when the component is split as usual."""
+    head = dict(fusion.replicated).get(name)
+    if not head or size % head:
+        return None
+    heads = size // head
+    return heads if 0 < heads < n else None
+
+
+def component_chunk(fusion: Fusion, name: str, size: int, n: int, i: int) -> tuple[int, int]:
+    """``(start, stop)`` in component ``name`` (``size`` indices) of the ``i``-th of ``n``
+    ranks splitting it: ``torch.chunk``'s, or, for heads replicated over more ranks than
+    there are heads, head ``i * heads // n`` (``i // (n // heads)``: vLLM's ``rank //
+    num_kv_head_replicas``), whole on each of its ``n // heads`` consecutive ranks."""
+    heads = replicated_heads(fusion, name, size, n)
+    if heads is None:
+        return chunk_bounds(size, n, i)
+    head = size // heads
+    h = i * heads // n
+    return h * head, (h + 1) * head
 
 
 def dim_indices(dim: Dim, sizes: dict[str, int], coord: dict[str, int]) -> Ranges:
@@ -1470,9 +1550,12 @@ def head_cut(
             g0, g1 = chunk_bounds(f.groups, n, i)
             blocks.append((((axes[0], i),), ((g0 * f.group_size, (g1 - g0) * f.group_size),)))
     else:
-        # Every component (the dimension, unfused) is split separately.
+        # Every component (the dimension, unfused) is split separately; replicated heads
+        # (more ranks than heads) are held whole.
         parts = [
-            (start, size) for start, (_, size, _) in zip(h.offsets, h.parts, strict=True) if size
+            (start, size)
+            for start, (name, size, _) in zip(h.offsets, h.parts, strict=True)
+            if size and (f is None or name is None or replicated_heads(f, name, size, n) is None)
         ]
         candidates = {0}
         for start, size in parts:

@@ -1093,6 +1093,55 @@ CHECKS: tuple[Check, ...] = (
         "param **.*norm.weight [dim] {\n    style sequence_parallel\n}",
         True,
     ),
+    Check(
+        "SS116",
+        "replicated-heads-size",
+        E,
+        "A component with `heads ... replicated` is split over an axis whose size neither "
+        "divides its head count nor is a multiple of it.",
+        "vLLM's QKVParallelLinear splits the KV heads over tp when tp divides their count, "
+        "and replicates each head on tp / heads consecutive ranks when tp is a multiple of "
+        "it; any other tp would give a rank part of a head, or heads unevenly, and vLLM "
+        "refuses it. The finding lists the axis sizes that work.",
+        'manifest "m.json"\nmesh { tp: 3 }\nparam qkv_proj.weight [qkv, hidden] {\n'
+        "    fuse qkv as q 96, k 32, v 32\n    heads k 16 replicated, v 16 replicated\n"
+        "    shard qkv over tp\n    local tp\n}",
+        'manifest "m.json"\nmesh { tp: 4 }\nparam qkv_proj.weight [qkv, hidden] {\n'
+        "    fuse qkv as q 64, k 32, v 32\n    heads k 16 replicated, v 16 replicated\n"
+        "    shard qkv over tp\n    local tp\n}",
+        True,
+    ),
+    Check(
+        "SS117",
+        "replicated-heads-layout",
+        E,
+        "`heads ... replicated` is on a dimension that is not fused (or fused in groups), "
+        "has a head size that is a name, or is not split over exactly one local axis.",
+        "Replicated heads are an engine's per-rank layout (vLLM's [q_r; k_r; v_r], KV head "
+        "rank // (tp / kv heads)): several ranks hold the same head, which no DTensor "
+        "placement describes, so the module must be built with its shard (`local tp`) of a "
+        "fused dimension of components, and the layout needs the head size before any "
+        "manifest is read.",
+        "param qkv_proj.weight [qkv, hidden] {\n    fuse qkv as q 64, k 32, v 32\n"
+        "    heads k 16 replicated\n    shard qkv over tp\n}",
+        "param qkv_proj.weight [qkv, hidden] {\n    fuse qkv as q 64, k 32, v 32\n"
+        "    heads k 16 replicated\n    shard qkv over tp\n    local tp\n}",
+    ),
+    Check(
+        "SS118",
+        "unknown-pad-dimension",
+        E,
+        "A map line's `pad NAME to M` names no dimension of the rules that place its target, "
+        "or a dimension found at several indices there.",
+        "`pad vocab to 64` names the target rule's dimension, as `shard vocab over tp` does; "
+        "a typo would otherwise pad nothing, or the wrong dimension. The finding lists the "
+        "dimension names that exist; where the name is ambiguous, give the index "
+        "(`pad 0 to 64`).",
+        "param embed.weight [vocab, hidden] {}\nhf {\n    embed.weight -> embed.weight "
+        "pad vocb to 64\n}",
+        "param embed.weight [vocab, hidden] {}\nhf {\n    embed.weight -> embed.weight "
+        "pad vocab to 64\n}",
+    ),
     # --- transfer (`shardspec transfer TRAIN ENGINE`) ------------------------------------
     Check(
         "SS124",

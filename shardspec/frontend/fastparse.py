@@ -437,6 +437,7 @@ class _Reader:
             size, size_name = self.number(), None
         else:
             size, size_name = None, self.name("heads size")
+        replicated = self.replicated_word()
         return ir.HeadSize(
             at=self.at,
             start=target.start,
@@ -444,7 +445,16 @@ class _Reader:
             target=target,
             size=size,
             size_name=size_name,
+            replicated=replicated,
         )
+
+    def replicated_word(self) -> bool:
+        """``replicated`` after a head size (a keyword there: lark's lexer reads it so)."""
+        word, m = self.peek()
+        if word != "replicated" or m is None:
+            return False
+        self.take(m)
+        return True
 
     def style(self, start: int) -> ir.StyleItem:
         """``style KIND [input LAYOUT] [output LAYOUT] [dtensor]`` (options in any order,

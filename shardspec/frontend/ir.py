@@ -172,6 +172,9 @@ class HeadSize(Node):
     target: Name
     size: int | None = None
     size_name: Name | None = None
+    # `heads k 16 replicated`: where the axis splitting the fused dimension has more ranks
+    # than the component has heads, each head is held whole by consecutive ranks (vLLM).
+    replicated: bool = False
 
     @property
     def size_text(self) -> str:
@@ -513,6 +516,9 @@ class HFTransform(Node):
     dim: int = 0
     multiple: int = 0
     axes: tuple[Name, ...] = ()
+    # `pad vocab to 64`: the target rule's dimension name, resolved to ``dim`` when the
+    # spec is read (:mod:`shardspec.frontend.padnames`)
+    dim_name: Name | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

@@ -25,6 +25,7 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic, Span, clip
 from shardspec.frontend import ir
 from shardspec.frontend.limits import MAX_TOKEN, NUMBER_HINT, number_too_large
+from shardspec.frontend.padnames import resolve_pad_names
 from shardspec.frontend.syntax_errors import comment_start, syntax_error
 from shardspec.frontend.textfile import read_text
 
@@ -462,12 +463,13 @@ class _ToIR:
         )
 
     def head_size(self, meta, children):
-        target, size = children
+        target, size = children[:2]
         return ir.HeadSize(
             **self._at(meta),
             target=self._name(target),
             size=int(size) if size.type == "INT" else None,
             size_name=self._name(size) if size.type == "NAME" else None,
+            replicated=len(children) > 2,
         )
 
     def heads_item(self, meta, children):
@@ -495,10 +497,12 @@ class _ToIR:
     def hf_transform(self, meta, children):
         kind = children[0]
         if kind.type == "PAD":
+            named = children[1].type == "NAME"
             return ir.HFTransform(
                 **self._at(meta),
                 kind="pad",
-                dim=int(children[1]),
+                dim=0 if named else int(children[1]),
+                dim_name=self._name(children[1]) if named else None,
                 multiple=int(children[2]),
                 axes=tuple(self._name(c) for c in children[3:]),
             )
@@ -789,7 +793,8 @@ def spec_of(path: str, text: str, statements: Iterable[object]) -> tuple[ir.Spec
         fields["rules"] = table
     fields["suppressions"] = _suppressions(path, text)
     spec = ir.Spec(path=path, source=text, sha256=_sha256(text), **fields)
-    return spec, diags
+    spec, named = resolve_pad_names(spec)
+    return spec, diags + named
 
 
 def _sha256(text: str) -> str:

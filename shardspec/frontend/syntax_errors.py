@@ -418,8 +418,8 @@ def _split_counts(w: _Where) -> str:
 
 
 _PAD_FORM = (
-    "write `pad D to M`: D the dimension's index, M the multiple, times mesh axes' sizes "
-    "after `x` (vLLM: `pad 0 to 64`; Megatron: `pad 0 to 128 x tp`)"
+    "write `pad D to M`: D the dimension's index or the rule's name for it, M the multiple, "
+    "times mesh axes' sizes after `x` (vLLM: `pad vocab to 64`; Megatron: `pad 0 to 128 x tp`)"
 )
 _TRANSFORM_WORDS = ("pad", "rope", "transpose", "grouped")
 
@@ -428,8 +428,6 @@ def _pad_line(w: _Where) -> str:
     """A ``pad`` transform written wrong, or a transform's name misspelled on a map line."""
     before = w.before if w.before.strip() else w.before_or_prior
     if re.search(r"\bpad\s*$", before) and "INT" in w.expected:
-        if w.word and w.word[0].isalpha():
-            return f"pad names the dimension by its index, not by name ({w.word!r}); {_PAD_FORM}"
         return _PAD_FORM
     if re.search(r"\bpad\s+\d+\s*$", before) or re.search(r"\bpad\s+\d+\s+to\s*$", before):
         return _PAD_FORM

@@ -347,7 +347,23 @@ def rule_spec(rule: ir.Rule, fsdp: str | None, pattern: str | None = None) -> Ru
         ckpt_shard=one(
             tuple((s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards)
         ),
+        replicated_heads=replicated_heads(rule),
     )
+
+
+def replicated_heads(rule: ir.Rule) -> tuple[tuple[str, str, int], ...]:
+    """``(dim, component, head size)`` of the rule's ``heads COMP SIZE replicated`` items
+    that name a component of a fused dimension (or the fused dimension: every component)
+    with a whole-number size, outside groups; lint refuses the others (SS117)."""
+    out = []
+    for item in rule.heads:
+        if not item.replicated or not item.size:
+            continue
+        for f in (f for f in rule.fusions if not f.groups):
+            for c in f.components:
+                if item.target.text in (f.dim.text, c.name.text):
+                    out.append((f.dim.text, c.name.text, item.size))
+    return tuple(out)
 
 
 def resolve(

@@ -123,13 +123,13 @@ CASES = [
         "expect": [("SS001", 2, "unexpected '0'", "0", "did you mean `pad`?")],
     },
     {
-        "name": "pad names its dimension by index",
+        "name": "pad names its dimension by index or name, not by a sign",
         "spec": """
             hf {
-                a.weight -> b.weight pad vocab to 64
+                a.weight -> b.weight pad -1 to 64
             }
             """,
-        "expect": [("SS001", 2, "unexpected 'vocab'", "vocab", "by its index, not by name")],
+        "expect": [("SS001", 2, "unexpected", "-", "the rule's name for it")],
     },
     {
         "name": "pad without `to`",

@@ -108,7 +108,7 @@ def _send_and_receive(messages: Messages, world: int, group: Any) -> None:
     pending = []
     for peer, buf in sorted(messages.recv.items()):
         try:
-            pending.append(dist.irecv(buf, src=peer, group=group))
+            pending.append(dist.irecv(buf, group_src=peer, group=group))
         except RuntimeError as e:  # the connection is already gone
             failed.append(e)
     sent = 0
@@ -128,7 +128,7 @@ def _send_and_receive(messages: Messages, world: int, group: Any) -> None:
 
 
 def _send(buf: torch.Tensor, peer: int, group: Any) -> None:
-    work = dist.isend(buf, dst=peer, group=group)
+    work = dist.isend(buf, group_dst=peer, group=group)
     if work is not None:
         work.wait()
 

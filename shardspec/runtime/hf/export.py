@@ -443,7 +443,8 @@ def export_hf(
     no half-written checkpoint at ``path``.
 
     ``process_group``: the group of every collective and every message of the export
-    (every rank of the job, with a gloo backend); default
+    (every rank of the model's mesh in its rank order, with a gloo backend: the whole job,
+    or the trainer's ranks of a job that also holds an inference engine); default
     :func:`~shardspec.runtime.checkpoint.checkpoint_group`, shardspec's own gloo group, as
     for ``save``. When a rank dies, a survivor whose collective failed destroys that group
     (never one of yours), so no survivor waits out a timeout for another that gave up;
@@ -528,9 +529,11 @@ def _cast(dtype: Any, keep: str | Sequence[str]) -> _Cast:
     return _Cast(dtype, patterns)
 
 
-def _export_group(process_group: Any) -> Any:
-    """The export's process group: the caller's (every rank of the job, a gloo backend),
-    or shardspec's own checkpoint group (a collective on first use)."""
+def _export_group(process_group: Any, world: int, rank: int) -> Any:
+    """The export's process group: the caller's (every rank of the model's mesh, ``world``
+    of them, in the mesh's rank order: the whole job, or the trainer's ranks of a job that
+    holds an inference engine too; a gloo backend), or shardspec's own checkpoint group (a
+    collective on first use)."""
     if not dist.is_initialized():
         return None
     if process_group is None:
@@ -538,13 +541,15 @@ def _export_group(process_group: Any) -> Any:
     try:
         size = dist.get_world_size(process_group)  # -1 on a rank outside it
         backend = str(dist.get_backend(process_group)) if size > 0 else ""
+        own = dist.get_rank(process_group) if size > 0 else -1
     except (ValueError, RuntimeError, AttributeError, TypeError) as e:
         raise HFError(f"process_group: not a process group of this job ({e})") from None
-    if size != dist.get_world_size():
+    if size != world or own != rank:
         raise HFError(
-            "process_group: export_hf needs a group of every rank of the job "
-            f"({dist.get_world_size()} ranks); this one has "
-            f"{'not this rank' if size < 0 else f'{size} ranks'}; nothing was written"
+            f"process_group: export_hf needs a group of the model's {world} ranks, in the "
+            f"mesh's order (this rank, mesh rank {rank}, its rank {rank} in the group); this "
+            f"one has {'not this rank' if size < 0 else f'{size} ranks, this rank {own}'}; "
+            "nothing was written"
         )
     if "gloo" not in backend:  # "gloo", or "cpu:gloo,cuda:nccl"
         raise HFError(
@@ -572,7 +577,7 @@ def _export_hf(
     raise_problems(problems + _written_twice(sources), path)
     cast.check([key for src in sources.values() for key in src.keys], hfmap)
     quant = _export_quant(hfmap, sources)
-    session = ExportSession(path, rank, _export_group(process_group))
+    session = ExportSession(path, rank, _export_group(process_group, lm.world, rank))
     return _export(session, spec, hfmap, lm, m, sources, config, cast, overwrite, quant)
 
 

@@ -276,10 +276,10 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     ckpt = os.path.join(opts["folder"], "dcp")
     stats: dict[str, Any] = {}
 
-    def p2p() -> None:
+    def p2p(key: str = "p2p") -> None:
         call = transfer.send_weights if side == 0 else transfer.receive_weights
         s = call(model, plan, spec=shim, bucket_bytes=opts["bucket"])
-        stats["p2p"] = {
+        stats[key] = {
             "sent": s.sent_bytes,
             "received": s.received_bytes,
             "rounds": s.rounds,
@@ -323,8 +323,7 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
 
     def p2p_index() -> None:
         with mock.patch.object(transfer, "MAX_BLOCKS", 0):
-            p2p()
-        stats[INDEX] = stats.pop("p2p")
+            p2p(INDEX)
 
     ops = {"p2p": p2p, "gather_bcast": gather_bcast, "dcp": save_load, INDEX: p2p_index}
 

@@ -2,7 +2,7 @@
 ways RL frameworks move trainer weights to an inference engine by default.
 
     python -m bench.bench_transfer                  # ~0.6 GB fp32 model, 4 -> 4 ranks, 3 rounds
-    python -m bench.bench_transfer --rounds 5 --json /tmp/transfer.json
+    python -m bench.bench_transfer --rounds 5 --packing-baseline --json /tmp/transfer.json
     python -m bench.bench_transfer --plan-only      # planner time at MODEL and PLAN_MODEL
 
 One gloo group of ``T + N`` CPU processes (``shardspec.testing.run_ranks``): trainer ranks
@@ -26,7 +26,9 @@ folder by :func:`write_specs`. Three methods, each moving every engine parameter
 * ``dcp`` (b): ``dcp.save`` of the trainer's state dict (its DTensors, trainer group) into
   a folder, then ``dcp.load`` by the engine into its own DTensors (engine group), with the
   generated planners (``ShardspecSavePlanner`` / ``ShardspecLoadPlanner``: DCP's default
-  planner refuses the fused gate/up layout, whose tp shards it sees as overlapping chunks).
+  planner refuses the fused gate/up layout, whose tp shards it sees as overlapping chunks);
+* ``p2p_index`` (``--packing-baseline``): ``p2p`` with every move packed through one index
+  gather (``runtime.transfer.MAX_BLOCKS`` patched to 0), the packing before block copies.
 
 Round 0 is untimed: the engine's local tensors are filled with NaN before each method and
 must equal, bit for bit, what ``gather_bcast`` (torch's ``full_tensor()`` cut by the

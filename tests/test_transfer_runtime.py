@@ -358,3 +358,19 @@ def test_killed_trainer_rank(dist_results: dict[str, Any]) -> None:
         assert (
             "Not answering after the failure (dead or hung): group rank 1 (trainer rank 1)" in error
         ), (r, error)
+
+
+def test_packing_copies_blocks_without_an_index_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused gate/up rows of a tp 2 trainer -> tp 2 engine move are two runs: each
+    block is copied straight between a view and the buffer, with no index tensor and no
+    intermediate copy; past MAX_BLOCKS the index path gives the same elements."""
+
+    def no_index(self: Any) -> Any:
+        raise AssertionError("a move of few blocks went through an index gather")
+
+    plan = plan_transfer(LLAMA, LLAMA, {"tp": 2}, {"tp": 2}, 4, 2)
+    with monkeypatch.context() as m:
+        m.setattr(transfer._View, "index", no_index)
+        _run_in_process(plan, 1 << 20)
+    monkeypatch.setattr(transfer, "MAX_BLOCKS", 0)  # every move by index
+    _run_in_process(plan, 1 << 20)

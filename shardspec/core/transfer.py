@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +52,9 @@ __all__ = [
 # (src_start, dst_start, count, src_step, dst_step): positions src_start + i*src_step of the
 # sender's dimension go to dst_start + i*dst_step of the receiver's, for i in range(count).
 Run = tuple[int, int, int, int, int]
+# (hf_start, pos_start, count, hf_step, pos_step): HF indices hf_start + i*hf_step of an
+# axis lie at local positions pos_start + i*pos_step, for i in range(count).
+HFRun = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,13 @@ class Axis:
     @functools.cached_property
     def bounds(self) -> tuple[int, int]:
         """The least and the greatest HF index held."""
-        return min(self.hf), max(self.hf)
+        first, last = self.runs[0], self.runs[-1]
+        return first[0], last[0] + (last[2] - 1) * last[3]
+
+    @functools.cached_property
+    def runs(self) -> tuple[HFRun, ...]:
+        """The axis as runs in increasing HF order (:func:`hf_runs`)."""
+        return hf_runs(self.hf, self.pos)
 
     @functools.cached_property
     def position_of(self) -> dict[int, int]:
@@ -235,18 +246,185 @@ def runs_of(pairs: Iterable[tuple[int, int]]) -> tuple[Run, ...]:
 
 
 def _meet(src: Holding, dst: Holding) -> tuple[tuple[Run, ...], ...] | None:
-    """The runs that move ``src``'s elements that ``dst`` holds, or None if none."""
+    """The runs that move ``src``'s elements that ``dst`` holds, or None if none: per HF
+    dimension, the two axes' HF runs (:attr:`Axis.runs`) intersected run by run and
+    merged in the receiver's position order as :func:`runs_of` merges pairs, at a cost in
+    runs, not elements."""
     for sa, da in zip(src.axes, dst.axes, strict=True):  # disjoint bounds: nothing to move
         if sa.bounds[1] < da.bounds[0] or da.bounds[1] < sa.bounds[0]:
             return None
     out = []
     for sa, da in zip(src.axes, dst.axes, strict=True):
-        where = sa.position_of
-        pairs = [(where[h], p) for h, p in zip(da.hf, da.pos, strict=True) if h in where]
-        if not pairs:
+        pieces = intersect_runs(sa.runs, da.runs)
+        if not pieces:
             return None
-        out.append(runs_of(pairs))
+        out.append(merge_runs(_in_dst_order(pieces)))
     return tuple(out)
+
+
+def hf_runs(hf: Sequence[int], pos: Sequence[int]) -> tuple[HFRun, ...]:
+    """An axis's ``(HF index, local position)`` pairs as :data:`HFRun` runs in increasing
+    HF order (disjoint, increasing HF ranges), each as long as both its strides go."""
+    if len(hf) > 1 and all(map(operator.lt, hf, hf[1:])) and all(map(operator.lt, pos, pos[1:])):
+        return _unit_runs(hf, pos)
+    out: list[list[int]] = []
+    for h, p in sorted(zip(hf, pos, strict=True)):  # (a RoPE dimension: another order)
+        if out:
+            r = out[-1]
+            if r[2] == 1:
+                r[3], r[4], r[2] = h - r[0], p - r[1], 2
+                continue
+            if h == r[0] + r[2] * r[3] and p == r[1] + r[2] * r[4]:
+                r[2] += 1
+                continue
+        out.append([h, p, 1, 1, 1])
+    return tuple((a, b, c, e, f) for a, b, c, e, f in out)
+
+
+def _unit_runs(hf: Sequence[int], pos: Sequence[int]) -> tuple[HFRun, ...]:
+    """:func:`hf_runs` of increasing ``hf`` and ``pos``, in a number of steps that grows
+    with the runs, not the elements: both lists increase, so elements ``i..j`` are one
+    run of strides 1 exactly when both ends are ``j - i`` apart, and the end of each run
+    is found by a galloping search."""
+    out: list[HFRun] = []
+    n, i = len(hf), 0
+    while i < n:
+        h, p = hf[i], pos[i]
+
+        def unit(j: int) -> bool:
+            return hf[j] - h == j - i and pos[j] - p == j - i  # noqa: B023 (used at once)
+
+        if i + 1 < n and unit(i + 1):
+            step = 1
+            while i + step * 2 < n and unit(i + step * 2):
+                step *= 2
+            lo, hi = i + step, min(n, i + step * 2)  # unit(lo); not unit(hi) or hi == n
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if unit(mid) else (lo, mid)
+            out.append((h, p, lo - i + 1, 1, 1))
+            i = lo + 1
+        elif i + 1 < n:  # a run with other strides: as long as they go, one by one
+            dh, dp, j = hf[i + 1] - h, pos[i + 1] - p, i + 1
+            while j + 1 < n and hf[j + 1] - hf[j] == dh and pos[j + 1] - pos[j] == dp:
+                j += 1
+            out.append((h, p, j - i + 1, dh, dp))
+            i = j + 1
+        else:
+            out.append((h, p, 1, 1, 1))
+            i += 1
+    return tuple(out)
+
+
+def _common(a: HFRun, b: HFRun) -> tuple[int, int, int] | None:
+    """``(first, step, count)``: the HF indices both runs hold (None: none)."""
+    lo = max(a[0], b[0])
+    hi = min(a[0] + (a[2] - 1) * a[3], b[0] + (b[2] - 1) * b[3])
+    if lo > hi:
+        return None
+    if a[3] == b[3] == 1:  # (the common case: contiguous HF ranges)
+        return lo, 1, hi - lo + 1
+    # h = a0 (mod as) and h = b0 (mod bs): the Chinese remainder theorem.
+    g = math.gcd(a[3], b[3])
+    if (b[0] - a[0]) % g:
+        return None
+    step = a[3] // g * b[3]
+    k = (b[0] - a[0]) // g * pow(a[3] // g, -1, b[3] // g) % (b[3] // g)
+    first = a[0] + k * a[3]
+    first += -(-(lo - first) // step) * step  # the least solution >= lo
+    if first > hi:
+        return None
+    return first, step, (hi - first) // step + 1
+
+
+def intersect_runs(src: Sequence[HFRun], dst: Sequence[HFRun]) -> list[Run]:
+    """The HF indices two axes both hold, as runs from the sender's local positions to the
+    receiver's (steps may be negative; in HF order): one sweep over both run lists."""
+    out: list[Run] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, b = src[i], dst[j]
+        a_end, b_end = a[0] + (a[2] - 1) * a[3], b[0] + (b[2] - 1) * b[3]
+        c = _common(a, b)
+        if c is not None:
+            first, step, n = c
+            ka, kb = (first - a[0]) // a[3], (first - b[0]) // b[3]
+            sa, sb = step // a[3] * a[4], step // b[3] * b[4]
+            out.append(
+                (a[1] + ka * a[4], b[1] + kb * b[4], n, sa if n > 1 else 1, sb if n > 1 else 1)
+            )
+        if a_end <= b_end:
+            i += 1
+        if b_end <= a_end:
+            j += 1
+    return out
+
+
+def _in_dst_order(pieces: list[Run]) -> list[Run]:
+    """Runs whose receiver positions increase, in the receiver's order, covering the same
+    pairs as ``pieces`` (in any order, any steps). Runs whose receiver ranges interleave
+    (a RoPE head's two halves) become one run when together they are one progression on
+    both sides, and single pairs otherwise."""
+    up = [
+        (s + (n - 1) * ss, d + (n - 1) * ds, n, -ss, -ds) if ds < 0 else (s, d, n, ss, ds)
+        for s, d, n, ss, ds in pieces
+    ]
+    up.sort(key=lambda r: r[1])
+    out: list[Run] = []
+    k = 0
+    while k < len(up):  # clusters of runs whose receiver ranges overlap
+        end, m = up[k][1] + (up[k][2] - 1) * up[k][4], k + 1
+        while m < len(up) and up[m][1] <= end:
+            end = max(end, up[m][1] + (up[m][2] - 1) * up[m][4])
+            m += 1
+        out += _untangle(up[k:m])
+        k = m
+    return out
+
+
+def _untangle(cluster: list[Run]) -> list[Run]:
+    """One cluster of :func:`_in_dst_order`, sorted by receiver start."""
+    if len(cluster) == 1:
+        return cluster
+    k, (s0, d0, n, _, ds) = len(cluster), cluster[0]
+    sigma, delta = (cluster[1][0] - s0, cluster[1][1] - d0)
+    if all(
+        r[2] == n
+        and r[3] == k * sigma
+        and r[4] == k * delta == ds
+        and r[0] == s0 + j * sigma
+        and r[1] == d0 + j * delta
+        for j, r in enumerate(cluster)
+    ):
+        return [(s0, d0, k * n, sigma, delta)]
+    pairs = sorted(
+        ((d + i * e, s + i * t) for s, d, c, t, e in cluster for i in range(c)), key=lambda x: x[0]
+    )
+    return [(s, d, 1, 1, 1) for d, s in pairs]
+
+
+def merge_runs(runs: Iterable[Run]) -> tuple[Run, ...]:
+    """:func:`runs_of` of the pairs the runs hold, in order, at a cost in runs: a run
+    whose strides continue the last merged run's joins it whole."""
+    out: list[list[int]] = []
+    for s, d, n, ss, ds in runs:
+        i = 0
+        while i < n:
+            es, ed = s + i * ss, d + i * ds
+            if out:
+                r = out[-1]
+                if r[2] == 1 and es > r[0] and ed > r[1]:
+                    r[3], r[4], r[2] = es - r[0], ed - r[1], 2
+                    i += 1
+                    continue
+                if r[2] > 1 and es == r[0] + r[2] * r[3] and ed == r[1] + r[2] * r[4]:
+                    take = n - i if (ss, ds) == (r[3], r[4]) else 1
+                    r[2] += take
+                    i += take
+                    continue
+            out.append([es, ed, 1, 1, 1])
+            i += 1
+    return tuple((a, b, c, e, f) for a, b, c, e, f in out)
 
 
 def _count(runs: Sequence[Sequence[Run]]) -> int:

@@ -32,13 +32,14 @@ What a call does, in order:
    function of the plan and ``bucket_bytes``, the same on every rank, and cached on the
    plan: a message has both its ends in the same round, so the rounds cannot deadlock.
    Per round a rank posts one ``batch_isend_irecv`` of its messages and waits for each
-   with ``timeout``. The sender packs a move by selecting its local positions per
-   dimension (a ``narrow`` when they are one contiguous run, an index otherwise), permutes
-   the dims into HF order and casts to the plan's dtype (fp32 master weights -> a bf16
-   engine); the receiver writes the message's bytes into the same positions of its own
-   local tensor (fused per-rank layouts included: the plan's runs say where). Each byte
+   with ``timeout``. The sender packs a move block by block: one run of local positions
+   per dimension is a strided view of its local tensor, permuted into HF order and
+   copied, cast to the plan's dtype (fp32 master weights -> a bf16 engine), straight into
+   its box of the message buffer; the receiver copies each box into the same view of its
+   own local tensor (fused per-rank layouts included: the plan's runs say where). (A move
+   of more than ``MAX_BLOCKS`` blocks goes through one index gather instead.) Each byte
    crosses the wire once; there is no all-gather, no broadcast and no full tensor: a rank
-   holds at most one round's messages (``bucket_bytes``) and one packed move.
+   holds at most one round's messages (``bucket_bytes``), and no packed copy besides.
 3. **A closing check**: one ``all_reduce`` (MAX) of the first failing rank, with
    ``timeout``.
 
@@ -60,7 +61,9 @@ twice). A transfer that fails validation changes nothing, the flag included.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -376,24 +379,49 @@ def _move(m: Any, at: str, tensor: int, T: int, N: int, itemsize: int) -> Move:
 # ------------------------------------------------------------------------------ local views
 
 
+# A move whose runs make more blocks than this is packed with one index per dim instead.
+MAX_BLOCKS = 64
+
+
 @dataclass
 class _View:
     """How a rank reads or writes one move in its local tensor: the dims in HF order
-    after the fixed ones are selected, and per dim a ``(start, length)`` when its
-    positions are one contiguous run, else an index tensor."""
+    after the fixed ones are selected (``perm[k]``: the local dim of HF dim ``k``), and per
+    HF dim the runs of this side's local positions, ``(start, count, step)``. The move's
+    buffer is the product of its dims' runs in HF order, so each combination of one run
+    per dim is a *block*: a strided view of the local tensor and a box of the buffer."""
 
     local: torch.Tensor  # the fixed positions selected
     perm: tuple[int, ...]
-    picks: list[tuple[int, int] | torch.Tensor]
+    runs: list[list[tuple[int, int, int]]]
 
-    def narrowed(self) -> torch.Tensor | None:
-        """The move's elements as a view in HF dim order, if every dim is contiguous."""
-        t = self.local
-        for d, p in zip(self.perm, self.picks, strict=True):
-            if not isinstance(p, tuple):
-                return None
-            t = t.narrow(d, p[0], p[1])
-        return t.permute(self.perm)
+    @property
+    def shape(self) -> list[int]:
+        """The move's buffer shape (HF dim order)."""
+        return [sum(r[1] for r in dim) for dim in self.runs]
+
+    def blocks(self) -> Iterator[tuple[torch.Tensor, tuple[slice, ...]]]:
+        """Each block: the local tensor's view (HF dim order; writable) and the buffer's
+        slices. Steps are positive (the planner's runs), so every view is basic slicing:
+        no copy, no index tensor."""
+        offsets = []
+        for dim in self.runs:
+            at, starts = 0, []
+            for r in dim:
+                starts.append(at)
+                at += r[1]
+            offsets.append(starts)
+        for combo in itertools.product(*(range(len(dim)) for dim in self.runs)):
+            key: list[slice] = [slice(None)] * self.local.dim()
+            box = []
+            for k, i in enumerate(combo):
+                start, count, step = self.runs[k][i]
+                key[self.perm[k]] = slice(start, start + (count - 1) * step + 1, step)
+                box.append(slice(offsets[k][i], offsets[k][i] + count))
+            yield self.local[tuple(key)].permute(self.perm), tuple(box)
+
+    def block_count(self) -> int:
+        return math.prod(len(dim) for dim in self.runs)
 
     def index(self) -> tuple[torch.Tensor, ...]:
         """Advanced indices (local dim order) whose result is in HF dim order."""
@@ -401,20 +429,12 @@ class _View:
 
         k = len(self.perm)
         idx: list[Any] = [None] * k
-        for j, (d, p) in enumerate(zip(self.perm, self.picks, strict=True)):
+        for j, (d, dim) in enumerate(zip(self.perm, self.runs, strict=True)):
             shape = [1] * k
             shape[j] = -1
-            pos = torch.arange(p[0], p[0] + p[1]) if isinstance(p, tuple) else p
-            idx[d] = pos.reshape(shape)
+            pos = [p for start, n, step in dim for p in range(start, start + n * step, step)]
+            idx[d] = torch.tensor(pos, dtype=torch.long).reshape(shape)
         return tuple(idx)
-
-
-def _positions(runs: tuple[tuple[int, int, int, int, int], ...], side: int) -> list[int]:
-    out: list[int] = []
-    for r in runs:
-        start, step = (r[0], r[3]) if side == 0 else (r[1], r[4])
-        out.extend(range(start, start + r[2] * step, step) if step else [start] * r[2])
-    return out
 
 
 def _check_move(m: Move, side: int, local: torch.Tensor) -> str | None:
@@ -440,7 +460,6 @@ def _check_move(m: Move, side: int, local: torch.Tensor) -> str | None:
 
 
 def _view(m: Move, side: int, local: torch.Tensor) -> _View:
-    import torch
 
     fixed = m.src_fixed if side == 0 else m.dst_fixed
     dims = [d.src_dim if side == 0 else d.dst_dim for d in m.dims]
@@ -448,14 +467,11 @@ def _view(m: Move, side: int, local: torch.Tensor) -> _View:
         local = local.select(d, p)
     gone = sorted(d for d, _ in fixed)
     perm = tuple(d - sum(1 for g in gone if g < d) for d in dims)
-    picks: list[tuple[int, int] | torch.Tensor] = []
-    for dim in m.dims:
-        pos = _positions(dim.runs, side)
-        if pos == list(range(pos[0], pos[0] + len(pos))):
-            picks.append((pos[0], len(pos)))
-        else:
-            picks.append(torch.tensor(pos, dtype=torch.long))
-    return _View(local, perm, picks)
+    runs = [
+        [(r[0], r[2], r[3]) if side == 0 else (r[1], r[2], r[4]) for r in dim.runs]
+        for dim in m.dims
+    ]
+    return _View(local, perm, runs)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -800,31 +816,36 @@ def _round(
 
 def _fill(msg: Message, locals_: Mapping[str, torch.Tensor], plan: TransferPlan) -> torch.Tensor:
     """The sender's buffer of ``msg``: each move's elements selected from its local
-    tensor, in HF dim order, cast to the plan's dtype, at its offset."""
+    tensor, in HF dim order, cast to the plan's dtype, at its offset. Each block of a move
+    is one ``copy_`` from a view of the local tensor straight into the buffer (the cast
+    included): no intermediate tensor, unless a move has more than :data:`MAX_BLOCKS`
+    blocks (then one gather by index)."""
     import torch
 
     buf = torch.empty(msg.nbytes, dtype=torch.uint8)
     for m, off, view in _pieces(0, msg, locals_):
         dtype = getattr(torch, plan.tensors[m.tensor].dtype)
-        part = view.narrowed()
-        if part is None:
-            part = view.local[view.index()]
-        part = part.to(dtype).contiguous().reshape(-1)
-        buf[off : off + m.nbytes].copy_(part.view(torch.uint8))
+        out = buf[off : off + m.nbytes].view(dtype).view(view.shape)
+        if view.block_count() <= MAX_BLOCKS:
+            for part, box in view.blocks():
+                out[box].copy_(part)
+        else:
+            out.copy_(view.local[view.index()])
     return buf
 
 
 def _drain(
     msg: Message, buf: torch.Tensor, locals_: Mapping[str, torch.Tensor], plan: TransferPlan
 ) -> None:
-    """Write the received buffer of ``msg`` into the receiver's local tensors."""
+    """Write the received buffer of ``msg`` into the receiver's local tensors, block by
+    block (:func:`_fill`)."""
     import torch
 
     for m, off, view in _pieces(1, msg, locals_):
         dtype = getattr(torch, plan.tensors[m.tensor].dtype)
-        data = buf[off : off + m.nbytes].view(dtype).reshape([d.count for d in m.dims])
-        part = view.narrowed()
-        if part is not None:
-            part.copy_(data)
+        data = buf[off : off + m.nbytes].view(dtype).view(view.shape)
+        if view.block_count() <= MAX_BLOCKS:
+            for part, box in view.blocks():
+                part.copy_(data[box])
         else:
             view.local.index_put_(view.index(), data)

@@ -13,8 +13,9 @@ and pipeline trainers, in one group of eight gloo ranks (trainer ranks 0-3, engi
   block (tests/test_hf_pipeline.py's ``compile_specs``: ``llama_pp_hf`` keeps the whole
   model's names, ``llama_pp_hf_local`` numbers each stage's layers from 0) at pp 2 x
   dp_shard 1 x tp 2: each rank holds its stage model (``split_stage``, ``parallelize``),
-  trained 2 AdamW steps through torch.distributed.pipelining (GPipe); the engine is the
-  same model under specs/llama.shard (``llama4``) at tp 2.
+  whose parameters 2 AdamW steps changed (each stage on its own inputs: see
+  :func:`_train_pp`); the engine is the same model under specs/llama.shard (``llama4``)
+  at tp 2.
 
 The owner's answer: the trainer's full tensors (torch's ``full_tensor()``, gathered on the
 trainer ranks before the transfer, outside the counted block; a pipeline's from each
@@ -103,15 +104,22 @@ def _train_moe(model: nn.Module, mesh: Any, kind: str) -> None:
 
 
 def _train_pp(model: nn.Module, mesh: DeviceMesh, mod: Any) -> None:
-    from tests.pipeline_harness import make_pipeline
-
-    stage, n = mod.stage_of(mesh), mod.num_stages(mesh)
+    """AdamW steps on this stage's own parameters: the stage's forward (tokens into the
+    first stage, hidden states into the others; the same on every rank of the stage) and
+    the mean square of its output as the loss. (Not through a pipeline schedule: in this
+    harness's forked ranks torch.distributed.pipelining's GPipe hung now and then; what
+    the transfer needs is stage models whose values the steps changed.)"""
+    stage = mod.stage_of(mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     for step in range(STEPS):
-        tokens = _tokens(step)
-        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        pipe = make_pipeline(model, stage, n, mod.pipeline_group(mesh), inputs.shape, 2)
-        pipe.step(inputs, targets)
+        gen = torch.Generator().manual_seed(2000 + 10 * step + stage)
+        if stage == 0:
+            x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+        else:
+            x = torch.randn(BATCH, SEQ, model.config.dim, generator=gen)
+        out = model(x)
+        out = out.full_tensor() if isinstance(out, DTensor) else out
+        out.float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
 

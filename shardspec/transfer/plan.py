@@ -51,6 +51,7 @@ their manifests and the mesh sizes, and the fingerprint changes when any of them
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -258,9 +259,21 @@ def _collect_param(
         component = name.rpartition(".")[2] if fused is not None and name != fqn else None
         for key, held in holdings(fqn, layout, mesh, component, src).items():
             t = side.tensors.setdefault(key, Tensor(key, src.shape, dtype, src.rule))
-            t.held += held
+            t.held += [_on_stage(side, h, layout, mesh) for h in held]
         for key in src.keys:  # a key no rank holds (an empty shard everywhere) still counts
             side.tensors.setdefault(key, Tensor(key, src.shape, dtype, src.rule))
+
+
+def _on_stage(side: Side, h: Holding, layout: ParamLayout, mesh: Mesh) -> Holding:
+    """``h`` under the name its rank's pipeline stage model gives the parameter: a layer
+    renumbered from 0 per stage (`split ... local`), a tied weight's alias on the alias's
+    stage; the global name without a pipeline."""
+    stages = side.res.stages
+    if stages is None or layout.stage_axis is None:
+        return h
+    stage = mesh.coord_of(h.rank)[mesh.names.index(layout.stage_axis)]
+    name = stages.local_name(h.param, stage)
+    return h if name == h.param else dataclasses.replace(h, param=name)
 
 
 # ------------------------------------------------------------------------------ checks

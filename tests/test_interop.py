@@ -249,3 +249,28 @@ def test_local_view_reads_what_the_owner_holds(which: str, tmp_path: Path) -> No
         assert view.box == [[[0, n]] for n in hf[name].shape], name
         if view.tensor is not None:
             assert torch.equal(view.tensor, hf[name]), name
+
+
+def test_pipeline_stages_and_views() -> None:
+    """The pipelined MoE with two views at 8 ranks: layer 1 is stage 1's (ranks 4-7).
+    Its q rows: tp splits them, FSDP then splits each tp half (FSDP over TP: torch's
+    _StridedShard on fsdp); an expert lies in the expert view, on one ep half of stage 1."""
+    import generated.deepseek_moe_pp_folded as pp
+
+    q = get_sharding(pp.SPEC, pp.HF, "model.layers.1.self_attn.q_proj.weight")
+    assert q["mesh"]["dim_names"] == ["pp", "fsdp", "tp"] and q["mesh"]["shape"] == [2, 2, 2]
+    assert q["placement_dims"] == ["fsdp", "tp"]
+    assert q["placements"] == ["_StridedShard(0, sf=2)", "Shard(0)"]
+    assert [r["box"][0] for r in q["ranks"]] == [
+        [],
+        [],
+        [],
+        [],
+        [[0, 16]],
+        [[32, 48]],
+        [[16, 32]],
+        [[48, 64]],
+    ]
+    x = get_sharding(pp.SPEC, pp.HF, "model.layers.0.mlp.experts.5.down_proj.weight")
+    assert x["mesh"]["dim_names"] == ["pp", "ep", "efsdp"] and x["stack_index"] == 5
+    assert [r["rank"] for r in x["ranks"] if r["count"]] == [2]  # ep 1, efsdp 1 of stage 0

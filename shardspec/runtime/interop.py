@@ -237,7 +237,7 @@ def get_sharding(
                 "padded_to": pdim.size if d - (1 if u.source.stacked else 0) in pads else None,
             }
         )
-    names = list(lm.names)
+    names = list(u.mesh.names)  # (with views: the parameter's view's)
     return {
         "format": FORMAT,
         "hf_name": hf_name,
@@ -249,7 +249,7 @@ def get_sharding(
         "hf_dtype": _TORCH_NAMES.get(rule.dtypes[0], rule.dtypes[0]) if rule.dtypes else None,
         "dtype": _model_dtype(spec, u.param),
         "transforms": [str(t) for t in u.source.transforms],
-        "mesh": {"dim_names": names, "shape": list(lm.sizes), "start_rank": start_rank},
+        "mesh": {"dim_names": names, "shape": list(u.mesh.sizes), "start_rank": start_rank},
         "placement_dims": list(dtensor_mesh(u.layout, u.mesh).names),
         "placements": _placements(u, held, shape),
         "dims": dims,

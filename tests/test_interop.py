@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import generated.llama as llama
 import generated.phi3 as phi3
 from shardspec.runtime import HFMap, MapRule, Param, RuleSpec, Transform
 from shardspec.runtime.interop import InteropError, get_sharding, hf_names, local_view
-from shardspec.runtime.spec import CompiledSpec
+from shardspec.runtime.spec import CompiledSpec, SpecError
 
 PAD = Transform("pad", dim=0, multiple=64, size=1000)
 
@@ -274,3 +276,85 @@ def test_pipeline_stages_and_views() -> None:
     x = get_sharding(pp.SPEC, pp.HF, "model.layers.0.mlp.experts.5.down_proj.weight")
     assert x["mesh"]["dim_names"] == ["pp", "ep", "efsdp"] and x["stack_index"] == 5
     assert [r["rank"] for r in x["ranks"] if r["count"]] == [2]  # ep 1, efsdp 1 of stage 0
+
+
+@pytest.mark.parametrize("engine_world, engine_tp", [(1, 1), (2, 2), (4, 2)])
+def test_boxes_give_each_engine_rank_what_the_planner_says_it_owns(
+    engine_world: int, engine_tp: int
+) -> None:
+    """The stand-in's moves from get_sharding alone (llama dp_shard 2 x tp 2 -> one rank,
+    tp 2, dp_shard 2 x tp 2)
+    give every engine rank as many elements as the planner (``shardspec transfer``) says it
+    owns, and every element of a box exactly once (the trainer's boxes tile each HF tensor
+    once per replica)."""
+    from shardspec.transfer import plan_json, plan_transfer
+    from tests.transfer_scenarios import standin_moves
+
+    spec = "specs/llama.shard"
+    plan = plan_json(plan_transfer(spec, spec, {"tp": 2}, {"tp": engine_tp}, 4, engine_world))
+    names = hf_names(llama.SPEC, llama.HF, {"dp_shard": 2, "tp": 2})
+    sender = {n: get_sharding(llama.SPEC, llama.HF, n, {"dp_shard": 2, "tp": 2}) for n in names}
+    engine = {"dp_shard": engine_world // engine_tp, "tp": engine_tp}
+    receiver = {n: get_sharding(llama.SPEC, llama.HF, n, engine, start_rank=4) for n in names}
+    got = [0] * engine_world
+    for _, _, e, box in standin_moves(names, sender, receiver):
+        n = 1
+        for runs_ in box:
+            n *= sum(b - a for a, b in runs_)
+        got[e] += n * 4
+    assert got == plan["totals"]["owned"]
+    assert [
+        sum(receiver[n]["ranks"][r]["count"] * 4 for n in names) for r in range(engine_world)
+    ] == got
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    name=st.one_of(
+        st.text(max_size=40),
+        st.sampled_from(["model.layers.0.self_attn.q_proj.weight", "lm_head.weight"]).map(
+            lambda s: s.replace("0", "7")
+        ),
+        st.sampled_from(["model.layers.1.mlp.up_proj.weight", "model.rotary_emb.inv_freq"]),
+    ),
+    sizes=st.dictionaries(
+        st.sampled_from(["dp_shard", "tp", "pp", ""]), st.integers(-2, 9), max_size=2
+    ),
+)
+def test_fuzz_get_sharding_names_and_meshes(name: str, sizes: dict[str, int]) -> None:
+    """Any name and any mesh sizes: a declaration or a SpecError (InteropError), never
+    another exception."""
+    try:
+        d = get_sharding(llama.SPEC, llama.HF, name, sizes)
+    except SpecError:
+        return
+    json.dumps(d)
+    total = sum(r["count"] for r in d["ranks"])
+    assert total >= 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    box=st.one_of(
+        st.none(),
+        st.integers(),
+        st.lists(
+            st.lists(
+                st.one_of(st.lists(st.integers(-3, 20), max_size=3), st.text(max_size=2)),
+                max_size=2,
+            ),
+            max_size=3,
+        ),
+    )
+)
+def test_fuzz_local_view_boxes(box: object) -> None:
+    """Any box: the elements read (and written back), or an InteropError."""
+    spec, hf = _engine()
+    local = _ids((16, 8))
+    view = local_view(spec, hf, {"qkv_proj.weight": local}, "q.weight", {"tp": 2}, rank=1)
+    try:
+        got = view.read(box)  # type: ignore[arg-type]
+    except InteropError:
+        return
+    view.write(got, box)  # type: ignore[arg-type]
+    assert torch.equal(local, _ids((16, 8)))

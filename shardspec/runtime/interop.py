@@ -93,6 +93,14 @@ def _side_mesh(spec: CompiledSpec, mesh: Any) -> Mesh:
         mesh = spec.last_mesh
     if mesh is None:
         mesh = spec.sizes()
+    elif isinstance(mesh, Mapping) and any(
+        not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in mesh.values()
+    ):
+        raise InteropError(
+            f"mesh sizes {dict(mesh)}: every axis's size must be a positive integer",
+            None,
+            f"pass sizes of spec {spec.name!r}'s axes ({', '.join(spec.axes)}), or a DeviceMesh",
+        )
     elif isinstance(mesh, Mapping) and spec.views is None and set(mesh) != set(spec.axes):
         mesh = spec.sizes(**mesh)  # the other axes: their defaults, the rest axis the rest
     return spec.layout_mesh(mesh)
@@ -323,8 +331,8 @@ class LocalView:
         import torch
 
         box = self.box if box is None else box
-        if len(box) != len(self.dims):
-            raise InteropError(f"{self.hf_name}: a box of {len(box)} dims for {len(self.dims)}")
+        if not isinstance(box, Sequence) or len(box) != len(self.dims):
+            raise InteropError(f"{self.hf_name}: a box of {box!r} for {len(self.dims)} dims")
         k = len(self.dims)
         gone = sorted(d for d, _ in self.fixed)
         local_dims = [d - sum(1 for g in gone if g < d) for d in self.dims]
@@ -335,6 +343,11 @@ class LocalView:
             except KeyError as e:
                 raise InteropError(
                     f"{self.hf_name}: HF index {e.args[0]} of dim {j} is not held on this rank"
+                ) from None
+            except (TypeError, ValueError):
+                raise InteropError(
+                    f"{self.hf_name}: dim {j} of the box is {runs_!r}, not [start, stop) runs "
+                    "of integers"
                 ) from None
             shape = [1] * k
             shape[j] = -1
@@ -393,6 +406,7 @@ def local_view(
     (a one-rank engine: no mesh at all). No collective. Raises :class:`InteropError`."""
     lm = _side_mesh(spec, mesh)
     if rank is None:
+        mesh = mesh if mesh is not None else spec.last_mesh
         coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
         if coord is None and lm.world != 1:
             raise InteropError(

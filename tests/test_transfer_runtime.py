@@ -368,17 +368,22 @@ def test_killed_trainer_rank(dist_results: dict[str, Any]) -> None:
         ), (r, error)
 
 
-def test_standin_engine_from_get_sharding_and_local_view(dist_results: dict[str, Any]) -> None:
+@pytest.mark.parametrize("engine", ["tp2", "one"])
+def test_standin_engine_from_get_sharding_and_local_view(
+    dist_results: dict[str, Any], engine: str
+) -> None:
     """A stand-in engine (tests/transfer_scenarios.py: interop_round) that knows nothing of
     shardspec but layout.hf_names/get_sharding/local_view plans its own M-to-N moves from
-    both sides' declarations and moves the bytes with local views: every engine parameter
-    equals, bitwise, the trainer's full tensors cut by torch into the engine's layout; each
-    engine rank received exactly the bytes it holds, and nothing but point-to-point ran."""
-    ranks = _ranks(dist_results, "interop")
+    both sides' declarations and moves the bytes with local views, into a tp 2 engine and
+    into a one-rank engine: every engine parameter equals, bitwise, the trainer's full
+    tensors cut by torch into the engine's layout; each engine rank received exactly the
+    bytes it holds, and nothing but point-to-point ran."""
+    ranks = {r: v[engine] for r, v in _ranks(dist_results, "interop").items()}
+    engines = [4, 5] if engine == "tp2" else [4]
     assert ranks[0]["moves"] > 0
-    for r in (4, 5):
+    for r in engines:
         assert ranks[r]["mismatch"] == [], ranks[r]["mismatch"]
         assert ranks[r]["received"] == ranks[r]["owned"] > 0
     for v in ranks.values():
         assert set(v["calls"]) <= {"batch_isend_irecv", "isend", "irecv"}, v["calls"]
-    assert sum(ranks[r]["sent"] for r in range(4)) == ranks[4]["owned"] + ranks[5]["owned"]
+    assert sum(ranks[r]["sent"] for r in range(4)) == sum(ranks[r]["owned"] for r in engines)

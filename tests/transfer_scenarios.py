@@ -201,34 +201,58 @@ def standin_moves(
 
 def interop_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> dict[str, Any]:
     """A stand-in engine that consumes only ``layout.hf_names``, ``layout.get_sharding`` and
-    ``layout.local_view``: the trainer (ranks 0-3) and the engine (ranks 4-5, tp 2) each
-    declare their layout per HF name; every rank computes the same moves from both
-    declarations, and the bytes go over batch_isend_irecv straight from the trainer's local
-    views into the engine's. The engine then equals the trainer's full tensors cut by torch
-    into its layout, bitwise."""
+    ``layout.local_view``: the trainer (ranks 0-3) and the engine each declare their layout
+    per HF name; every rank computes the same moves from both declarations, and the bytes
+    go over batch_isend_irecv straight from the trainer's local views into the engine's.
+    Two engines, one after the other: tp 2 on ranks 4-5, then one rank (rank 4, a plain
+    model). Each then equals the trainer's full tensors cut by torch into its layout,
+    bitwise."""
     torch.set_num_threads(1)
     trainer_mesh, engine_mesh = _meshes()
     export = os.path.join(folder, "export")
-    names = layout.hf_names({"dp_shard": 2, "tp": 2})
-    sender = {n: layout.get_sharding(n, {"dp_shard": 2, "tp": 2}) for n in names}
-    receiver = {n: layout.get_sharding(n, {"dp_shard": 1, "tp": 2}, start_rank=T) for n in names}
-    moves = standin_moves(names, sender, receiver)
-    out: dict[str, Any] = {"rank": rank, "moves": len(moves)}
-    if rank < T:
-        model = _trained(trainer_mesh)
-        full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    trainer = _trained(trainer_mesh) if rank < T else None
+    if trainer is not None:
+        full = {n: p.full_tensor().detach().clone() for n, p in trainer.named_parameters()}
         if rank == 0:
             torch.save(full, export + ".tmp")
             os.replace(export + ".tmp", export)
-    else:
-        model = _engine(engine_mesh, torch.float32)
     dist.barrier()  # (the export is written)
+    out: dict[str, Any] = {"rank": rank}
+    for name, sizes in (("tp2", {"dp_shard": 1, "tp": 2}), ("one", {"dp_shard": 1, "tp": 1})):
+        engine: Any = None
+        if rank >= T and rank - T < sizes["tp"]:
+            engine = _engine(engine_mesh if name == "tp2" else None, torch.float32)
+        where: Any = engine_mesh if name == "tp2" else sizes
+        out[name] = _standin(rank, trainer, trainer_mesh, engine, where, sizes)
+        if engine is not None:
+            out[name]["mismatch"] = _compare(
+                engine, engine_mesh if name == "tp2" else None, export, torch.float32
+            )
+            out[name]["owned"] = sum(_local(p).numel() * 4 for p in engine.parameters())
+    return out
+
+
+def _standin(
+    rank: int,
+    trainer: torch.nn.Module | None,
+    trainer_mesh: DeviceMesh,
+    engine: torch.nn.Module | None,
+    engine_where: Any,
+    engine_sizes: dict[str, int],
+) -> dict[str, Any]:
+    """One stand-in transfer (see :func:`interop_round`) on this rank."""
+    names = layout.hf_names({"dp_shard": 2, "tp": 2})
+    sender = {n: layout.get_sharding(n, {"dp_shard": 2, "tp": 2}) for n in names}
+    receiver = {n: layout.get_sharding(n, engine_sizes, start_rank=T) for n in names}
+    moves = standin_moves(names, sender, receiver)
+    out: dict[str, Any] = {"moves": len(moves), "sent": 0, "received": 0}
+    one = isinstance(engine_where, dict)
     ops, received = [], []
-    out["sent"] = out["received"] = 0
     with count_collectives() as calls:
         for n, s, e, box in moves:
             if rank == s:
-                data = layout.local_view(model, n, trainer_mesh).read(box).contiguous()
+                assert trainer is not None
+                data = layout.local_view(trainer, n, trainer_mesh).read(box).contiguous()
                 ops.append(dist.P2POp(dist.isend, data, T + e))
                 out["sent"] += data.numel() * data.element_size()
             elif rank == T + e:
@@ -238,10 +262,8 @@ def interop_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> d
         for w in dist.batch_isend_irecv(ops) if ops else []:
             w.wait()
     for n, box, buf in received:
-        layout.local_view(model, n, engine_mesh).write(buf, box)
+        view = layout.local_view(engine, n, engine_where, rank=0 if one else None)
+        view.write(buf, box)
         out["received"] += buf.numel() * buf.element_size()
     out["calls"] = dict(calls)
-    if rank >= T:
-        out["mismatch"] = _compare(model, engine_mesh, export, torch.float32)
-        out["owned"] = sum(_local(p).numel() * 4 for p in model.parameters())
     return out

@@ -276,6 +276,12 @@ def test_pipeline_stages_and_views() -> None:
     x = get_sharding(pp.SPEC, pp.HF, "model.layers.0.mlp.experts.5.down_proj.weight")
     assert x["mesh"]["dim_names"] == ["pp", "ep", "efsdp"] and x["stack_index"] == 5
     assert [r["rank"] for r in x["ranks"] if r["count"]] == [2]  # ep 1, efsdp 1 of stage 0
+    sizes = {"pp": 2, "tp": 2, "ep": 2}
+    local = _ids((16, 64))  # rank 5: stage 1, fsdp 0, tp 1
+    view = local_view(pp.SPEC, pp.HF, {q["param"]: local}, q["hf_name"], sizes, rank=5)
+    assert view.box == [[[32, 48]], [[0, 64]]] and torch.equal(view.read(), local)
+    other = local_view(pp.SPEC, pp.HF, {}, q["hf_name"], sizes, rank=1)  # stage 0's model
+    assert other.box == [[], []] and other.tensor is None
 
 
 @pytest.mark.parametrize("engine_world, engine_tp", [(1, 1), (2, 2), (4, 2)])

@@ -423,6 +423,11 @@ def local_view(
         stage = spec.stage_of(lm, lm.coord_of(rank))
         name = sp.local_name(name, stage) or name
     tensors = model if isinstance(model, Mapping) else dict(model.state_dict(keep_vars=True))
+    if h is None:  # nothing of it on this rank (another pipeline stage's model lacks it)
+        import torch
+
+        local = _to_local(tensors[name]) if name in tensors else torch.empty(0)
+        return LocalView(hf_name, name, _box(None, len(shape)), local, (), (), (), None)
     if name not in tensors:
         raise InteropError(
             f"local_view({hf_name!r}): the model has no {name!r} (rank {rank})",
@@ -430,9 +435,6 @@ def local_view(
             "pass the model this side's spec describes, on this rank",
         )
     local = _to_local(tensors[name])
-    if h is None:  # nothing of it on this rank
-        ndim = len(shape)
-        return LocalView(hf_name, name, _box(None, ndim), local, (), (), (), None)
     order = [sorted(zip(ax.hf, ax.pos, strict=True)) for ax in h.axes]
     where = tuple(dict(o) for o in order)
     dims = tuple(ax.dim for ax in h.axes)

@@ -258,7 +258,13 @@ def dist_results(tmp_path_factory: Any) -> dict[str, Any]:
     small = 4096  # several rounds
     cases = {
         "tp2": {"plan": plans["tp2"], "engine": "tp2", "bucket": small, "export": True},
-        "one": {"plan": plans["one"], "engine": "one", "bucket": 1 << 20, "export": True},
+        "one": {
+            "plan": plans["one"],
+            "engine": "one",
+            "bucket": 1 << 20,
+            "export": True,
+            "runtime": True,  # runtime.transfer's functions with spec=; the others: layout's
+        },
         "bf16": {
             "plan": plans["bf16"],
             "engine": "tp2",
@@ -289,6 +295,8 @@ def dist_results(tmp_path_factory: Any) -> dict[str, Any]:
         (name, ts.transfer_round, (str(folder / "runs" / name), case))
         for name, case in cases.items()
     ]
+    (folder / "runs" / "interop").mkdir(parents=True)
+    rounds.insert(0, ("interop", ts.interop_round, (str(folder / "runs" / "interop"), {})))
     results = run_rounds(6, rounds, timeout=400, pg_timeout=120)
     results["owned"] = owned
     return results
@@ -374,3 +382,22 @@ def test_packing_copies_blocks_without_an_index_gather(monkeypatch: pytest.Monke
         _run_in_process(plan, 1 << 20)
     monkeypatch.setattr(transfer, "MAX_BLOCKS", 0)  # every move by index
     _run_in_process(plan, 1 << 20)
+@pytest.mark.parametrize("engine", ["tp2", "one"])
+def test_standin_engine_from_get_sharding_and_local_view(
+    dist_results: dict[str, Any], engine: str
+) -> None:
+    """A stand-in engine (tests/transfer_scenarios.py: interop_round) that knows nothing of
+    shardspec but layout.hf_names/get_sharding/local_view plans its own M-to-N moves from
+    both sides' declarations and moves the bytes with local views, into a tp 2 engine and
+    into a one-rank engine: every engine parameter equals, bitwise, the trainer's full
+    tensors cut by torch into the engine's layout; each engine rank received exactly the
+    bytes it holds, and nothing but point-to-point ran."""
+    ranks = {r: v[engine] for r, v in _ranks(dist_results, "interop").items()}
+    engines = [4, 5] if engine == "tp2" else [4]
+    assert ranks[0]["moves"] > 0
+    for r in engines:
+        assert ranks[r]["mismatch"] == [], ranks[r]["mismatch"]
+        assert ranks[r]["received"] == ranks[r]["owned"] > 0
+    for v in ranks.values():
+        assert set(v["calls"]) <= {"batch_isend_irecv", "isend", "irecv"}, v["calls"]
+    assert sum(ranks[r]["sent"] for r in range(4)) == sum(ranks[r]["owned"] for r in engines)

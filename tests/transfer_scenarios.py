@@ -87,6 +87,9 @@ def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> 
     plan_path = case.get("plan_on", {}).get(rank, case["plan"])
     if one and rank == T + 1:
         return out  # not in the transfer group
+    # The generated module's wrappers (layout.send_weights: the module is its own spec),
+    # or the runtime's functions with spec= (case "runtime").
+    wrapped = not case.get("runtime")
     if rank < T:
         model = _trained(trainer_mesh)
         role, call, spec_model = "trainer", transfer.send_weights, model
@@ -103,15 +106,17 @@ def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> 
         transfer._fault_point = lambda k: os._exit(0) if k == case["die_at"] else None
     started = time.monotonic()
     try:
+        options: dict[str, Any] = {"group": group, "bucket_bytes": case["bucket"]}
+        options["timeout"] = case.get("timeout", 120.0)
         with count_collectives() as calls, count_dispatched_collectives() as ops:
-            stats = call(
-                spec_model,
-                plan_path,
-                spec=layout,
-                group=group,
-                bucket_bytes=case["bucket"],
-                timeout=case.get("timeout", 120.0),
-            )
+            if wrapped:
+                # (a plan file that may be damaged goes in as a path: the call then refuses
+                # it on every rank, through its validation all_reduce)
+                plan = layout.load_transfer_plan(plan_path) if case.get("export") else plan_path
+                side = layout.send_weights if role == "trainer" else layout.receive_weights
+                stats = side(spec_model, plan, **options)
+            else:
+                stats = call(spec_model, plan_path, spec=layout, **options)
         out["stats"] = stats
         out["calls"], out["ops"] = dict(calls), dict(ops)
         out["error"] = None
@@ -151,3 +156,114 @@ def _compare(
     if not want:
         bad.append("(no parameters compared)")
     return bad
+
+
+# ------------------------------------------------------------------------------ interop
+
+
+def _meet(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
+    """The intersection of two sorted lists of [start, stop) runs."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append([lo, hi])
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def standin_moves(
+    names: list[str], sender: dict[str, Any], receiver: dict[str, Any]
+) -> list[tuple[str, int, int, list[list[list[int]]]]]:
+    """A stand-in engine's own M-to-N plan, from both sides' get_sharding declarations
+    only: per HF name and engine rank, the box each trainer rank sends (replicas, equal
+    boxes: the first holder; each element from one sender)."""
+    out = []
+    for n in names:
+        first: dict[str, int] = {}
+        for s in sender[n]["ranks"]:
+            if s["count"]:
+                first.setdefault(repr(s["box"]), s["rank"])
+        for e in receiver[n]["ranks"]:
+            if not e["count"]:
+                continue
+            for s in sender[n]["ranks"]:
+                if not s["count"] or first[repr(s["box"])] != s["rank"]:
+                    continue
+                box = [_meet(a, b) for a, b in zip(s["box"], e["box"], strict=True)]
+                if all(box):
+                    out.append((n, s["rank"], e["rank"], box))
+    return out
+
+
+def interop_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> dict[str, Any]:
+    """A stand-in engine that consumes only ``layout.hf_names``, ``layout.get_sharding`` and
+    ``layout.local_view``: the trainer (ranks 0-3) and the engine each declare their layout
+    per HF name; every rank computes the same moves from both declarations, and the bytes
+    go over batch_isend_irecv straight from the trainer's local views into the engine's.
+    Two engines, one after the other: tp 2 on ranks 4-5, then one rank (rank 4, a plain
+    model). Each then equals the trainer's full tensors cut by torch into its layout,
+    bitwise."""
+    torch.set_num_threads(1)
+    trainer_mesh, engine_mesh = _meshes()
+    export = os.path.join(folder, "export")
+    trainer = _trained(trainer_mesh) if rank < T else None
+    if trainer is not None:
+        full = {n: p.full_tensor().detach().clone() for n, p in trainer.named_parameters()}
+        if rank == 0:
+            torch.save(full, export + ".tmp")
+            os.replace(export + ".tmp", export)
+    dist.barrier()  # (the export is written)
+    out: dict[str, Any] = {"rank": rank}
+    for name, sizes in (("tp2", {"dp_shard": 1, "tp": 2}), ("one", {"dp_shard": 1, "tp": 1})):
+        engine: Any = None
+        if rank >= T and rank - T < sizes["tp"]:
+            engine = _engine(engine_mesh if name == "tp2" else None, torch.float32)
+        where: Any = engine_mesh if name == "tp2" else sizes
+        out[name] = _standin(rank, trainer, trainer_mesh, engine, where, sizes)
+        if engine is not None:
+            out[name]["mismatch"] = _compare(
+                engine, engine_mesh if name == "tp2" else None, export, torch.float32
+            )
+            out[name]["owned"] = sum(_local(p).numel() * 4 for p in engine.parameters())
+    return out
+
+
+def _standin(
+    rank: int,
+    trainer: torch.nn.Module | None,
+    trainer_mesh: DeviceMesh,
+    engine: torch.nn.Module | None,
+    engine_where: Any,
+    engine_sizes: dict[str, int],
+) -> dict[str, Any]:
+    """One stand-in transfer (see :func:`interop_round`) on this rank."""
+    names = layout.hf_names({"dp_shard": 2, "tp": 2})
+    sender = {n: layout.get_sharding(n, {"dp_shard": 2, "tp": 2}) for n in names}
+    receiver = {n: layout.get_sharding(n, engine_sizes, start_rank=T) for n in names}
+    moves = standin_moves(names, sender, receiver)
+    out: dict[str, Any] = {"moves": len(moves), "sent": 0, "received": 0}
+    one = isinstance(engine_where, dict)
+    ops, received = [], []
+    with count_collectives() as calls:
+        for n, s, e, box in moves:
+            if rank == s:
+                assert trainer is not None
+                data = layout.local_view(trainer, n, trainer_mesh).read(box).contiguous()
+                ops.append(dist.P2POp(dist.isend, data, T + e))
+                out["sent"] += data.numel() * data.element_size()
+            elif rank == T + e:
+                buf = torch.empty([sum(b - a for a, b in d) for d in box])
+                ops.append(dist.P2POp(dist.irecv, buf, s))
+                received.append((n, box, buf))
+        for w in dist.batch_isend_irecv(ops) if ops else []:
+            w.wait()
+    for n, box, buf in received:
+        view = layout.local_view(engine, n, engine_where, rank=0 if one else None)
+        view.write(buf, box)
+        out["received"] += buf.numel() * buf.element_size()
+    out["calls"] = dict(calls)
+    return out

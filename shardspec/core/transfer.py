@@ -45,6 +45,7 @@ __all__ = [
     "Run",
     "holdings",
     "local_position",
+    "merged_holding",
     "plan_tensor",
     "runs_of",
 ]
@@ -470,3 +471,29 @@ def plan_tensor(
         if got != dst.count:
             short.append((dst, dst.count - got))
     return moves, short
+
+
+def merged_holding(held: Sequence[Holding]) -> Holding:
+    """One rank's holdings of one HF tensor as one: a split line (an HF tensor holding
+    several components of a fused parameter) gives one holding per component, equal but
+    along the split dimension, where their indices and positions are concatenated in
+    increasing local position. Raises ``ValueError`` for holdings that are not so."""
+    first = held[0]
+    if len(held) == 1:
+        return first
+    if any(h.rank != first.rank or h.param != first.param or h.fixed != first.fixed for h in held):
+        raise ValueError("the holdings are of several parameters or ranks")
+    differ = {
+        k
+        for h in held[1:]
+        for k, (a, b) in enumerate(zip(h.axes, first.axes, strict=True))
+        if a != b
+    }
+    if len(differ) > 1:
+        raise ValueError("the holdings differ along more than one dimension")
+    k = differ.pop() if differ else 0
+    pairs = sorted({(p, i) for h in held for i, p in zip(h.axes[k].hf, h.axes[k].pos, strict=True)})
+    axis = Axis(first.axes[k].dim, tuple(i for _, i in pairs), tuple(p for p, _ in pairs))
+    return Holding(
+        first.rank, first.param, first.fixed, (*first.axes[:k], axis, *first.axes[k + 1 :])
+    )

@@ -447,3 +447,60 @@ def export_hf(
     from shardspec.runtime import hf as _hf
 
     return _hf.export_hf(SPEC, HF, model, path, mesh, **options)
+
+
+# Weight transfer to (or from) an inference engine with another layout: this side's
+# declaration per HF name (docs/huggingface.md, "Interop: declaring layouts to an
+# engine"), and the plan's runtime with this module as its spec.
+def hf_names(mesh: Any = None) -> list[str]:
+    """Every Hugging Face name this layout holds (sorted), as :data:`HF` maps them."""
+    from shardspec.runtime import interop as _interop
+
+    return _interop.hf_names(SPEC, HF, mesh)
+
+
+def get_sharding(hf_name: str, mesh: Any = None, *, start_rank: int = 0) -> dict[str, Any]:
+    """How this layout holds HF tensor ``hf_name`` on ``mesh`` (a DeviceMesh or axis
+    sizes): mesh, placements, dtypes and every rank's box, as plain JSON-able data
+    (``shardspec.runtime.interop.get_sharding``); no collective."""
+    from shardspec.runtime import interop as _interop
+
+    return _interop.get_sharding(SPEC, HF, hf_name, mesh, start_rank=start_rank)
+
+
+def local_view(model: nn.Module, hf_name: str, mesh: Any = None, *, rank: int | None = None) -> Any:
+    """This rank's part of HF tensor ``hf_name`` in ``model``'s local tensor: its box of
+    HF indices, a view where one exists, and ``read``/``write`` in HF index order
+    (``shardspec.runtime.interop.local_view``); no collective."""
+    from shardspec.runtime import interop as _interop
+
+    return _interop.local_view(SPEC, HF, model, hf_name, mesh, rank=rank)
+
+
+def load_transfer_plan(path: str) -> Any:
+    """A transfer plan written by ``shardspec transfer ... --plan FILE``, checked."""
+    from shardspec.runtime import transfer as _transfer
+
+    return _transfer.load_plan(path)
+
+
+def send_weights(model: nn.Module, plan: Any, **options: Any) -> Any:
+    """On a trainer rank: send this rank's share of ``plan`` from ``model``, this module
+    as the plan's sender spec. ``options``: ``group``, ``bucket_bytes``, ``timeout`` (see
+    ``shardspec.runtime.transfer.send_weights``)."""
+    import sys
+
+    from shardspec.runtime import transfer as _transfer
+
+    return _transfer.send_weights(model, plan, spec=sys.modules[__name__], **options)
+
+
+def receive_weights(model: nn.Module, plan: Any, **options: Any) -> Any:
+    """On an engine rank: receive this rank's elements of ``plan`` into ``model`` in
+    place, this module as the plan's receiver spec (``options`` as for
+    :func:`send_weights`; ``shardspec.runtime.transfer.receive_weights``)."""
+    import sys
+
+    from shardspec.runtime import transfer as _transfer
+
+    return _transfer.receive_weights(model, plan, spec=sys.modules[__name__], **options)

@@ -382,6 +382,8 @@ def test_packing_copies_blocks_without_an_index_gather(monkeypatch: pytest.Monke
         _run_in_process(plan, 1 << 20)
     monkeypatch.setattr(transfer, "MAX_BLOCKS", 0)  # every move by index
     _run_in_process(plan, 1 << 20)
+
+
 @pytest.mark.parametrize("engine", ["tp2", "one"])
 def test_standin_engine_from_get_sharding_and_local_view(
     dist_results: dict[str, Any], engine: str

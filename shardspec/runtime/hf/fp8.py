@@ -83,8 +83,8 @@ class DequantSlice:
     box), so the strided runs of one box that share blocks read and check them once.
 
     The values are the format's, ``dtype(float32(q) * scale)``, bit for bit, computed a
-    chunk of rows of one block row at a time (:func:`_dequant_into`): no float32 copy of
-    the whole box, and e4m3fn converted to float32 through float16 (:func:`_e4m3_as_f16`),
+    chunk of rows at a time (:func:`_dequant_into`): no float32 copy of the whole box,
+    and e4m3fn converted to float32 through float16 (:func:`_e4m3_as_f16`),
     which is exact and many times faster than torch's float8 cast on CPU.
     ``into``: where the next box read goes when it has that shape and dtype (a slot of
     the caller's buffer: no copy of the box afterwards); it is used once."""

@@ -376,3 +376,31 @@ def test_is_scale_is_the_scale_of_the_line_that_declares_the_weight() -> None:
     assert not hfmap.is_scale("m.0.w.scale")  # line 1 declares m.0.w: its scale is _scale_inv
     assert hfmap.is_scale("m.a.b.scale")  # m.a.b is line 2's
     assert not hfmap.is_scale("m.a.b_scale_inv")
+
+
+def test_one_lint_computes_the_stray_scales_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FP8 checks (SS112) and the unexpected-key check (SS073) both need the HF
+    manifest's stray scales: one lint of DeepSeek-V3's FP8 spec computes them once, and a
+    second lint (another parse: other objects) once more; the findings are unchanged."""
+    from shardspec.checks.run import check
+    from shardspec.resolve import hf as resolve_hf
+
+    def lint() -> list[str]:
+        spec, _ = parse(SPEC.read_text(encoding="utf-8"), str(SPEC))
+        assert spec is not None
+        _, diags = check(spec)
+        return [f"{d.code} {d.message}" for d in diags]
+
+    before = lint()
+    calls: list[int] = []
+    real = resolve_hf.stray_scales
+
+    def counted(*args: Any) -> dict[str, str]:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(resolve_hf, "stray_scales", counted)
+    assert lint() == before
+    assert len(calls) == 1
+    assert lint() == before
+    assert len(calls) == 2

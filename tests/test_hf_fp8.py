@@ -1039,3 +1039,62 @@ def test_every_e4m3_code_dequantizes_bitwise_into_the_models_dtype(dtype: torch.
             assert same_bits(got, want[index].contiguous()), index
     finally:
         fp8.CHUNK_ELEMENTS = old
+
+
+# ------------------------------------------- the conversion's other paths, a tp box into its slot
+
+
+@pytest.mark.parametrize(
+    ("fp8_dtype", "big"),
+    [("float8_e4m3fn", True), ("float8_e5m2", False), ("float8_e5m2", True)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_code_dequantizes_bitwise_through_the_code_table(
+    fp8_dtype: str, big: bool, dtype: torch.dtype
+) -> None:
+    """The paths the float16 shortcut leaves to :func:`fp8.fp8_table` (torch's own cast of
+    each code): e5m2 data, and e4m3fn blocks whose scales are too large for the 2**8 shift
+    (``big``: up to 2**126); every one of the 256 codes, rows and columns not multiples of
+    the block, chunks across block rows, bitwise ``dtype(float32(q) * scale[block])``."""
+    bq = BlockQuant("w", block=(4, 4), dtype=fp8_dtype)
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8.FP8_TORCH[fp8_dtype])
+    g = torch.Generator().manual_seed(11)
+    q = codes[torch.randint(0, 256, (37, 29), generator=g)]
+    q[:16, :16] = codes.view(16, 16)
+    low, high = (100, 127) if big else (-120, 100)
+    s = torch.exp2(torch.randint(low, high, (10, 8), generator=g).float())
+    s = s * (1 + torch.rand(10, 8, generator=g))
+    want = sc.ref_dequantize(q, s, bq.block).to(dtype)
+    old = fp8.CHUNK_ELEMENTS
+    try:
+        fp8.CHUNK_ELEMENTS = 150  # five rows a chunk: chunks cut block rows
+        box = fp8.DequantSlice(q, s, bq, "w_scale_inv", dtype)
+        for index in [(slice(0, 37, 1), slice(0, 29, 1)), (slice(3, 35, 1), slice(2, 27, 2))]:
+            assert same_bits(box[index], want[index].contiguous()), index
+    finally:
+        fp8.CHUNK_ELEMENTS = old
+
+
+def test_a_tp_box_that_cuts_blocks_reads_into_its_slot() -> None:
+    """A tp rank's box of a 128 x 128-block weight whose sizes are not multiples of 128:
+    rows 100..290 and columns 70..261 of a 333 x 301 matrix (cutting blocks on every side),
+    read into its slot of a stacked buffer (``into``, no copy: the result is the slot),
+    bitwise the reference; and a slot of the wrong shape is not written."""
+    bq = BlockQuant("w")
+    w = torch.randn(333, 301, generator=torch.Generator().manual_seed(7))
+    q, s = sc.ref_quantize(w, bq.block)
+    want = sc.ref_dequantize(q, s, bq.block).to(torch.bfloat16)
+    index = (slice(100, 290, 1), slice(70, 261, 1))
+    stack = torch.full((2, 190, 191), float("nan"), dtype=torch.bfloat16)
+    box = fp8.DequantSlice(q, s, bq, "w_scale_inv", torch.bfloat16)
+    slot = stack[1]
+    box.into = slot
+    got = box[index]
+    assert got is slot
+    assert same_bits(stack[1], want[index].contiguous())
+    assert bool(stack[0].isnan().all())
+    # bytes: the box's FP8 bytes and the 3 x 3 scale blocks covering it (rows 0-2, cols 0-2)
+    assert box.bytes_read == 190 * 191 + 4 * 3 * 3
+    box.into = stack[0][:, :100]  # another shape: a fresh tensor, the slot untouched
+    assert box[index] is not stack[0] and bool(stack[0].isnan().all())
+    assert box.into is None

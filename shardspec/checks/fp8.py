@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from shardspec.checks.fp8_scales import stray_scales
 from shardspec.checks.hf import (
     MAX_GROUPS,
     _first,
@@ -37,7 +38,6 @@ from shardspec.resolve.hf import (
     fp8_settings,
     glob_problem,
     scale_template_problem,
-    stray_scales,
 )
 
 _FP8_WORDS = {

@@ -22,6 +22,7 @@ from itertools import repeat
 from typing import Any
 
 from shardspec.checks.coverage import entry_span
+from shardspec.checks.fp8_scales import stray_scales
 from shardspec.core.hfmap import (
     Fused,
     HFMap,
@@ -47,7 +48,6 @@ from shardspec.resolve.hf import (
     build_hfmap,
     glob_problem,
     key_problem,
-    stray_scales,
     template_problem,
 )
 from shardspec.resolve.params import Resolved

@@ -19,7 +19,7 @@ from shardspec.core.hfmap import (
 )
 from shardspec.core.jsontext import JSONTextError, read_json
 from shardspec.core.layout import Mesh, ParamLayout
-from shardspec.core.paths import escape
+from shardspec.core.paths import Escape, escape
 from shardspec.runtime.canonical import CanonicalPlan, Unit
 from shardspec.runtime.spec import CompiledSpec
 from shardspec.runtime.units import (
@@ -228,14 +228,20 @@ def weight_map_of(path: str, handles: dict[str, Any]) -> tuple[dict[str, str], l
         _refuse_outside(path, INDEX)
         wm = _read_index(index)
         problems = []
+        # file -> why it escapes, or None, and whether it is a file: once per file, not
+        # per key (a checkpoint has thousands of keys in a few files)
+        seen: dict[str, tuple[Escape | None, bool]] = {}
         for key, rel in sorted(wm.items()):
-            why = escape(path, rel)
+            if rel not in seen:
+                why = escape(path, rel)
+                seen[rel] = why, why is None and os.path.isfile(os.path.join(path, rel))
+            why, is_file = seen[rel]
             if why is not None:
                 problems.append(
                     f"{key}: weight_map points to {rel!r}, outside the checkpoint directory "
                     f"{path} (the file {why.value})"
                 )
-            elif not os.path.isfile(os.path.join(path, rel)):
+            elif not is_file:
                 problems.append(
                     f"{key}: weight_map points to {rel!r}, which does not exist in {path}"
                 )

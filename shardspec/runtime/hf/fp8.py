@@ -29,7 +29,9 @@ to the next power of two).
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,9 +83,11 @@ class DequantSlice:
     box), so the strided runs of one box that share blocks read and check them once.
 
     The values are the format's, ``dtype(float32(q) * scale)``, bit for bit, computed a
-    chunk of rows of one block row at a time (:func:`_dequant_into`): no float32 copy of
-    the whole box, and e4m3fn converted to float32 through float16 (:func:`_e4m3_as_f16`),
-    which is exact and many times faster than torch's float8 cast on CPU."""
+    chunk of rows at a time (:func:`_dequant_into`): no float32 copy of the whole box,
+    and e4m3fn converted to float32 through float16 (:func:`_e4m3_as_f16`),
+    which is exact and many times faster than torch's float8 cast on CPU.
+    ``into``: where the next box read goes when it has that shape and dtype (a slot of
+    the caller's buffer: no copy of the box afterwards); it is used once."""
 
     def __init__(
         self,
@@ -96,9 +100,11 @@ class DequantSlice:
         self.data, self.scale, self.bq, self.scale_key = data, scale, bq, scale_key
         self.dtype = dtype
         self.bytes_read = 0
+        self.into: torch.Tensor | None = None
         self._scales: dict[tuple[tuple[int, int, int], ...], torch.Tensor] = {}
 
     def __getitem__(self, index: tuple[slice, ...]) -> torch.Tensor:
+        into, self.into = self.into, None
         q = self.data[index]
         self.bytes_read += q.numel() * q.element_size()
         *lead, rows, cols = index
@@ -109,9 +115,11 @@ class DequantSlice:
         # per block row, one scale per column (few values): no scale tensor of the box's size
         s = s.index_select(-1, blocks[1] - blocks[1][0])
         at, counts = torch.unique_consecutive(blocks[0] - blocks[0][0], return_counts=True)
-        out = torch.empty(q.shape, dtype=self.dtype)
-        _dequant_into(out, q, s, list(zip(at.tolist(), counts.tolist(), strict=True)))
-        return out
+        fits = into is not None and into.shape == q.shape and into.dtype == self.dtype
+        if into is None or not (fits and into.is_contiguous()):
+            into = torch.empty(q.shape, dtype=self.dtype)
+        _dequant_into(into, q, s, list(zip(at.tolist(), counts.tolist(), strict=True)))
+        return into
 
     def _covering_scales(self, lead: Sequence[slice], cover: Sequence[tuple[int, int]]) -> Any:
         """The float32 scale blocks ``cover`` (block rows, block cols) of the matrices
@@ -138,11 +146,37 @@ def _covering(sl: slice, block: int) -> torch.Tensor:
     return torch.arange(sl.start, sl.stop, sl.step or 1) // block
 
 
-# Elements per chunk of :func:`_dequant_into` (its float32 scratch: 512 KiB, cache-sized).
-CHUNK_ELEMENTS = 1 << 17
+# Elements per chunk of :func:`_dequant_into` (its float32 scratch: 4 MiB, reused): fewer,
+# larger passes cost less per element than cache-sized ones here (measured: bench/RESULTS.md)
+CHUNK_ELEMENTS = 1 << 20
 # float16(_e4m3_as_f16(q)) is float32(q) * 2**-8 for every e4m3fn q but NaN (0x7f, 0xff,
 # which it maps to +-1.875: above 448 * 2**-8, the largest finite value's image)
 _E4M3_SHIFT, _E4M3_FINITE_MAX = 256.0, 448.0 / 256.0
+
+
+def fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """The float32 value of each of the 256 codes of the FP8 ``dtype``, by torch's own cast
+    (NaN codes included, with torch's bits): ``fp8_table(d)[code]`` is
+    ``float32(code.view(d))``, exactly."""
+    table = _TABLES.get(dtype)
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float32)
+        _TABLES[dtype] = table
+    return table
+
+
+_TABLES: dict[torch.dtype, torch.Tensor] = {}
+_SCRATCH = threading.local()
+
+
+def _scratch(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """This thread's buffer of ``dtype``, at least ``n`` elements, kept from call to call
+    (a fresh buffer of megabytes is fresh pages from the system on every box)."""
+    kept: dict[torch.dtype, torch.Tensor] = _SCRATCH.__dict__.setdefault("kept", {})
+    have = kept.get(dtype)
+    if have is None or have.numel() < n:
+        have = kept[dtype] = torch.empty(n, dtype=dtype)
+    return have[:n]
 
 
 def _dequant_into(
@@ -152,40 +186,52 @@ def _dequant_into(
     dtype, where the rows come in ``runs`` of ``(b, n)``: ``n`` rows of scale row ``b``
     (``s`` float32 ``(..., block rows, cols)``).
 
-    Chunks of at most :data:`CHUNK_ELEMENTS` of one block row: the FP8 bytes converted to
-    float32 in a reused scratch buffer, multiplied in place, and cast into ``out``. For
-    e4m3fn the conversion goes through float16 (exact: ``q * 2**-8``) and the scale is taken
-    times 2**8 (exact while it stays finite): the product is the same real number, so the
-    same float32. A chunk holding a NaN code, or scales too large for the shift, take
-    torch's own cast."""
+    Chunks of rows of at most :data:`CHUNK_ELEMENTS` (across block rows): the FP8 bytes
+    converted to float32 in a reused scratch buffer (straight in ``out`` when it is float32
+    and the chunk contiguous), each block row's part multiplied in place by its scales,
+    and the chunk cast into ``out``. For e4m3fn the conversion goes through float16
+    (:func:`_e4m3_as_f16`, exact: ``q * 2**-8``) and the scale is taken times 2**8 (exact
+    while it stays finite): the product is the same real number, so the same float32. A
+    chunk holding a NaN code, scales too large for the shift, and other FP8 dtypes are
+    converted by :func:`fp8_table`, torch's own cast of each code."""
     *lead, rows, cols = q.shape
     per_row = max(1, math.prod(lead) * cols)
     step = max(1, CHUNK_ELEMENTS // per_row)
     fast = q.dtype == torch.float8_e4m3fn and bool(s.max() < 2.0**119)
-    scale = s * _E4M3_SHIFT if fast else s
-    cap = min(rows, step) * per_row
-    f32 = torch.empty(cap, dtype=torch.float32)
-    i16 = torch.empty(cap, dtype=torch.int16) if fast else None
-    r0 = 0
-    for b, n in runs:
-        srow = scale[..., b : b + 1, :]
-        for a in range(r0, r0 + n, step):
-            z = min(step, r0 + n - a)
-            chunk = q[..., a : a + z, :]
-            f = f32[: chunk.numel()].view(chunk.shape)
-            if i16 is not None:
-                h = i16[: chunk.numel()].view(chunk.shape)
-                _e4m3_as_f16(chunk, h)
-                f.copy_(h.view(torch.float16))
-                lo, hi = torch.aminmax(f)
-                if float(hi) > _E4M3_FINITE_MAX or float(lo) < -_E4M3_FINITE_MAX:
-                    f.copy_(chunk).mul_(s[..., b : b + 1, :])  # a NaN code: torch's cast
-                else:
-                    f.mul_(srow)
-            else:
-                f.copy_(chunk).mul_(srow)
-            out[..., a : a + z, :].copy_(f)
-        r0 += n
+    shifted = s * _E4M3_SHIFT if fast else s
+    starts = list(itertools.accumulate((n for _, n in runs), initial=0))
+    k = 0  # the run holding row a
+    for a in range(0, rows, step):
+        z = min(step, rows - a)
+        chunk = q[..., a : a + z, :]
+        dest = out[..., a : a + z, :]
+        direct = out.dtype == torch.float32 and dest.is_contiguous()
+        f = dest if direct else _scratch(torch.float32, chunk.numel()).view(chunk.shape)
+        scale = shifted
+        if not (fast and _e4m3_scaled(chunk, f)):
+            codes = chunk.view(torch.uint8)
+            wide = _scratch(torch.int32, chunk.numel())
+            wide.view(chunk.shape).copy_(codes)
+            torch.index_select(fp8_table(q.dtype), 0, wide, out=f.view(-1))
+            scale = s
+        while starts[k] < a + z:  # each block row's rows of the chunk times its scales
+            b, lo, hi = runs[k][0], max(starts[k], a), min(starts[k + 1], a + z)
+            f[..., lo - a : hi - a, :].mul_(scale[..., b : b + 1, :])
+            if starts[k + 1] > a + z:
+                break
+            k += 1
+        if not direct:
+            dest.copy_(f)
+
+
+def _e4m3_scaled(q: torch.Tensor, out: torch.Tensor) -> bool:
+    """``out`` (float32) = ``float32(q) * 2**-8`` for the e4m3fn ``q``, through float16;
+    False (``out`` unspecified) when ``q`` holds a NaN code."""
+    h = _scratch(torch.int16, q.numel()).view(q.shape)
+    _e4m3_as_f16(q, h)
+    out.copy_(h.view(torch.float16))
+    lo, hi = torch.aminmax(out)
+    return float(hi) <= _E4M3_FINITE_MAX and float(lo) >= -_E4M3_FINITE_MAX
 
 
 def _e4m3_as_f16(q: torch.Tensor, out: torch.Tensor) -> None:

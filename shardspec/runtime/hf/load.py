@@ -67,16 +67,22 @@ def _read_box(
     sizes: Sequence[int],
     split: Split | None = None,
     sl: Any = None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The model's box ``offsets``/``sizes`` of the tensor that HF key ``key`` maps to (of
     its part ``split``), read with safetensors slicing (only the box's bytes; a grouped
     part's strided indices as strided slices); ``sl``: the slice to read instead of the
-    file's own (an FP8 tensor's :class:`~shardspec.runtime.hf.fp8.DequantSlice`)."""
+    file's own (an FP8 tensor's :class:`~shardspec.runtime.hf.fp8.DequantSlice`), and
+    ``into`` the tensor it reads into where the box is one slice in the model's order
+    (the result is then ``into`` itself)."""
     per_dim, model_dim_of = source_indices(transforms, offsets, sizes, split)
     sl = handle.get_slice(key) if sl is None else sl
     if not per_dim:
         return handle.get_tensor(key)
     dim_runs = [strided_runs(idx) for idx in per_dim]
+    in_order = list(model_dim_of) == sorted(model_dim_of) and all(map(_ascending, per_dim))
+    if into is not None and in_order and all(len(r) == 1 for r in dim_runs):
+        sl.into = into
 
     if any(not r for r in dim_runs):
         shape = [len(i) for i in per_dim]
@@ -84,8 +90,8 @@ def _read_box(
     else:
         t = _read_runs(sl, dim_runs, 0, ())
     for d, idx in enumerate(per_dim):
-        if isinstance(idx, range) or all(a < b for a, b in itertools.pairwise(idx)):
-            continue  # ascending: the runs hold the indices in order
+        if _ascending(idx):
+            continue  # the runs hold the indices in order
         # Positions of the requested indices inside the concatenated runs.
         pos: dict[int, int] = {}
         for a, b, step in dim_runs[d]:
@@ -94,6 +100,10 @@ def _read_box(
         t = t.index_select(d, torch.tensor([pos[i] for i in idx], dtype=torch.long))
     order = [model_dim_of.index(d) for d in range(len(model_dim_of))]
     return t.permute(order) if order != list(range(len(order))) else t
+
+
+def _ascending(idx: Any) -> bool:
+    return isinstance(idx, range) or all(a < b for a, b in itertools.pairwise(idx))
 
 
 def _progress(total: int, enabled: bool | None, rank: int) -> Any:
@@ -448,6 +458,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
     parts, read, owned = [], 0, 0
     for i, b in enumerate(r.boxes):
         n = math.prod(b.sizes)
+        into = None if stack is None else stack[i]
         if b.quant is None:
             part = _read_box(
                 ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split
@@ -465,7 +476,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
                 r.tensor.dtype,  # dequantized straight into the model's dtype
             )
             part = _read_box(
-                ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl
+                ckpt.handle(b.key), b.key, src.transforms, b.offsets, b.sizes, src.split, sl, into
             )
             read += sl.bytes_read
             itemsize = SCALE_ITEMSIZE[scales.get_dtype()]
@@ -473,7 +484,7 @@ def _read_unit(ckpt: _Checkpoint, r: _UnitRead) -> tuple[torch.Tensor, int, int]
         part = _zero_padded(part, b.sizes)
         if stack is None:
             parts.append(part)
-        else:
+        elif part is not into:  # not already read into its slot
             stack[i].copy_(part)
     return (parts[0] if stack is None else stack), read, owned
 

@@ -244,8 +244,12 @@ def _strip_lines(module: str) -> str:
                 assert isinstance(node.args[at], ast.Constant)
                 assert isinstance(node.args[at].value, int)
                 node.args[at] = ast.Constant(0)
-    comments = [row for row in text.split("\n") if row.lstrip().startswith("#")]
-    return ast.dump(tree) + "\n".join(comments)
+    # The comments' words: a comment is wrapped after its line numbers went in, so a number
+    # of another width moves a line break.
+    comments = [
+        row.lstrip().lstrip("#") for row in text.split("\n") if row.lstrip().startswith("#")
+    ]
+    return ast.dump(tree) + " ".join(" ".join(comments).split())
 
 
 @pytest.fixture(scope="module")

@@ -46,11 +46,13 @@ class _Dist:
         self.dead = dead
         self.log: list[str] = []
 
-    def isend(self, buf: torch.Tensor, dst: int, group: Any) -> _Work:
+    def isend(self, buf: torch.Tensor, group_dst: int, group: Any) -> _Work:
+        dst = group_dst  # ranks in the group, as the exchange passes them
         self.log.append(f"send {dst}")
         return _Work(self.log, f"send {dst}", dst in self.dead)
 
-    def irecv(self, buf: torch.Tensor, src: int, group: Any) -> _Work:
+    def irecv(self, buf: torch.Tensor, group_src: int, group: Any) -> _Work:
+        src = group_src
         self.log.append(f"post recv {src}")
         return _Work(self.log, f"recv {src}", src in self.dead)
 
@@ -113,6 +115,9 @@ class _Groups:
     def get_world_size(self, group: Any = None) -> int:
         return 4 if group is None else self.size
 
+    def get_rank(self, group: Any = None) -> int:
+        return 0
+
     def get_backend(self, group: Any) -> str:
         if self.backend is None:
             raise ValueError("Invalid process group specified")
@@ -125,7 +130,7 @@ class _Groups:
         (4, "gloo", None),
         (4, "cpu:gloo,cuda:nccl", None),
         (4, "nccl", "needs a group with a gloo backend, not 'nccl'"),
-        (2, "gloo", "every rank of the job .4 ranks.; this one has 2 ranks"),
+        (2, "gloo", "a group of the model's 4 ranks, in the mesh's order.*this one has 2 ranks"),
         (-1, "gloo", "this one has not this rank"),
         (4, None, "not a process group of this job"),
     ],
@@ -138,7 +143,7 @@ def test_a_callers_group_must_carry_the_whole_exchange(
     monkeypatch.setattr(export, "dist", _Groups(size, backend))
     group = object()
     if says is None:
-        assert export._export_group(group) is group
+        assert export._export_group(group, 4, 0) is group
     else:
         with pytest.raises(export.HFError, match=says):
-            export._export_group(group)
+            export._export_group(group, 4, 0)

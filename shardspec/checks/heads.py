@@ -186,13 +186,18 @@ def check_replicated_items(spec: ir.Spec, broken: set[int]) -> list[Diagnostic]:
     dimension not split over exactly one axis that the module holds locally (the engine's
     module is built with its shard, which no DTensor placement describes)."""
     out: list[Diagnostic] = []
-    for rule in spec.rules:
+    for rule in rules_to_check(spec.rules, _says_replicated):
         for item in rule.heads:
             if item.replicated:
                 problem = _replicated_problem(rule, item)
                 if problem is not None:
                     out.append(diag("SS117", problem[0], item.span, problem[1]))
     return out
+
+
+def _says_replicated(rule: ir.Rule) -> bool:
+    """Whether ``rule`` has a ``heads ... replicated`` item (one answer per rule shape)."""
+    return any(h.replicated for h in rule.heads)
 
 
 def _replicated_problem(rule: ir.Rule, item: ir.HeadSize) -> tuple[str, str] | None:
@@ -240,7 +245,7 @@ def check_replicated_sizes(res: Resolved) -> list[Diagnostic]:
     ``num_kv_heads % tp == 0``), with the sizes that work."""
     out: list[Diagnostic] = []
     seen: set[int] = set()
-    wanted = {r.index for r in res.spec.rules if any(h.replicated for h in r.heads)}
+    wanted = {r.index for r in rules_to_check(res.spec.rules, _says_replicated)}
     if res.mesh is None or not wanted:
         return out
     for fqn, m in res.params:

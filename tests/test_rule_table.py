@@ -169,3 +169,10 @@ def test_a_sound_spec_is_checked_per_shape(monkeypatch: pytest.MonkeyPatch) -> N
     assert isinstance(spec.rules, ir.RuleTable)
     assert not [g for g in got if "error" in g], got
     assert reads == []
+    # a pad by name is resolved from the rules' shapes and patterns, reading no rule
+    target = "model.layers.0.mlp.experts.0.gate_up_proj.w0.weight"
+    hf = f"hf {{\n    a.weight -> {target} pad ffn to 64\n}}\n"
+    spec, diags = parse(rules_text(2 * fastparse.COLUMNS_FROM) + hf, "t.shard")
+    assert spec is not None and spec.hf is not None and not diags
+    assert spec.hf.maps[0].transforms[0].dim == 0
+    assert reads == []

@@ -37,11 +37,12 @@ def resolve_pad_names(spec: ir.Spec) -> tuple[ir.Spec, list[Diagnostic]]:
             maps.append(m)
             continue
         dims = _tensor_dims(spec.rules, m.target.text)
-        transforms = _resolved(m.transforms, dims, out)
+        transforms = _resolved(m.transforms, spec.rules, dims, out)
         parts = m.parts
         if parts is not None:
             parts = tuple(
-                dataclasses.replace(p, transforms=_resolved(p.transforms, dims, out)) for p in parts
+                dataclasses.replace(p, transforms=_resolved(p.transforms, spec.rules, dims, out))
+                for p in parts
             )
         maps.append(dataclasses.replace(m, transforms=transforms, parts=parts))
     return dataclasses.replace(spec, hf=dataclasses.replace(hf, maps=tuple(maps))), out
@@ -51,35 +52,40 @@ def _all(m: ir.HFMapItem) -> list[ir.HFTransform]:
     return [*m.transforms, *(t for p in m.parts or () for t in p.transforms)]
 
 
-def _tensor_dims(rules: Sequence[ir.Rule], target: str) -> list[tuple[ir.Rule, list[str]]]:
+def _tensor_dims(rules: Sequence[ir.Rule], target: str) -> list[tuple[int, list[str]]]:
     """The rules that place ``target`` (captures standing for any segment), else every
-    rule; each with its tensor dimensions' names."""
+    rule: each one's index and tensor dimensions' names (of a rule table, read from its
+    shape: no rule's node is read again)."""
     sample = _CAPTURE.sub("x0", target)
-    every, matching = [], []
-    for rule in rules:
+    table = rules if isinstance(rules, ir.RuleTable) else None
+    every: list[tuple[int, list[str]]] = []
+    matching: list[tuple[tuple[int, ...], int, list[str]]] = []
+    for i in range(len(rules)):
+        shape = rules[i] if table is None else table.shapes[table.shape_of(i)]
         try:
-            glob = compile_glob(rule.pattern.text)
+            glob = compile_glob(shape.pattern.text if table is None else table.pattern_text(i))
         except PatternError:
             continue
-        dims = [d.text for d in rule.dims if d.text not in glob.captures]
-        every.append((rule, dims))
+        dims = [d.text for d in shape.dims if d.text not in glob.captures]
+        every.append((i, dims))
         if glob.match(sample) is not None or glob.match(target) is not None:
-            matching.append((glob.key, rule, dims))
-    if not matching:
-        return every
-    best = max(key for key, _, _ in matching)  # the rule that wins (resolve's precedence)
-    return [(rule, dims) for key, rule, dims in matching if key == best]
+            matching.append((glob.key, i, dims))
+    if matching:
+        best = max(key for key, _, _ in matching)  # the rule that wins (resolve's precedence)
+        every = [(i, dims) for key, i, dims in matching if key == best]
+    return every
 
 
 def _resolved(
     chain: tuple[ir.HFTransform, ...],
-    rules: list[tuple[ir.Rule, list[str]]],
+    every: Sequence[ir.Rule],
+    rules: list[tuple[int, list[str]]],
     out: list[Diagnostic],
 ) -> tuple[ir.HFTransform, ...]:
     got = []
     for i, t in enumerate(chain):
         if t.dim_name is not None:
-            model_dim = _position(t.dim_name, rules, out)
+            model_dim = _position(t.dim_name, every, rules, out)
             if model_dim is not None:
                 # the tensor at the pad's point: transposes after it swap a 2-D tensor's dims
                 swaps = sum(1 for later in chain[i + 1 :] if later.kind == "transpose")
@@ -91,11 +97,14 @@ def _resolved(
 
 
 def _position(
-    name: ir.Name, rules: list[tuple[ir.Rule, list[str]]], out: list[Diagnostic]
+    name: ir.Name,
+    every: Sequence[ir.Rule],
+    rules: list[tuple[int, list[str]]],
+    out: list[Diagnostic],
 ) -> int | None:
     """The index of dimension ``name`` among the rules' tensor dimensions (SS118 when it
     is none of them, or at several indices)."""
-    where: dict[int, ir.Rule] = {}
+    where: dict[int, int] = {}  # dimension index -> the first rule with it there
     for rule, dims in rules:
         if name.text in dims:
             where.setdefault(dims.index(name.text), rule)
@@ -114,7 +123,7 @@ def _position(
             )
         )
         return None
-    lines = ", ".join(f"{d} (line {r.span.line})" for d, r in sorted(where.items()))
+    lines = ", ".join(f"{d} (line {every[r].span.line})" for d, r in sorted(where.items()))
     out.append(
         diag(
             "SS118",

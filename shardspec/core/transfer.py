@@ -79,11 +79,6 @@ class Axis:
         """The axis as runs in increasing HF order (:func:`hf_runs`)."""
         return hf_runs(self.hf, self.pos)
 
-    @functools.cached_property
-    def position_of(self) -> dict[int, int]:
-        """HF index -> local position."""
-        return dict(zip(self.hf, self.pos, strict=True))
-
 
 @dataclass(frozen=True)
 class Holding:

@@ -147,3 +147,13 @@ def test_a_callers_group_must_carry_the_whole_exchange(
     else:
         with pytest.raises(export.HFError, match=says):
             export._export_group(group, 4, 0)
+
+
+def test_a_callers_group_must_hold_the_ranks_in_mesh_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group of the right size whose rank order is not the mesh's (this rank is mesh rank
+    1, and rank 0 of the group) is refused: the export's messages go by group rank."""
+    from shardspec.runtime.hf import export
+
+    monkeypatch.setattr(export, "dist", _Groups(4, "gloo"))
+    with pytest.raises(export.HFError, match=r"this rank is mesh rank 1, so rank 1 of the group"):
+        export._export_group(object(), 4, 1)

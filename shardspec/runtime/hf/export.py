@@ -547,9 +547,9 @@ def _export_group(process_group: Any, world: int, rank: int) -> Any:
     if size != world or own != rank:
         raise HFError(
             f"process_group: export_hf needs a group of the model's {world} ranks, in the "
-            f"mesh's order (this rank, mesh rank {rank}, its rank {rank} in the group); this "
-            f"one has {'not this rank' if size < 0 else f'{size} ranks, this rank {own}'}; "
-            "nothing was written"
+            f"mesh's order (this rank is mesh rank {rank}, so rank {rank} of the group); "
+            f"this one has {'not this rank' if size < 0 else f'{size} ranks, this rank {own}'}"
+            "; nothing was written"
         )
     if "gloo" not in backend:  # "gloo", or "cpu:gloo,cuda:nccl"
         raise HFError(

@@ -334,8 +334,7 @@ class LocalView:
         if not isinstance(box, Sequence) or len(box) != len(self.dims):
             raise InteropError(f"{self.hf_name}: a box of {box!r} for {len(self.dims)} dims")
         k = len(self.dims)
-        gone = sorted(d for d, _ in self.fixed)
-        local_dims = [d - sum(1 for g in gone if g < d) for d in self.dims]
+        local_dims = self._selected_dims()
         idx: list[Any] = [None] * k
         for j, (runs_, where) in enumerate(zip(box, self.where, strict=True)):
             try:
@@ -354,7 +353,13 @@ class LocalView:
             idx[local_dims[j]] = torch.tensor(pos, dtype=torch.long).reshape(shape)
         return tuple(idx)
 
+    def _selected_dims(self) -> list[int]:
+        """Per HF dimension, its dimension in :meth:`_selected`'s tensor."""
+        gone = sorted(d for d, _ in self.fixed)
+        return [d - sum(1 for g in gone if g < d) for d in self.dims]
+
     def _selected(self) -> torch.Tensor:
+        """The local tensor with the fixed dimensions (a stacked expert's) selected."""
         t = self.local
         for d, p in sorted(self.fixed, reverse=True):
             t = t.select(d, p)
@@ -438,14 +443,11 @@ def local_view(
     order = [sorted(zip(ax.hf, ax.pos, strict=True)) for ax in h.axes]
     where = tuple(dict(o) for o in order)
     dims = tuple(ax.dim for ax in h.axes)
-    gone = sorted(d for d, _ in h.fixed)
-    sel = local
-    for d, p in sorted(h.fixed, reverse=True):
-        sel = sel.select(d, p)
-    view = _strided_view(
-        sel, [d - sum(1 for g in gone if g < d) for d in dims], [[p for _, p in o] for o in order]
+    lv = LocalView(hf_name, name, _box(h, len(shape)), local, h.fixed, dims, where, None)
+    lv.tensor = _strided_view(
+        lv._selected(), lv._selected_dims(), [[p for _, p in o] for o in order]
     )
-    return LocalView(hf_name, name, _box(h, len(shape)), local, h.fixed, dims, where, view)
+    return lv
 
 
 def _to_local(t: Any) -> torch.Tensor:

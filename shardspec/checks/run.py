@@ -6,6 +6,7 @@ from shardspec.checks.coverage import COVERAGE_CHECKS
 from shardspec.checks.fp8 import check_fp8_items, check_fp8_keys
 from shardspec.checks.heads import check_heads_items
 from shardspec.checks.hf import check_hf_items, check_hf_units, no_hf_manifest
+from shardspec.checks.keys import check_key_layout_name, check_key_layout_units
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.structure import STRUCTURE_CHECKS
@@ -31,7 +32,7 @@ def check(
     """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
     diags: list[Diagnostic] = []
     broken: set[int] = set()
-    for c in (*VIEW_SPEC_CHECKS, *STRUCTURE_CHECKS, check_heads_items):
+    for c in (*VIEW_SPEC_CHECKS, *STRUCTURE_CHECKS, check_heads_items, check_key_layout_name):
         diags.extend(c(spec, broken))
     diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:
@@ -87,6 +88,7 @@ def check(
             *LAYOUT_CHECKS,
             *TENSOR_PARALLEL_CHECKS,
             *VIEW_RESOLVED_CHECKS,
+            check_key_layout_units,
         ):
             diags.extend(resolved_check(res))
         diags.extend(check_stages(res))

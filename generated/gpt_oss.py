@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Placement
 
-require(api=7, compiler="0.1.0")
+require(api=8, compiler="0.1.0")
 
 # The runtime's torch.distributed parts (DTensor, FSDP2, DCP), imported on first use: this
 # module's import costs its tables only.
@@ -368,7 +368,7 @@ def _planners() -> tuple[type[Any], type[Any]]:
         replicated chunks written once (writers chosen statically, balanced by bytes) and
         plans cached under a fingerprint of the structure and the mesh (per ``role``).
         ``strict``: refuse model state that no rule, ignore or manifest buffer covers
-        (False: warn)."""
+        (False: warn). ``keys``: the checkpoint key layout (see :func:`save`)."""
 
         def __init__(
             self,
@@ -377,15 +377,21 @@ def _planners() -> tuple[type[Any], type[Any]]:
             role: str = "state",
             enable_plan_caching: bool = True,
             strict: bool = True,
+            keys: str | None = None,
         ) -> None:
             super().__init__(
-                SPEC, mesh, role=role, enable_plan_caching=enable_plan_caching, strict=strict
+                SPEC,
+                mesh,
+                role=role,
+                enable_plan_caching=enable_plan_caching,
+                strict=strict,
+                keys=keys,
             )
 
     class LoadPlanner(_checkpoint.ShardspecLoadPlanner):
         """DCP load planner: reshards a canonical checkpoint onto any mesh the spec allows
         and validates every key, shape and dtype before reading; ``partial=True`` allows
-        missing and extra keys."""
+        missing and extra keys; ``keys``: the checkpoint key layout (see :func:`load`)."""
 
         def __init__(
             self,
@@ -393,8 +399,9 @@ def _planners() -> tuple[type[Any], type[Any]]:
             *,
             partial: bool = False,
             staging: bool = False,
+            keys: str | None = None,
         ) -> None:
-            super().__init__(SPEC, mesh, partial=partial, staging=staging)
+            super().__init__(SPEC, mesh, partial=partial, staging=staging, keys=keys)
 
     return SavePlanner, LoadPlanner
 
@@ -407,6 +414,7 @@ def save(
     asynchronous: bool = False,
     process_group: Any = None,
     strict: bool = True,
+    keys: str | None = None,
 ) -> Any:
     """``dcp.save`` with :class:`SavePlanner`, atomically: the checkpoint appears at
     ``path``, marked complete, only once every rank has written its part, with a checksum
@@ -417,13 +425,15 @@ def save(
     once the checkpoint is complete at ``path``, or raises the save's ``CheckpointError``.
     A tensor of the model's state that no rule, ignore or manifest buffer covers (a key a
     state-dict hook writes in place of a parameter) fails the save on every rank before a
-    byte is written; ``strict=False`` saves it whole, with a warning."""
+    byte is written; ``strict=False`` saves it whole, with a warning. ``keys``: the
+    checkpoint key layout, ``"shardspec"`` or a trainer's (``"torchtitan"``: its
+    state-dict hooks' keys); None: shardspec's own (``"shardspec"``)."""
     return _checkpoint.save(
         SPEC,
         state,
         path,
         mesh=mesh,
-        planner=_planners()[0](mesh, strict=strict),
+        planner=_planners()[0](mesh, strict=strict, keys=keys),
         asynchronous=asynchronous,
         process_group=process_group,
     )
@@ -438,13 +448,15 @@ def load(
     atomic: bool = True,
     verify: bool = True,
     trusted: bool = True,
+    keys: str | None = None,
 ) -> LoadPlanner:
     """``dcp.load`` with :class:`LoadPlanner` into ``state`` in place; the live tensors
     change only after every rank has read all its bytes (``atomic=False``: straight into
     the live tensors, faster, but a failed read may leave them partly loaded). Every
     stored chunk is checked against the checksum ``save`` wrote (``verify=False`` skips
     the checks); ``trusted=False`` reads a checkpoint you did not write without running
-    code from its pickles (README, "Trust")."""
+    code from its pickles (README, "Trust"). ``keys``: the key layout the checkpoint was
+    saved in (see :func:`save`); None: shardspec's own (``"shardspec"``)."""
     return _checkpoint.load(
         SPEC,
         state,
@@ -454,6 +466,7 @@ def load(
         atomic=atomic,
         verify=verify,
         trusted=trusted,
+        keys=keys,
     )
 
 

@@ -18,4 +18,6 @@ __version__ = "0.1.0"
 #    (names relative to their key), both folded like PARAMS; pipeline stages place buffers.
 # 7: specs with views (named meshes): CompiledSpec(views=, view_fsdp=, rule_views=), and
 #    build_mesh() returns MeshViews (view -> DeviceMesh) for them.
-RUNTIME_API = 7
+# 8: CompiledSpec(checkpoint_keys=) (`checkpoint keys NAME`), the default key layout of save
+#    and load, which (and their planners) take keys=; `stored fused` is stored whole.
+RUNTIME_API = 8

@@ -256,7 +256,7 @@ def test_json_output_has_stable_keys(tmp_path, capsys):
     change = doc["params"]["changed"][0]
     assert list(change) == ["params", "count", "old", "new", "axes"]
     assert list(change["old"]) == SIDE_KEYS == list(change["new"])
-    assert list(doc["checkpoint"]) == ["compatible", "problems", "fallbacks"]
+    assert list(doc["checkpoint"]) == ["compatible", "problems", "fallbacks", "keys"]
     assert doc["checkpoint"]["compatible"] is False
     problem = doc["checkpoint"]["problems"][0]
     assert list(problem) == ["kind", "keys", "count", "why"]

@@ -113,7 +113,9 @@ def _list_of(draw: st.DrawFn, item: st.SearchStrategy[list[str]]) -> list[list[s
 @st.composite
 def statements(draw: st.DrawFn) -> list[str]:
     kind = draw(
-        st.sampled_from(["param"] * 6 + ["ignore", "fsdp", "manifest", "mesh", "hf", "pipeline"])
+        st.sampled_from(
+            ["param"] * 6 + ["ignore", "fsdp", "manifest", "mesh", "hf", "pipeline", "checkpoint"]
+        )
     )
     if kind == "param":
         dims: list[str] = []
@@ -129,6 +131,8 @@ def statements(draw: st.DrawFn) -> list[str]:
         return ["ignore", draw(PATTERNS)]
     if kind == "fsdp":
         return ["fsdp", draw(NAMES)]
+    if kind == "checkpoint":
+        return ["checkpoint", "keys", draw(NAMES)]
     if kind == "manifest":
         return ["manifest", draw(st.sampled_from(['"m.json"', '"a { b } # c"', '""', '"x']))]
     if kind == "mesh":

@@ -487,6 +487,7 @@ _PIECES = [
     "dp: *",
     "tp: 2",
     "fsdp dp",
+    "checkpoint keys torchtitan",
     "param",
     "a.b",
     "[h, w]",

@@ -388,8 +388,8 @@ def test_hints_list_the_expected_tokens() -> None:
     assert d.hint == "expected a name or a whole number"
     d = syntax_error("}")
     assert (
-        "expected 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param', 'pipeline' or the end "
-        "of the file" in d.hint
+        "expected 'checkpoint', 'fsdp', 'hf', 'ignore', 'manifest', 'mesh', 'param', "
+        "'pipeline' or the end of the file" in d.hint
     )
 
 

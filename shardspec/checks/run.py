@@ -10,6 +10,7 @@ from shardspec.checks.heads import (
     check_replicated_sizes,
 )
 from shardspec.checks.hf import check_hf_items, check_hf_units, no_hf_manifest
+from shardspec.checks.keys import check_key_layout_name, check_key_layout_units
 from shardspec.checks.layouts import LAYOUT_CHECKS
 from shardspec.checks.pipeline import check_pipeline_block, check_stages
 from shardspec.checks.structure import STRUCTURE_CHECKS
@@ -35,7 +36,13 @@ def check(
     """All checks on a parsed spec. Returns the resolved facts and sorted diagnostics."""
     diags: list[Diagnostic] = []
     broken: set[int] = set()
-    for c in (*VIEW_SPEC_CHECKS, *STRUCTURE_CHECKS, check_heads_items, check_replicated_items):
+    for c in (
+        *VIEW_SPEC_CHECKS,
+        *STRUCTURE_CHECKS,
+        check_heads_items,
+        check_replicated_items,
+        check_key_layout_name,
+    ):
         diags.extend(c(spec, broken))
     diags.extend(check_pipeline_block(spec, broken))
     if manifest is None and use_manifest:
@@ -92,6 +99,7 @@ def check(
             *TENSOR_PARALLEL_CHECKS,
             *VIEW_RESOLVED_CHECKS,
             check_replicated_sizes,
+            check_key_layout_units,
         ):
             diags.extend(resolved_check(res))
         diags.extend(check_stages(res))

@@ -607,6 +607,7 @@ def render_module(
         "world": assign("DEFAULT_WORLD: int | None", default_world),
         "fsdp": assign("FSDP_AXIS: str | None", res.fsdp_of_rule(None)),
         "aliases": _aliases_context(spec),
+        **_keys_context(spec),
         "views": _views_context(res),
         "mesh_type": "MeshViews" if _views_context(res) else "DeviceMesh",
         "rules": rules,
@@ -630,6 +631,19 @@ def _aliases_context(spec: ir.Spec) -> str:
     """``AXIS_ALIASES`` (alias -> axis), or nothing for a spec without ``aka``."""
     aliases = axis_aliases(spec)
     return assign("AXIS_ALIASES: dict[str, str]", aliases) if aliases else ""
+
+
+def _keys_context(spec: ir.Spec) -> dict[str, str]:
+    """``CHECKPOINT_KEYS`` (`checkpoint keys NAME`; nothing without one), and what save and
+    load use without ``keys=``, in words for their docstrings."""
+    stmt = spec.checkpoint_keys
+    if stmt is None:
+        return {"checkpoint_keys": "", "keys_doc": 'shardspec\'s own (``"shardspec"``)'}
+    name = stmt.layout.text
+    return {
+        "checkpoint_keys": assign("CHECKPOINT_KEYS: str | None", name),
+        "keys_doc": f"``{name!r}``, the spec's `checkpoint keys`",
+    }
 
 
 def _runtime_imports(ctx: dict) -> str:

@@ -23,6 +23,7 @@ from enum import IntEnum
 
 from shardspec.api import lint_specs
 from shardspec.checks.hf import stored_units
+from shardspec.checks.keys import component_key, spec_key_layout
 from shardspec.checks.layouts import rule_styles
 from shardspec.core.hfmap import Fused, Source
 from shardspec.core.layout import (
@@ -169,6 +170,9 @@ class SpecDiff:
     checkpoint: tuple[Problem, ...]
     fallbacks: tuple[tuple[str, int], ...]  # components NEW reads from a whole stored tensor
     hf: HFFacts | None  # None: neither spec has an hf block
+    # `checkpoint keys`: the key layouts save and load use by default, OLD and NEW, where
+    # they differ (None: the same).
+    keys: tuple[str, str] | None = None
 
     @property
     def status(self) -> Status:
@@ -176,7 +180,7 @@ class SpecDiff:
         if self.checkpoint or hf_bad:
             return Status.INCOMPATIBLE
         hf_changed = self.hf is not None and self.hf.changed
-        if self.mesh or self.params or self.fallbacks or hf_changed:
+        if self.mesh or self.params or self.fallbacks or hf_changed or self.keys:
             return Status.CHANGED
         return Status.SAME
 
@@ -242,7 +246,14 @@ def diff_specs(
         checkpoint,
         fallbacks,
         _hf_facts(a, b),
+        _key_layouts(a, b),
     )
+
+
+def _key_layouts(a: Resolved, b: Resolved) -> tuple[str, str] | None:
+    """OLD's and NEW's `checkpoint keys` where they differ."""
+    old, new = spec_key_layout(a.spec), spec_key_layout(b.spec)
+    return (old, new) if old != new else None
 
 
 # ----------------------------------------------------------------------------- the mesh
@@ -435,10 +446,25 @@ class _Unit:
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
-    return {
-        key: _Unit(shape, fqn, fused, res.matches[fqn].entry.dtype)
-        for key, shape, fqn, fused in stored_units(res)
-    }
+    """The model's entries a checkpoint of ``res`` stores, by key, as save stores them (a
+    fused parameter per component, under a trainer's hooks' keys, or whole: see
+    :func:`~shardspec.checks.keys.component_key`)."""
+    out: dict[str, _Unit] = {}
+    for key, shape, fqn, fused in stored_units(res):
+        dtype = res.matches[fqn].entry.dtype
+        if fused is None:
+            out[key] = _Unit(shape, fqn, None, dtype)
+            continue
+        comps = [c for c, _ in fused.components]
+        name, _, comp = key.rpartition(".")
+        stored, own = component_key(res, name, fqn, comps, comp)
+        if own:
+            out[stored] = _Unit(shape, fqn, fused, dtype)
+            continue
+        full = list(shape)
+        full[fused.at] = sum(size for _, size in fused.components)
+        out[stored] = _Unit(tuple(full), fqn, None, dtype)
+    return out
 
 
 def _ignored(res: Resolved, key: str) -> bool:
@@ -512,8 +538,21 @@ def _suffixes(units: dict[str, _Unit]) -> dict[str, list[str]]:
     name-indexed module's keys: its global names')."""
     out: dict[str, set[str]] = defaultdict(set)
     for key, u in units.items():
-        out[u.fqn].add("." + key.rpartition(".")[2] if u.fused is not None else "(whole)")
+        if u.fused is None:
+            out[u.fqn].add("(whole)")
+        else:  # a component: under the parameter's name, or a trainer's hook's key
+            own = key.startswith(u.fqn + ".")
+            out[u.fqn].add(key[len(u.fqn) :] if own else _relative(key, u.fqn))
     return {fqn: sorted(tails) for fqn, tails in out.items()}
+
+
+def _relative(key: str, fqn: str) -> str:
+    """``key`` without the leading segments it shares with ``fqn``."""
+    parts, others = key.split("."), fqn.split(".")
+    n = 0
+    while n < min(len(parts), len(others)) - 1 and parts[n] == others[n]:
+        n += 1
+    return ".".join(parts[n:])
 
 
 def _renamed(was: list[str], now: list[str], lacking: str) -> str:
@@ -522,7 +561,8 @@ def _renamed(was: list[str], now: list[str], lacking: str) -> str:
         return f"{lacking} stores no such key: the global index range of its module differs"
     return (
         f"its parameter is stored as {', '.join(was) or 'nothing'} under OLD and as "
-        f"{', '.join(now) or 'nothing'} under NEW (a fuse line changed the keys)"
+        f"{', '.join(now) or 'nothing'} under NEW (a `fuse` line, `stored fused` or "
+        "`checkpoint keys` changed the keys)"
     )
 
 

@@ -62,6 +62,11 @@ def render_text(d: SpecDiff) -> str:
     else:
         lines.append(f"layout: no change ({d.unchanged} parameter(s))")
     lines += ["", "checkpoints:"]
+    if d.keys is not None:
+        lines.append(
+            f"  key layout (`checkpoint keys`): {d.keys[0]} -> {d.keys[1]}; a checkpoint saved "
+            f"under OLD loads under NEW with keys={d.keys[0]!r}"
+        )
     if d.checkpoint:
         lines.append("  a checkpoint saved under OLD does NOT load under NEW:")
         lines += _problem_lines(d.checkpoint)
@@ -182,6 +187,7 @@ def render_json_diff(d: SpecDiff) -> str:
             "compatible": not d.checkpoint,
             "problems": [_problem_json(p) for p in d.checkpoint],
             "fallbacks": _globs_json(d.fallbacks),
+            "keys": None if d.keys is None else {"old": d.keys[0], "new": d.keys[1]},
         },
         "hf": None if d.hf is None else _hf_json(d.hf),
     }

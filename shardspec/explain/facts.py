@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from shardspec.api import display_path, lint_specs
+from shardspec.checks.keys import component_key, spec_key_layout
 from shardspec.core.hfmap import Source
 from shardspec.core.layout import (
     HeadCut,
@@ -275,6 +276,9 @@ class Explanation:
     stage: Stage | None = None
     table: RankTable | None = None
     hf: HFFacts | None = None
+    # The spec's checkpoint key layout (`checkpoint keys`) and the keys a checkpoint stores
+    # the parameter under in it (None: not placed).
+    checkpoint: tuple[str, tuple[str, ...]] | None = None
     findings: tuple[Diagnostic, ...] = ()  # the spec's errors
     sources: dict[str, str] | None = field(default=None, repr=False)
 
@@ -328,8 +332,16 @@ def explain_facts(
         stage=stage_facts(res, name, mesh, m.layout),
         table=rank_table(m, mesh, m.layout, ranks),
         hf=hf_facts(res, name, m, mesh, m.layout),
+        checkpoint=checkpoint_facts(res, fqn, m.layout),
         findings=tuple(d for d in outcome.diagnostics if d.is_error),
     )
+
+
+def checkpoint_facts(res: Resolved, fqn: str, layout: ParamLayout) -> tuple[str, tuple[str, ...]]:
+    """The spec's key layout and the keys a checkpoint stores ``fqn`` under in it."""
+    comps = [c for c, _ in storage_units(layout) if c is not None]
+    keys = [component_key(res, fqn, fqn, comps, c) for c in comps]
+    return spec_key_layout(res.spec), tuple(dict.fromkeys(k for k, _ in keys)) or (fqn,)
 
 
 def no_manifest(shown: str, command: str = "explain", hint: str = "") -> Diagnostic:

@@ -43,6 +43,9 @@ def render_text(x: Explanation | Refusal) -> str:
             lines.append(_stage_line(x.stage))
         if x.table is not None:
             lines += _table_lines(x.layout, x.table)
+    if x.checkpoint is not None:
+        key_layout, stored = x.checkpoint
+        lines.append(f"  checkpoint keys ({key_layout}): {', '.join(stored)}")
     if x.hf is not None:
         lines += _hf_lines(x.spec_path, x.hf)
     if x.findings:

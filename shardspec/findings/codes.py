@@ -1210,6 +1210,37 @@ CHECKS: tuple[Check, ...] = (
         "# engine hf block:\ndrop lm_head.weight",
     ),
     Check(
+        "SS130",
+        "unknown-key-layout",
+        E,
+        "`checkpoint keys NAME` names no checkpoint key layout.",
+        "save and load write and read the key layout the spec names by default; one the "
+        "runtime does not know would fail every save and load. The layouts are `shardspec` "
+        "(shardspec's own: fused parameters per component) and `torchtitan` (the keys "
+        "torchtitan's state-dict hooks write: `wq`/`wk`/`wv` for a fused `wqkv`, other fused "
+        "tensors whole).",
+        "checkpoint keys titan",
+        "checkpoint keys torchtitan",
+    ),
+    Check(
+        "SS131",
+        "key-layout-mismatch",
+        E,
+        "The spec's checkpoint key layout cannot store a fused parameter as it says: the "
+        "layout splits it into other components than the `fuse` item declares, or stores it "
+        "whole (optimizer state included) while a rank holds it in several pieces.",
+        "A trainer's key layout stores a fused tensor as that trainer's state-dict hooks "
+        "present it (torchtitan: `wqkv` as `wq`, `wk`, `wv`, in that order) and every other "
+        "fused tensor, and the optimizer state of all of them, whole under the parameter's "
+        "name; a declaration that does not match would fail every save, and a fused tensor "
+        "stored whole must be one block on every rank (DCP stores one box per rank).",
+        "checkpoint keys torchtitan\nparam layers.*.attention.qkv_linear.wqkv.weight [qkv, "
+        "hidden] {\n    fuse qkv as q 64, kv 64\n}",
+        "checkpoint keys torchtitan\nparam layers.*.attention.qkv_linear.wqkv.weight [qkv, "
+        "hidden] {\n    fuse qkv as q 64, k 32, v 32\n}",
+        True,
+    ),
+    Check(
         "SS132",
         "pad-size-mismatch",
         E,

@@ -64,6 +64,7 @@ _FREE = {"NAME", "PATTERN", "INT", "PART_SIZE", "STRING", "COMMENT", "WS", "CONF
 _PLACES = {
     "ignore": "ignore ",
     "fsdp": "fsdp ",
+    "checkpoint keys": "checkpoint keys ",
     "param": "param ",
     "dims": "param p [",
     "dims,": "param p [a,",
@@ -277,6 +278,8 @@ class _Reader:
                 out.append(_Fsdp(axis, self.source.span(start, self.base + self.ended())))
             elif kw == "manifest":
                 out.append(self.manifest())
+            elif kw == "checkpoint":
+                out.append(self.checkpoint_keys())
             elif kw in ("mesh", "hf", "pipeline"):
                 out.extend(self.block(kw))
             else:
@@ -297,6 +300,13 @@ class _Reader:
         self.take(m)
         path_span = self.source.span(at, self.last)
         return _Manifest(m.group(1)[1:-1], path_span, self.source.span(start, self.last))
+
+    def checkpoint_keys(self) -> ir.CheckpointKeys:
+        """``checkpoint keys NAME``."""
+        self.keyword("checkpoint")
+        self.keyword("keys")
+        layout = self.name("checkpoint keys")
+        return ir.CheckpointKeys(at=self.at, start=0, end=self.ended(), layout=layout)
 
     def block(self, kw: str) -> list[object]:
         """A ``mesh``, ``hf`` or ``pipeline`` statement, parsed by lark on its own."""

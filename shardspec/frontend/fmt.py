@@ -57,6 +57,7 @@ _RULES = frozenset(
         "world",
         "axis_decl",
         "fsdp_stmt",
+        "checkpoint_stmt",
         "ignore_stmt",
         "param_stmt",
         "dims",

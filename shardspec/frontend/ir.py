@@ -651,6 +651,14 @@ class Suppression(Node):
     codes: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class CheckpointKeys(Node):
+    """``checkpoint keys NAME``: the key layout checkpoints are saved and loaded in by
+    default (``torchtitan``: as that trainer's state-dict hooks write them)."""
+
+    layout: Name
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Spec:
     """A whole ``.shard`` file."""
@@ -671,6 +679,7 @@ class Spec:
     ignores: tuple[IgnoreRule, ...] = ()
     hf: HFBlock | None = None
     pipeline: Pipeline | None = None
+    checkpoint_keys: CheckpointKeys | None = None
     suppressions: tuple[Suppression, ...] = ()
 
     @property

@@ -343,6 +343,8 @@ def _once(stmt: object) -> tuple[str, Span, dict[str, object]] | None:
             return "hf", stmt.span, {"hf": stmt}
         case ir.Pipeline():
             return "pipeline", stmt.span, {"pipeline": stmt}
+        case ir.CheckpointKeys():
+            return "checkpoint keys", stmt.span, {"checkpoint_keys": stmt}
     return None
 
 
@@ -415,6 +417,9 @@ class _ToIR:
 
     def fsdp_stmt(self, meta, children):
         return _Fsdp(self._name(children[0]), self._span(meta))
+
+    def checkpoint_stmt(self, meta, children):
+        return ir.CheckpointKeys(**self._at(meta), layout=self._name(children[0]))
 
     def ignore_stmt(self, meta, children):
         return ir.IgnoreRule(**self._at(meta), pattern=self._pattern(children[0]))

@@ -224,8 +224,12 @@ class CompiledSpec:
         view_fsdp: Mapping[str, str | None] | None = None,
         rule_views: tuple[str, ...] = (),
         aliases: Mapping[str, str] | None = None,
+        checkpoint_keys: str | None = None,
     ) -> None:
         self.name = name
+        # `checkpoint keys NAME`: the key layout save and load use where ``keys=`` is not
+        # given (None: shardspec's own).
+        self.checkpoint_keys = checkpoint_keys
         # Other names a trainer's DeviceMesh may give an axis (`dp_shard: * aka fsdp`):
         # alias -> the spec's axis. Meshes and DTensors are read in the spec's names.
         self.aliases: dict[str, str] = dict(aliases or {})
@@ -496,6 +500,11 @@ class CompiledSpec:
             return self.params[fqn].rule
         found = self._winner(fqn)
         return found[0] if found is not None else None
+
+    def stored_fused(self, fqn: str) -> bool:
+        """Whether ``fqn``'s rule stores its fused dimension whole (`stored fused`)."""
+        rule = self._rule_of(fqn)
+        return rule is not None and self.rules[rule].stored_fused
 
     def _axis_sizes(self, lm: Mesh) -> dict[str, int]:
         if isinstance(lm, Folded):

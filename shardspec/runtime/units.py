@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from shardspec.core import keylayouts
 from shardspec.core.layout import (
     Mesh,
     ParamLayout,
@@ -35,6 +36,7 @@ from shardspec.core.layout import (
 from shardspec.runtime.canonical import (
     CanonicalPlan,
     Unit,
+    WholeFused,
     assign_writers,
     chunk_table,
     fingerprint,
@@ -101,14 +103,17 @@ class KeyLayout:
 # torchtitan (torchtitan/models/common/attention.py, FusedQKVLinear, and
 # torchtitan/components/checkpointer/dcp.py, which saves model.state_dict(): read at
 # commit b5bcd76 and in the torchtitan 0.3.0 wheel).
-TORCHTITAN = KeyLayout("torchtitan", (("wqkv", ("wq", "wk", "wv")),), (".param_names",))
+TORCHTITAN = KeyLayout("torchtitan", keylayouts.SPLITS["torchtitan"], (".param_names",))
 KEY_LAYOUTS = {"torchtitan": TORCHTITAN}
 
 
-def key_layout(keys: str | KeyLayout | None) -> KeyLayout | None:
-    """``keys=`` as given: None or ``"shardspec"`` (shardspec's own layout), a name of
-    :data:`KEY_LAYOUTS`, or a :class:`KeyLayout`."""
-    if keys is None or keys == "shardspec" or isinstance(keys, KeyLayout):
+def key_layout(keys: str | KeyLayout | None, spec: CompiledSpec | None = None) -> KeyLayout | None:
+    """``keys=`` as given: ``"shardspec"`` (shardspec's own layout), a name of
+    :data:`KEY_LAYOUTS`, or a :class:`KeyLayout`; None: the spec's `checkpoint keys`
+    statement (shardspec's own without one, or without ``spec``)."""
+    if keys is None and spec is not None:
+        keys = spec.checkpoint_keys
+    if keys is None or keys == keylayouts.OWN or isinstance(keys, KeyLayout):
         return keys if isinstance(keys, KeyLayout) else None
     if isinstance(keys, str) and keys in KEY_LAYOUTS:
         return KEY_LAYOUTS[keys]
@@ -317,6 +322,7 @@ def canonical_plan(
     *,
     saving: bool = True,
     keys: KeyLayout | None = None,
+    stored: bool = False,
 ) -> tuple[CanonicalPlan, dict[str, Any], dict[str, tuple[Unit, torch.Tensor]]]:
     """Cut ``flat`` (a flattened state dict) into canonical units for ``rank``.
 
@@ -324,6 +330,8 @@ def canonical_plan(
     loading does not: a rank reads every index it holds, whoever wrote it.
 
     ``keys``: a trainer's key layout (:class:`KeyLayout`; None: shardspec's own).
+    ``stored``: honour `stored fused` (a checkpoint stores such a fused tensor whole; the
+    Hugging Face paths read and write components).
 
     Returns the plan, the entries left for DCP's default handling (under their stored
     names; see ``plan.renamed``), and ``stored key -> (unit, local tensor)``. Ignored
@@ -335,13 +343,15 @@ def canonical_plan(
     shared between such calls: read it, do not change it.
     """
     shared = _shared_storage(flat)
-    key = (mesh, rank, saving, keys, _signature(flat), tuple(sorted(shared.items())))
+    key = (mesh, rank, saving, keys, stored, _signature(flat), tuple(sorted(shared.items())))
     per_spec = _PLANS.get(spec)
     if per_spec is None:
         per_spec = _PLANS.setdefault(spec, OrderedDict())
     hit = per_spec.get(key)
     if hit is None:
-        hit = _structural(spec, mesh, rank, flat, saving=saving, shared=shared, keys=keys)
+        hit = _structural(
+            spec, mesh, rank, flat, saving=saving, shared=shared, keys=keys, stored=stored
+        )
         per_spec[key] = hit
         while len(per_spec) > PLAN_CACHE_SIZE:
             per_spec.popitem(last=False)
@@ -395,6 +405,7 @@ def _structural(
     saving: bool,
     shared: Mapping[str, tuple[str, ...]] | None = None,
     keys: KeyLayout | None = None,
+    stored: bool = False,
 ) -> _Structural:
     """Build :func:`canonical_plan`'s structural part (uncached)."""
     from shardspec.runtime.dtensor import to_torch
@@ -449,12 +460,15 @@ def _structural(
         comps = [c for c, _ in storage_units(layout) if c is not None]
         split = keys is not None and bool(comps) and not key[b:]
         split = split and keys.component_keys(fqn, comps) is not None  # type: ignore[union-attr]
-        if keys is not None and comps and not split:
+        # Stored whole: a fused tensor no hook of the trainer's key layout splits, and one
+        # whose `fuse` item says `stored fused` (its model entry and its optimizer state).
+        whole = keys is not None or (stored and spec.stored_fused(fqn))
+        if comps and not split and whole:
             layout = stored_whole(layout)
         declared = layout  # what the fingerprint describes, for saving and loading alike
         if not saving and layout.ckpt:
             layout = dataclasses.replace(layout, ckpt=())
-        pieces = _pieces(layout, pmesh, key, keys)
+        pieces = _pieces(layout, pmesh, key, keys if whole else None)
         spans = names.name_indexed_spans(fqn, layout)  # once per parameter, not per piece
         hooked = keys if split else None  # components under the hooks' keys
 
@@ -546,15 +560,21 @@ def _structural(
 
 def _pieces(layout: ParamLayout, mesh: Mesh, key: str, keys: KeyLayout | None) -> tuple:
     """:func:`rank_pieces`, with a fused tensor stored whole that a rank does not hold in
-    one block reported for people."""
+    one block reported for people (``keys``: the key layout that stores it whole, None for
+    `stored fused`)."""
     try:
         return rank_pieces(layout, mesh)
     except ValueError as e:
-        if keys is None:
+        if not isinstance(layout, WholeFused):
             raise
+        why = (
+            "its `fuse` item says `stored fused`"
+            if keys is None
+            else f"keys={keys.name!r} stores this fused tensor whole (as the trainer's state "
+            "dict names it)"
+        )
         raise CheckpointError(
-            f"{key}: keys={keys.name!r} stores this fused tensor whole (as the trainer's state "
-            f"dict names it), but {e}: a rank's part of it must be one block. Shard the fused "
+            f"{key}: {why}, but {e}: a rank's part of it must be one block. Shard the fused "
             "dimension by whole groups (`fuse ... as N groups of ...`) or not at all"
         ) from None
 

@@ -279,7 +279,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         self.spec = spec
         self.role = role
         self.strict = strict
-        self.keys = key_layout(keys)
+        self.keys = key_layout(keys, spec)
         self._mesh_arg = mesh
         self._staged: dict[str, torch.Tensor] | None = None
         self._pooled: list[torch.Tensor] = []
@@ -300,7 +300,7 @@ class ShardspecSavePlanner(DefaultSavePlanner):
         flat, mappings = _flat(state_dict)
         self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(
-            self.spec, self.lmesh, self.rank, flat, keys=self.keys
+            self.spec, self.lmesh, self.rank, flat, keys=self.keys, stored=True
         )
         self.mappings = _stored_mappings(self.canon, mappings)
         self.state_dict = rest
@@ -487,7 +487,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         super().__init__(allow_partial_load=partial)
         self.recovered: list[str] = []  # what load() finished or undid of an interrupted save
         self.spec = spec
-        self.keys = key_layout(keys)
+        self.keys = key_layout(keys, spec)
         self._mesh_arg = mesh
         self.partial = partial
         self.staging = staging
@@ -509,7 +509,7 @@ class ShardspecLoadPlanner(DefaultLoadPlanner):
         flat, self.flat_mappings = _flat(state_dict)
         self.lmesh, self.rank = mesh_and_rank(self.spec, self._mesh_arg)
         self.canon, rest, self.local = canonical_plan(
-            self.spec, self.lmesh, self.rank, flat, saving=False, keys=self.keys
+            self.spec, self.lmesh, self.rank, flat, saving=False, keys=self.keys, stored=True
         )
         self.stored_to_own = {new: old for old, new in self.canon.renamed.items()}
         self.state_dict = rest  # keyed by stored names

@@ -16,9 +16,9 @@ transform, reading the scale blocks that cover its box. See README, "fp8".
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from shardspec.checks.fp8_scales import stray_scales
 from shardspec.checks.hf import (
     MAX_GROUPS,
     _first,
@@ -32,6 +32,7 @@ from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
+from shardspec.resolve import hf as resolve_hf
 from shardspec.resolve.hf import (
     block_quant,
     build_hfmap,
@@ -115,7 +116,9 @@ def _good_quants(hf: ir.HFBlock) -> list[tuple[BlockQuant, ir.HFFp8]]:
     return out
 
 
-def check_fp8_keys(spec: ir.Spec, hfm: HFManifest) -> list[Diagnostic]:
+def check_fp8_keys(
+    spec: ir.Spec, hfm: HFManifest, stray: Mapping[str, str] | None = None
+) -> list[Diagnostic]:
     """SS111-SS114: the HF manifest's FP8 tensors against the hf block's fp8 lines. Each
     line is tracked by its position among the sound lines (two lines may share a spec
     line)."""
@@ -127,7 +130,8 @@ def check_fp8_keys(spec: ir.Spec, hfm: HFManifest) -> list[Diagnostic]:
     hfmap = HFMap(full.rules, full.drops, full.ties, full.keeps, tuple(quants))
     index = {id(q): i for i, q in enumerate(quants)}
     tensors = hfm.tensors
-    stray = stray_scales(hf, hfm)
+    if stray is None:
+        stray = resolve_hf.stray_scales(hf, hfm)
     undeclared: dict[str, list[str]] = {}  # name shape -> FP8 keys no line declares
     # (kind, line index (map line for "read"), details) -> [first key, shown, count], as
     # checks/hf.py counts

@@ -16,13 +16,12 @@ import itertools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
 from shardspec.checks.coverage import entry_span
-from shardspec.checks.fp8_scales import stray_scales
 from shardspec.core.hfmap import (
     Fused,
     HFMap,
@@ -44,6 +43,7 @@ from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.findings.suggest import closest, ratio
 from shardspec.frontend import ir
 from shardspec.inputs.hfmanifest import HFManifest
+from shardspec.resolve import hf as resolve_hf
 from shardspec.resolve.hf import (
     build_hfmap,
     glob_problem,
@@ -529,7 +529,10 @@ def _group_key(name: str) -> str:
 
 
 def check_hf_units(
-    res: Resolved, hf_manifest: HFManifest | None, bad: set[int]
+    res: Resolved,
+    hf_manifest: HFManifest | None,
+    bad: set[int],
+    stray: Mapping[str, str] | None = None,
 ) -> list[Diagnostic]:
     """SS071-SS078 (those that need a manifest); SS073-SS075 and config values need the
     HF manifest too."""
@@ -627,7 +630,7 @@ def check_hf_units(
     unknown = _check_config_names(res, hf)
     out += unknown
     if hf_manifest is not None:
-        out += _check_keys(res, hfmap, hf_manifest, acc, by_name, unsure)
+        out += _check_keys(res, hfmap, hf_manifest, acc, by_name, unsure, stray)
         named = [c for c in hf.configs if not any(d.span == c.name.span for d in unknown)]
         out += _check_config_values(res, named, hf_manifest)
     return out
@@ -784,7 +787,8 @@ def _check_keys(
     hfm: HFManifest,
     acc: _Acc,
     units: dict[str, _Group],
-    unsure: set[int] = frozenset(),  # type: ignore[assignment]
+    unsure: set[int],
+    stray: Mapping[str, str] | None,
 ) -> list[Diagnostic]:
     hf = res.spec.hf
     assert hf is not None
@@ -862,7 +866,8 @@ def _check_keys(
     unexpected: dict[str, list[str]] = defaultdict(list)
     bases = _bases(units)
     rest = sorted(tensors.keys() - acc.needed.keys() - read)
-    stray = stray_scales(hf, hfm)  # (scales its line's template misses: SS110/SS112)
+    if stray is None:  # (scales its line's template misses: SS110/SS112)
+        stray = resolve_hf.stray_scales(hf, hfm)
     for key in rest:
         if hfmap.tie_of(key) is not None or hfmap.dropped(key) or hfmap.is_scale(key):
             continue  # (a scale is its fp8 line's: checks/fp8.py)

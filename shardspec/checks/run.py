@@ -21,6 +21,7 @@ from shardspec.findings.diagnostics import Diagnostic, Span
 from shardspec.frontend import ir
 from shardspec.inputs.load import load_spec_hf_manifest, load_spec_manifest
 from shardspec.inputs.manifest import Manifest
+from shardspec.resolve import hf as resolve_hf
 from shardspec.resolve.params import Resolved, resolve
 
 
@@ -51,6 +52,7 @@ def check(
         diags.extend(loaded.findings)
     hf_bad: set[int] = set()
     hf_manifest = None
+    stray: dict[str, str] | None = None
     if spec.hf is not None:
         found, hf_bad = check_hf_items(spec)
         diags.extend(found)
@@ -61,7 +63,9 @@ def check(
             hf_manifest = hf_loaded.manifest
             diags.extend(hf_loaded.findings)
             if hf_manifest is not None:
-                diags.extend(check_fp8_keys(spec, hf_manifest))
+                # the FP8 checks (SS112) and the unexpected keys (SS073) both ask
+                stray = resolve_hf.stray_scales(spec.hf, hf_manifest)
+                diags.extend(check_fp8_keys(spec, hf_manifest, stray))
     res = resolve(spec, manifest, broken=broken, overrides=overrides, world=world)
     res.hf_manifest = hf_manifest
     if res.mesh_error and res.mesh_error_code == "SS004":
@@ -104,7 +108,7 @@ def check(
             diags.extend(resolved_check(res))
         diags.extend(check_stages(res))
         if spec.hf is not None:
-            diags.extend(check_hf_units(res, hf_manifest, hf_bad))
+            diags.extend(check_hf_units(res, hf_manifest, hf_bad, stray))
     elif spec.manifest is None:
         diags.append(
             diag(

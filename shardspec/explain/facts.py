@@ -332,7 +332,7 @@ def explain_facts(
         stage=stage_facts(res, name, mesh, m.layout),
         table=rank_table(m, mesh, m.layout, ranks),
         hf=hf_facts(res, name, m, mesh, m.layout),
-        checkpoint=checkpoint_facts(res, fqn, m.layout),
+        checkpoint=checkpoint_facts(res, name, m.layout),  # (a tie alias: its source)
         findings=tuple(d for d in outcome.diagnostics if d.is_error),
     )
 

@@ -29,44 +29,8 @@ from tests import titan_swiglu_scenarios
 from tests.test_ckpt_keys import _diff, _lint
 from tests.test_torchtitan_ckpt import assert_ranks, write_manifest
 
-SPEC = """\
-# torchtitan's fused SwiGLU overrides (examples/models/titan_swiglu.py): w13's hooks write
-# w1.weight/w3.weight (w1_EFD/w3_EFD for the experts), each one index of `pair`, squeezed.
-manifest "manifest.json"
-
-mesh over 4 ranks {
-    dp_shard: *
-    tp: 2
-}
-
-fsdp dp_shard
-checkpoint keys torchtitan
-
-param tok_embeddings.weight [vocab, dim] {
-    shard vocab over tp
-}
-param layers.*.feed_forward.w13 [hidden, pair, dim] {
-    fuse pair as w1, w3 squeezed
-    shard hidden over tp
-    style none
-}
-param layers.*.feed_forward.w2.weight [dim, hidden] {
-    shard hidden over tp
-}
-param layers.*.moe.experts.w13 [experts, hidden, pair, dim] {
-    fuse pair as w1, w3 squeezed
-    shard hidden over tp
-    style none
-}
-param layers.*.moe.experts.w2_EDF [experts, dim, hidden] {
-    shard hidden over tp
-    style none
-}
-param output.weight [vocab, dim] {
-    shard vocab over tp
-    style colwise output replicate
-}
-"""
+CASE = Path(__file__).resolve().parent / "cases" / "fused_swiglu"
+SPEC = (CASE / "spec.shard").read_text()
 DENSE = "    fuse pair as w1, w3 squeezed\n    shard hidden over tp\n"
 EXPECTED = {"[torchtitan->shardspec]": 1, "[shardspec->torchtitan]": 2, "[own]": 1}
 
@@ -158,6 +122,14 @@ def test_checkpoint_shard_cannot_cut_a_squeezed_dimension() -> None:
         build_layout(rule, (8, 2, 4), {"dp": 2})
 
 
+def test_generated_module_carries_squeezed() -> None:
+    """The golden module of the case (tests/cases/fused_swiglu) gives both w13 rules
+    ``squeezed=("pair",)``, which the runtime's layouts read."""
+    text = (CASE / "expected.py").read_text()
+    assert text.count('squeezed=("pair",),') == 2
+    assert 'CHECKPOINT_KEYS: str | None = "torchtitan"' in text
+
+
 # ----------------------------------------------------------------------------- diff, explain
 
 
@@ -232,6 +204,33 @@ def test_squeezed_units_drop_the_dimension() -> None:
         target.zero_()
         unit_commit_box(unit, target, (1, 2), (2, 2), local[1:3, k, 2:].clone())
         assert torch.equal(target[1:3, k, 2:], local[1:3, k, 2:]) and target.count_nonzero() == 4
+
+
+def test_torchtitans_key_layout_names_the_hooks_keys() -> None:
+    """``keys="torchtitan"`` stores a squeezed ``w13`` under the hooks' keys by its tensor's
+    dimensions (3: FusedSwiGLU, 4: FusedGroupedExperts), refuses one the spec does not
+    declare squeezed (or of other components), and maps the hooks' keys back to ``w13``."""
+    from shardspec.runtime.units import TORCHTITAN, CheckpointError
+
+    dense, experts = "layers.0.feed_forward.w13", "layers.0.moe.experts.w13"
+    assert TORCHTITAN.component_keys(dense, ["w1", "w3"], 3, True) == (
+        "layers.0.feed_forward.w1.weight",
+        "layers.0.feed_forward.w3.weight",
+    )
+    assert TORCHTITAN.component_keys(experts, ["gate", "up"], 4, True) == (
+        "layers.0.moe.experts.w1_EFD",
+        "layers.0.moe.experts.w3_EFD",
+    )
+    assert TORCHTITAN.component_keys("layers.0.feed_forward.w13.weight", ["a", "b"], 2) is None
+    with pytest.raises(CheckpointError, match="declares 2 \\(w1, w3\\), not squeezed"):
+        TORCHTITAN.component_keys(dense, ["w1", "w3"], 3, False)
+    with pytest.raises(CheckpointError, match="`fuse DIM as w1_EFD, w3_EFD squeezed`"):
+        TORCHTITAN.component_keys(experts, ["a", "b", "c"], 4, True)
+    assert TORCHTITAN.sources("layers.0.feed_forward.w3.weight") == (dense,)
+    assert TORCHTITAN.sources("layers.0.moe.experts.w1_EFD") == (experts,)
+    assert TORCHTITAN.sources("layers.0.attention.qkv_linear.wk.weight") == (
+        "layers.0.attention.qkv_linear.wqkv.weight",
+    )
 
 
 # ----------------------------------------------------------------------------- 4 ranks

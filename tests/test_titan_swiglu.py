@@ -233,6 +233,26 @@ def test_torchtitans_key_layout_names_the_hooks_keys() -> None:
     )
 
 
+def test_squeezed_composes_with_name_indexed_experts() -> None:
+    """Per-expert modules (``experts.{e}.w13``, the expert index a name capture sharded
+    over ep) with a squeezed pair: each rank's units drop the pair dimension of the module
+    tensor, whatever name-indexed dimension precedes it."""
+    rule = RuleSpec(
+        "experts.{e}.w13",
+        ("e", "hidden", "pair", "dim"),
+        shard=(("e", ("ep",)), ("hidden", ("tp",))),
+        fuse=(("pair", (("w1", None), ("w3", None)), 1),),
+        local=("ep",),
+        name_indexed=("e",),
+        squeezed=("pair",),
+    )
+    layout = build_layout(rule, (8, 2, 4), {"ep": 2, "tp": 2}, {"e": 2})
+    pieces = rank_pieces(layout, Mesh(("ep", "tp"), (2, 2)))
+    got = {(p.component, p.shape, p.offsets, p.sizes, p.squeeze) for p in pieces[3]}
+    assert got == {("w1", (8, 4), (4, 0), (4, 4), 1), ("w3", (8, 4), (4, 0), (4, 4), 1)}
+    assert pieces[3][0].name_indexed_start == (2,)
+
+
 # ----------------------------------------------------------------------------- 4 ranks
 
 

@@ -84,8 +84,9 @@ def items(draw: st.DrawFn) -> list[str]:
         comp = st.builds(lambda n, s: [n, s] if s else [n], NAMES, st.one_of(st.none(), NUMBERS))
         comps = [w for c in _list_of(draw, comp) for w in c]
         groups = [draw(NUMBERS), "groups", "of"] if draw(st.booleans()) else []
+        squeezed = ["squeezed"] if draw(st.booleans()) else []
         stored = ["stored", "fused"] if draw(st.booleans()) else []
-        return ["fuse", draw(NAMES), "as", *groups, *comps, *stored]
+        return ["fuse", draw(NAMES), "as", *groups, *comps, *squeezed, *stored]
     if kind == "style":
         opts = draw(
             st.lists(

@@ -78,6 +78,7 @@ param f [a] {   # c1
    local tp
    view dense
 }
+param g [h,p,d] { fuse p as w1,w3   squeezed }
 pipeline pp { first tok ,emb
  split layers.{layer} as 3,5 local
  last norm, output
@@ -123,6 +124,9 @@ param f [a] {   # c1
     checkpoint replicate
     local tp
     view dense
+}
+param g [h, p, d] {
+    fuse p as w1, w3 squeezed
 }
 pipeline pp {
     first tok, emb

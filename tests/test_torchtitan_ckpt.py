@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,35 +66,38 @@ param output.weight [vocab, hidden] {
 EXPECTED = {"[torchtitan->shardspec]": 1, "[shardspec->torchtitan]": 2, "[hooked]": 1}
 
 
-def compile_titan(root: Path) -> None:
-    """The model's manifest (with its hooks' keys) and the spec's module, under ``root``."""
+def write_manifest(root: Path, factory: str) -> None:
+    """``root/manifest.json``: ``shardspec manifest`` of ``factory`` (with its hooks' keys)."""
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardspec",
-            "manifest",
-            "examples.models.llama3_fused:titan_tiny",
-            "-o",
-            str(root / "manifest.json"),
-        ],
+        [sys.executable, "-m", "shardspec", "manifest", factory, "-o", str(root / "manifest.json")],
         cwd=ROOT,
         check=True,
         capture_output=True,
     )
+
+
+def compile_titan(root: Path) -> None:
+    """The model's manifest (with its hooks' keys) and the spec's module, under ``root``."""
+    write_manifest(root, "examples.models.llama3_fused:titan_tiny")
     (root / "titan.shard").write_text(SPEC)
     out = compile_specs([str(root / "titan.shard")], str(root / "out"))
     assert not out.errors, out.errors
 
 
-@pytest.mark.dist
-def test_torchtitan_checkpoints_on_4_ranks(tmp_path: Path) -> None:
-    compile_titan(tmp_path)
-    results = run_ranks(torchtitan_ckpt_scenarios.run_all, 4, str(tmp_path), timeout=240)
+def assert_ranks(run_all: Any, root: Path, expected: dict[str, int], timeout: int) -> None:
+    """Run ``run_all`` (failures, checked counts per rank) on 4 ranks: no failure, and
+    every rank checked ``expected``."""
+    results = run_ranks(run_all, 4, str(root), timeout=timeout)
     failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
     assert not failures, "\n".join(failures[:30])
     for rank, (_, checked) in enumerate(results):
-        assert checked == EXPECTED, f"rank {rank} checked {checked}"
+        assert checked == expected, f"rank {rank} checked {checked}"
+
+
+@pytest.mark.dist
+def test_torchtitan_checkpoints_on_4_ranks(tmp_path: Path) -> None:
+    compile_titan(tmp_path)
+    assert_ranks(torchtitan_ckpt_scenarios.run_all, tmp_path, EXPECTED, timeout=240)
 
 
 def test_titan_tiny_is_the_grouped_llama_with_torchtitans_hooks() -> None:

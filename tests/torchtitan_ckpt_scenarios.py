@@ -398,18 +398,24 @@ def _module(path: str) -> Any:
     return module
 
 
-def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]:
+def run_steps(rank: int, root: str, steps: list[tuple[str, Any]]) -> Failures:
+    """Run each scenario ``step(mod, rank, root, fail)`` on the module compiled to
+    ``root/out/titan.py``, a barrier after each; an exception is a failure, not the end."""
     mod = _module(os.path.join(root, "out", "titan.py"))
     fail: Failures = []
-    steps = [
-        ("torchtitan->shardspec", torchtitan_to_shardspec),
-        ("shardspec->torchtitan", shardspec_to_torchtitan),
-        ("hooked", hooked_state_dicts),
-    ]
     for name, step in steps:
         try:
             step(mod, rank, root, fail)
         except Exception:
             fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
         dist.barrier()
-    return fail, dict(CHECKED)
+    return fail
+
+
+def run_all(rank: int, world: int, root: str) -> tuple[Failures, dict[str, int]]:
+    steps = [
+        ("torchtitan->shardspec", torchtitan_to_shardspec),
+        ("shardspec->torchtitan", shardspec_to_torchtitan),
+        ("hooked", hooked_state_dicts),
+    ]
+    return run_steps(rank, root, steps), dict(CHECKED)

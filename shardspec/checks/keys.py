@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardspec.checks.layouts import _first_split_unit, _groups, _who
 from shardspec.core import keylayouts
-from shardspec.core.layout import sampled_table, storage_units
+from shardspec.core.layout import ParamLayout, sampled_table, storage_units
 from shardspec.findings.codes import diag
 from shardspec.findings.diagnostics import Diagnostic
 from shardspec.findings.suggest import did_you_mean
@@ -42,20 +42,9 @@ def check_key_layout_units(res: Resolved) -> list[Diagnostic]:
         if not comps or not rule.fusions:
             continue
         fuse = rule.fusions[0]
-        split = keylayouts.split_of(name, fqns[0])
-        if split is not None and len(split) != len(comps):
-            leaves = ", ".join(split)
-            out.append(
-                diag(
-                    "SS131",
-                    f"{_who(fqns)}: `checkpoint keys {name}` stores this fused parameter's "
-                    f"components as {leaves} (as the trainer's state-dict hooks present them), "
-                    f"but the `fuse` item declares {len(comps)} ({', '.join(comps)})",
-                    fuse.span,
-                    f"declare {len(split)} components in the hooks' order ({leaves}), e.g. "
-                    f"`fuse {fuse.dim.text} as q .., k .., v ..`",
-                )
-            )
+        hooked = keylayouts.hook_keys(name, fqns[0], _ndim(layout))
+        if hooked is not None and (len(hooked[0]) != len(comps) or hooked[1] != fuse.squeezed):
+            out.append(_hook_mismatch(fqns, name, hooked, comps, fuse))
             continue
         mesh = res.mesh_of_rule(index)
         assert mesh is not None
@@ -79,6 +68,42 @@ def check_key_layout_units(res: Resolved) -> list[Diagnostic]:
     return out
 
 
+def _ndim(layout: ParamLayout) -> int:
+    """The dimension count of a parameter's module tensor (name-indexed dims are none)."""
+    return sum(1 for d in layout.dims if not d.name_indexed)
+
+
+def _hook_mismatch(
+    fqns: list[str],
+    name: str,
+    hooked: tuple[tuple[str, ...], bool],
+    comps: list[str],
+    fuse: ir.FuseItem,
+) -> Diagnostic:
+    """SS131: a fused parameter whose `fuse` item does not declare what the trainer's
+    state-dict hooks present it as (as many components; squeezed where they are)."""
+    keys, squeezed = hooked
+    module = fqns[0].rpartition(".")[0]  # the hooks' keys lie under it, or beside it
+    module = module if squeezed else module.rpartition(".")[0]
+    leaves = ", ".join(k[len(module) :].lstrip(".").partition(".")[0] for k in keys)
+    declared = f"{len(comps)} ({', '.join(comps)})" + (" squeezed" if fuse.squeezed else "")
+    if squeezed:
+        what = "each one index of the fused dimension, squeezed"
+        example = f"`fuse {fuse.dim.text} as {leaves} squeezed`"
+    else:
+        what = "as the trainer's state-dict hooks present them"
+        example = f"`fuse {fuse.dim.text} as q .., k .., v ..`"
+    return diag(
+        "SS131",
+        f"{_who(fqns)}: `checkpoint keys {name}` stores this fused parameter's components "
+        f"as {leaves} ({what}), but the `fuse` item declares {declared}",
+        fuse.span,
+        f"declare {len(keys)} components in the hooks' order ({leaves})"
+        + (", squeezed" if squeezed else "")
+        + f", e.g. {example}",
+    )
+
+
 def spec_key_layout(spec: ir.Spec) -> str:
     """The checkpoint key layout a spec names (`checkpoint keys`; shardspec's own without)."""
     stmt = spec.checkpoint_keys
@@ -93,6 +118,15 @@ def stored_fused(res: Resolved, fqn: str) -> bool:
     return any(f.stored_fused for f in res.spec.rules[m.winner].fusions)
 
 
+def squeezed(res: Resolved, fqn: str) -> bool:
+    """Whether ``fqn``'s fused dimension is squeezed (`fuse ... squeezed`): a checkpoint
+    stores each component without it."""
+    m = res.matches.get(fqn)
+    if m is None or m.layout is None:
+        return False
+    return any(d.fusion is not None and d.fusion.squeezed for d in m.layout.dims)
+
+
 def component_key(
     res: Resolved, name: str, fqn: str, comps: list[str], comp: str
 ) -> tuple[str, bool]:
@@ -102,11 +136,11 @@ def component_key(
     splits it), or ``(name, False)`` inside the fused tensor stored whole (`stored fused`,
     or a trainer's key layout that stores it so)."""
     layout = spec_key_layout(res.spec)
-    split = keylayouts.split_of(layout, fqn)
-    if split is not None and len(split) == len(comps):
-        module, _, leaf_param = name.rpartition(".")
-        parent = module.rpartition(".")[0]
-        return (f"{parent}." if parent else "") + f"{split[comps.index(comp)]}.{leaf_param}", True
+    m = res.matches.get(fqn)
+    ndim = _ndim(m.layout) if m is not None and m.layout is not None else 0
+    hooked = keylayouts.hook_keys(layout, name, ndim)
+    if hooked is not None and len(hooked[0]) == len(comps):
+        return hooked[0][comps.index(comp)], True
     if layout != keylayouts.OWN or stored_fused(res, fqn):
         return name, False
     return f"{name}.{comp}", True

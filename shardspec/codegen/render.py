@@ -184,6 +184,8 @@ def _rule_fields(rs: RuleSpec) -> list[str]:
         fields.append(("ckpt_shard", rs.ckpt_shard))
     if rs.replicated_heads:
         fields.append(("replicated_heads", rs.replicated_heads))
+    if rs.squeezed:
+        fields.append(("squeezed", rs.squeezed))
     return ["\n".join(layout(value, 8, f"{name}=", ",")).lstrip() for name, value in fields]
 
 

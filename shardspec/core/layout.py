@@ -34,7 +34,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
 
@@ -79,6 +79,9 @@ class Fusion:
     # (name, head size) of components whose heads are replicated when the first axis has
     # more ranks than the component has heads (vLLM's QKVParallelLinear KV heads).
     replicated: tuple[tuple[str, int], ...] = ()
+    # `squeezed`: each component is one index of the dimension, which a checkpoint stores
+    # without that dimension (torchtitan's FusedSwiGLU `w13`); never sharded.
+    squeezed: bool = False
 
     @property
     def group_size(self) -> int:
@@ -250,6 +253,8 @@ class RuleSpec:
     # `heads COMP SIZE replicated`: (dim, component, head size) of fused components whose
     # heads the dimension's one (local) axis replicates when it has more ranks than heads.
     replicated_heads: tuple[tuple[str, str, int], ...] = ()
+    # Fused dimensions whose `fuse` item says `squeezed` (:attr:`Fusion.squeezed`).
+    squeezed: tuple[str, ...] = ()
 
     def axes_of(self, dim: str) -> tuple[str, ...]:
         return dict(self.shard).get(dim, ())
@@ -296,12 +301,24 @@ def build_layout(
             replicated = tuple((c, h) for d, c, h in rule.replicated_heads if d == name)
             if replicated:
                 size = _replicated_size(name, shapes[name], fusions[name], replicated, axes, rule)
+            if name in rule.squeezed:
+                _check_squeezed(name, size, *fusions[name], axes)
             fusion = _fusion(name, size, *fusions[name], axes=axes, sizes=sizes, rep=replicated)
+            if name in rule.squeezed:
+                fusion = replace(fusion, squeezed=True)
             if replicated and axes[0] in local:
                 _check_module_size(name, shapes[name], fusion, axes[0], sizes)
         dims.append(Dim(name, size, axes, fusion, name in rule.name_indexed))
     ckpt_of = dict(rule.ckpt_shard)
     ckpt = tuple(ckpt_of.get(d.name, ()) for d in dims) if ckpt_of else ()
+    for d in dims:
+        if d.fusion is not None and d.fusion.squeezed and ckpt_of.get(d.name):
+            raise LayoutError(
+                f"dimension {d.name!r} is squeezed (each component one index of it), but "
+                f"`checkpoint shard` cuts it over {', '.join(ckpt_of[d.name])}",
+                LayoutProblem.COMPONENT_SPLIT,
+                "cut another dimension: a squeezed component is stored whole along its dimension",
+            )
     return ParamLayout(tuple(dims), local, ckpt)
 
 
@@ -432,6 +449,34 @@ def _fusion(
                 "every component is split separately: each must divide by the axis size",
             )
     return fusion
+
+
+def _check_squeezed(
+    dim: str,
+    size: int,
+    comps: tuple[tuple[str, int | None], ...],
+    groups: int,
+    axes: tuple[str, ...],
+) -> None:
+    """A squeezed fused dimension (`fuse DIM as A, B squeezed`): each component one index
+    of it, which no axis shards (a rank holds every component of its block whole)."""
+    n = len(comps)
+    if groups != 1 or size != n or any(s not in (None, 1) for _, s in comps):
+        raise LayoutError(
+            f"dimension {dim!r} is squeezed, so each of its {n} component(s) is one index of "
+            f"it, but it has size {size}" + (f" in {groups} groups" if groups != 1 else ""),
+            LayoutProblem.COMPONENT_SIZES,
+            f"a squeezed dimension has size {n} (its components, no groups): `[hidden, 2, dim]`"
+            " with `fuse pair as w1, w3 squeezed`; drop `squeezed` for components of more rows",
+        )
+    if axes:
+        raise LayoutError(
+            f"dimension {dim!r} is squeezed (each component one index of it), but "
+            f"{', '.join(axes)} shards it",
+            LayoutProblem.COMPONENT_SPLIT,
+            "shard another dimension (torchtitan shards `w13`'s hidden dimension over tp); "
+            "a squeezed component is stored whole along its dimension",
+        )
 
 
 # --------------------------------------------------------------------------- index sets

@@ -23,7 +23,7 @@ from enum import IntEnum
 
 from shardspec.api import lint_specs
 from shardspec.checks.hf import stored_units
-from shardspec.checks.keys import component_key, spec_key_layout
+from shardspec.checks.keys import component_key, spec_key_layout, squeezed
 from shardspec.checks.layouts import rule_styles
 from shardspec.core.hfmap import Fused, Source
 from shardspec.core.layout import (
@@ -443,6 +443,7 @@ class _Unit:
     fqn: str
     fused: Fused | None
     dtype: str
+    squeezed: bool = False  # a squeezed component (stored without its fused dimension)
 
 
 def _units(res: Resolved) -> dict[str, _Unit]:
@@ -458,6 +459,9 @@ def _units(res: Resolved) -> dict[str, _Unit]:
         comps = [c for c, _ in fused.components]
         name, _, comp = key.rpartition(".")
         stored, own = component_key(res, name, fqn, comps, comp)
+        if own and squeezed(res, fqn):  # stored without the fused dim, never read from whole
+            out[stored] = _Unit(shape[: fused.at] + shape[fused.at + 1 :], fqn, None, dtype, True)
+            continue
         if own:
             out[stored] = _Unit(shape, fqn, fused, dtype)
             continue
@@ -538,7 +542,7 @@ def _suffixes(units: dict[str, _Unit]) -> dict[str, list[str]]:
     name-indexed module's keys: its global names')."""
     out: dict[str, set[str]] = defaultdict(set)
     for key, u in units.items():
-        if u.fused is None:
+        if u.fused is None and not u.squeezed:
             out[u.fqn].add("(whole)")
         else:  # a component: under the parameter's name, or a trainer's hook's key
             own = key.startswith(u.fqn + ".")

@@ -158,7 +158,7 @@ def _dim_text(d: Dim) -> str:
         text += (
             f" [fused: {d.fusion.groups} groups of {comps}]"
             if d.fusion.groups > 1
-            else f" [fused: {comps}]"
+            else f" [fused: {comps}{' squeezed' if d.fusion.squeezed else ''}]"
         )
     if d.name_indexed:
         text += " [indexed by module name]"

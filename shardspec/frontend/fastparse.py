@@ -400,8 +400,8 @@ class _Reader:
         return tuple(names)
 
     def fuse(self, start: int) -> ir.FuseItem:
-        """``fuse DIM as COMPONENTS [stored fused]``, COMPONENTS ``a 32, b`` or ``N groups
-        of a 32, b``."""
+        """``fuse DIM as COMPONENTS [squeezed] [stored fused]``, COMPONENTS ``a 32, b`` or
+        ``N groups of a 32, b``."""
         dim = self.name("fuse")
         self.keyword("as")
         groups, place = None, "fuse as"
@@ -414,6 +414,9 @@ class _Reader:
         while self.text[self.pos] == ",":
             self.char(",")
             components.append(self.component("fuse,"))
+        squeezed = self.peek()[0] == "squeezed"
+        if squeezed:
+            self.keyword("squeezed")
         stored = self.peek()[0] == "stored"
         if stored:
             self.keyword("stored")
@@ -426,6 +429,7 @@ class _Reader:
             components=tuple(components),
             groups=groups,
             stored_fused=stored,
+            squeezed=squeezed,
         )
 
     def component(self, place: str) -> ir.Component:

@@ -72,6 +72,7 @@ _RULES = frozenset(
         "components",
         "component",
         "stored",
+        "squeezed",
         "heads_item",
         "head_size",
         "checkpoint_shard",

@@ -161,6 +161,8 @@ class FuseItem(Node):
     components: tuple[Component, ...]
     groups: int | None = None
     stored_fused: bool = False
+    # `squeezed`: each component is one index of the dimension, stored without it.
+    squeezed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)

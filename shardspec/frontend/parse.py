@@ -251,6 +251,11 @@ class _StoredFused:
 
 
 @dataclass(frozen=True)
+class _Squeezed:
+    """``squeezed`` after a ``fuse`` item's components."""
+
+
+@dataclass(frozen=True)
 class _StyleOption:
     """``input LAYOUT``, ``output LAYOUT`` or ``dtensor`` in a ``style`` item: the
     :class:`~shardspec.frontend.ir.StyleItem` field it sets, and its value."""
@@ -457,6 +462,9 @@ class _ToIR:
     def stored(self, meta, children):
         return _StoredFused()
 
+    def squeezed(self, meta, children):
+        return _Squeezed()
+
     def fuse_item(self, meta, children):
         body = children[1]
         return ir.FuseItem(
@@ -465,6 +473,7 @@ class _ToIR:
             components=body.components if isinstance(body, _Groups) else body,
             groups=body.count if isinstance(body, _Groups) else None,
             stored_fused=any(isinstance(c, _StoredFused) for c in children[2:]),
+            squeezed=any(isinstance(c, _Squeezed) for c in children[2:]),
         )
 
     def head_size(self, meta, children):

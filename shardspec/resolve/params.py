@@ -343,6 +343,7 @@ def rule_spec(rule: ir.Rule, fsdp: str | None, pattern: str | None = None) -> Ru
         local=one(tuple(a.text for a in rule.local)),
         name_indexed=one(name_indexed),
         stored_fused=any(f.stored_fused for f in rule.fusions),
+        squeezed=tuple(f.dim.text for f in rule.fusions if f.squeezed),
         any_rank=not rule.dims_given,
         ckpt_shard=one(
             tuple((s.dim.text, tuple(a.text for a in s.axes)) for s in rule.checkpoint_shards)

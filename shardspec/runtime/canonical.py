@@ -51,6 +51,9 @@ class Unit:
     # tensor, per group; and the fused tensor's global shape. Lets a fused tensor saved
     # whole (by DCP's default planner) still load.
     fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
+    # A squeezed component (`fuse ... squeezed`): the dimension of the cut chunk (one index
+    # long) that the stored tensor lacks; None otherwise.
+    squeeze: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -135,6 +138,7 @@ class _Piece:
     runs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] | None
     name_indexed_start: tuple[int, ...]  # first global index of each name-indexed dim on this rank
     fused: tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]] | None = None
+    squeeze: int | None = None  # as :attr:`Unit.squeeze`
 
 
 @lru_cache(maxsize=4096)
@@ -159,6 +163,7 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
             shape, offsets, sizes = [], [], []
             cuts: list[tuple[int, tuple[tuple[int, int], ...]]] = []
             fused = None
+            squeeze = None
             vstart = []
             for i, (dim, r) in enumerate(zip(layout.dims, stored, strict=True)):
                 held = t.indices[i]
@@ -179,6 +184,11 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
                             if max(lo, a) < min(hi, b):
                                 local_pos.extend(_local_runs(held, max(lo, a), min(hi, b)))
                     cuts.append((tensor_dim, tuple(local_pos)))
+                    if fusion.squeezed:  # one index, held whole: stored without the dim
+                        if ranges_len(ci) != 1:
+                            raise ValueError(f"squeezed component {comp!r} is cut on rank {t.rank}")
+                        squeeze = tensor_dim
+                        continue
                     where = tuple((lo, hi - lo) for lo, hi in fusion.component_ranges(comp))
                     full = tuple(x.size for x in layout.dims if not x.name_indexed)
                     fused = (tensor_dim, where, full)
@@ -197,7 +207,16 @@ def rank_pieces(layout: ParamLayout, mesh: Mesh) -> tuple[tuple[_Piece, ...], ..
                     sizes.append(ranges_len(r))
             runs = tuple(cuts) or None
             pieces.append(
-                _Piece(comp, tuple(shape), tuple(offsets), tuple(sizes), runs, tuple(vstart), fused)
+                _Piece(
+                    comp,
+                    tuple(shape),
+                    tuple(offsets),
+                    tuple(sizes),
+                    runs,
+                    tuple(vstart),
+                    fused,
+                    squeeze,
+                )
             )
         out.append(tuple(pieces))
     return tuple(out)

@@ -72,12 +72,34 @@ class KeyLayout:
     # Flat keys ending so that the trainer neither writes nor reads (torchtitan's flat
     # optimizer state has no ``param_groups.<fqn>.param_names``, which torch's has).
     skip: tuple[str, ...] = ()
+    # (the leaf name of a fused parameter, its tensor's dimension count, the keys under its
+    # module that the hook writes its squeezed components as): torchtitan's FusedSwiGLU
+    # ``feed_forward.w13`` -> ``feed_forward.w1.weight``, ``feed_forward.w3.weight``.
+    params: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
 
-    def component_keys(self, fqn: str, components: Sequence[str]) -> tuple[str, ...] | None:
+    def component_keys(
+        self, fqn: str, components: Sequence[str], ndim: int = 0, squeezed: bool = False
+    ) -> tuple[str, ...] | None:
         """The names ``fqn``'s components (declared order) are stored under, or None where
-        no hook splits it (stored whole)."""
+        no hook splits it (stored whole). ``ndim``: the parameter's tensor dimensions;
+        ``squeezed``: whether the spec declares its components squeezed (`fuse ...
+        squeezed`), as a hook of :attr:`params` writes them."""
         module, _, leaf_param = fqn.rpartition(".")
         parent, _, leaf = module.rpartition(".")
+        keys = keylayouts.param_split_of(self.params, fqn, ndim)
+        if keys is not None:
+            if len(keys) != len(components) or not squeezed:
+                raise CheckpointError(
+                    f"{fqn}: keys={self.name!r} stores its components as "
+                    f"{', '.join(keys)}, each one index of the fused dimension, squeezed (as "
+                    f"the trainer's state-dict hook writes them), but the spec declares "
+                    f"{len(components)} ({', '.join(components)})"
+                    + (" squeezed" if squeezed else ", not squeezed")
+                    + "; declare them `fuse DIM as "
+                    + ", ".join(k.partition(".")[0] for k in keys)
+                    + " squeezed`"
+                )
+            return tuple(f"{module}.{k}" if module else k for k in keys)
         names = dict(self.split).get(leaf)
         if names is None:
             return None
@@ -97,13 +119,23 @@ class KeyLayout:
         module, _, leaf_param = key.rpartition(".")
         parent, _, leaf = module.rpartition(".")
         pre = f"{parent}." if parent else ""
-        return tuple(f"{pre}{fused}.{leaf_param}" for fused, names in self.split if leaf in names)
+        out = [f"{pre}{fused}.{leaf_param}" for fused, names in self.split if leaf in names]
+        for param, _, keys in self.params:  # a squeezed component: <module>.<its key>
+            out.extend(
+                key[: len(key) - len(k)] + param for k in keys if key == k or key.endswith("." + k)
+            )
+        return tuple(out)
 
 
 # torchtitan (torchtitan/models/common/attention.py, FusedQKVLinear, and
 # torchtitan/components/checkpointer/dcp.py, which saves model.state_dict(): read at
 # commit b5bcd76 and in the torchtitan 0.3.0 wheel).
-TORCHTITAN = KeyLayout("torchtitan", keylayouts.SPLITS["torchtitan"], (".param_names",))
+TORCHTITAN = KeyLayout(
+    "torchtitan",
+    keylayouts.SPLITS["torchtitan"],
+    (".param_names",),
+    keylayouts.PARAM_SPLITS["torchtitan"],
+)
 KEY_LAYOUTS = {"torchtitan": TORCHTITAN}
 
 
@@ -459,7 +491,9 @@ def _structural(
         # own entry, where a hook splits it), else the fused tensor whole.
         comps = [c for c, _ in storage_units(layout) if c is not None]
         split = keys is not None and bool(comps) and not key[b:]
-        split = split and keys.component_keys(fqn, comps) is not None  # type: ignore[union-attr]
+        ndim = sum(1 for d in layout.dims if not d.name_indexed)
+        squeezed = any(d.fusion is not None and d.fusion.squeezed for d in layout.dims)
+        split = split and keys.component_keys(fqn, comps, ndim, squeezed) is not None  # type: ignore[union-attr]
         # Stored whole: a fused tensor no hook of the trainer's key layout splits, and one
         # whose `fuse` item says `stored fused` (its model entry and its optimizer state).
         whole = keys is not None or (stored and spec.stored_fused(fqn))
@@ -470,7 +504,8 @@ def _structural(
             layout = dataclasses.replace(layout, ckpt=())
         pieces = _pieces(layout, pmesh, key, keys if whole else None)
         spans = names.name_indexed_spans(fqn, layout)  # once per parameter, not per piece
-        hooked = keys if split else None  # components under the hooks' keys
+        # components under the hooks' keys
+        hooked = (keys, ndim, squeezed) if split and keys is not None else None
 
         if shape != module_shape(layout, pmesh):
             # Not parameter-shaped (an optimizer step, a scalar): stored whole, once.
@@ -510,6 +545,7 @@ def _structural(
                 groups[rank][k],
                 itemsize,
                 piece.fused,
+                piece.squeeze,
             )
             plan.units.append(unit)
             plan.paths[skey] = (a, b, name)
@@ -580,16 +616,23 @@ def _pieces(layout: ParamLayout, mesh: Mesh, key: str, keys: KeyLayout | None) -
 
 
 def _stored_name(
-    spec: CompiledSpec, keys: KeyLayout | None, comps: list[str], name: str, comp: str | None
+    spec: CompiledSpec,
+    hooked: tuple[KeyLayout, int, bool] | None,
+    comps: list[str],
+    name: str,
+    comp: str | None,
 ) -> str:
     """The stored name of component ``comp`` of parameter ``name`` (``name`` itself for
-    None): ``<name>.<comp>``, or with ``keys`` the key the trainer's hook writes for it
-    (where the manifest records the model's state-dict hooks, one of the keys they write)."""
+    None): ``<name>.<comp>``, or with ``hooked`` (a key layout, the parameter's tensor
+    dimensions, whether its components are squeezed) the key the trainer's hook writes for
+    it (where the manifest records the model's state-dict hooks, one of the keys they
+    write)."""
     if comp is None:
         return name
-    if keys is None:
+    if hooked is None:
         return f"{name}.{comp}"
-    out = keys.component_keys(name, comps)[comps.index(comp)]  # type: ignore[index]
+    keys = hooked[0]
+    out = keys.component_keys(name, comps, *hooked[1:])[comps.index(comp)]  # type: ignore[index]
     if len(spec.hook_keys) and out not in spec.hook_keys:
         raise CheckpointError(
             f"{name}: keys={keys.name!r} stores component {comp!r} as {out}, but the model's "
@@ -725,7 +768,7 @@ def unit_data(unit: Unit, tensor: torch.Tensor) -> torch.Tensor:
             out = out.narrow(dim, runs[0][0], runs[0][1])
         else:
             out = torch.cat([out.narrow(dim, s, n) for s, n in runs], dim=dim)
-    return out
+    return out if unit.squeeze is None else out.squeeze(unit.squeeze)
 
 
 def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
@@ -734,6 +777,8 @@ def unit_commit(unit: Unit, tensor: torch.Tensor, data: torch.Tensor) -> None:
         if data.data_ptr() != tensor.data_ptr():
             tensor.copy_(data)
         return
+    if unit.squeeze is not None:
+        data = data.unsqueeze(unit.squeeze)
     _commit_cuts(list(unit.runs), tensor, data)
 
 
@@ -757,7 +802,12 @@ def unit_commit_box(
 ) -> None:
     """Copy ``data``, the box ``offsets``/``lengths`` of a unit's chunk (in the chunk's own
     coordinates, as a read item's ``dest_offsets``/``lengths``), into the local tensor."""
-    _commit_box(dict(unit.runs or ()), 0, tensor, data, tuple(offsets), tuple(lengths))
+    box = [tuple(offsets), tuple(lengths)]
+    if unit.squeeze is not None:  # the chunk's one index of the squeezed dimension
+        d = unit.squeeze
+        box = [(*t[:d], i, *t[d:]) for t, i in zip(box, (0, 1), strict=True)]
+        data = data.unsqueeze(d)
+    _commit_box(dict(unit.runs or ()), 0, tensor, data, *box)
 
 
 def _commit_box(

@@ -744,7 +744,11 @@ def _key_layout_hint(canon: CanonicalPlan, md: Mapping[str, Any]) -> str:
     """Where the checkpoint holds a parameter's components under the keys another
     trainer's hooks write (torchtitan's ``qkv_linear.wq.weight``) and the state dict asks
     for them in shardspec's own layout: which ``keys=`` reads it."""
-    missing = {u.source for u in canon.units if u.key not in md and u.fused is not None}
+    missing = {
+        u.source
+        for u in canon.units
+        if u.key not in md and (u.fused is not None or u.squeeze is not None)
+    }
     for name, layout in KEY_LAYOUTS.items():
         found = next((k for k in md for s in layout.sources(k) if s in missing), None)
         if found is not None:

@@ -110,9 +110,11 @@ def _host(
             setup()  # imports shared by every round, once
         results: dict[str, Any] = {}
         for name, fn, args in rounds:
+            t0 = time.monotonic()
             results[name] = {
                 "ranks": fork_round(world, fn, args, timeout=timeout, pg_timeout=pg_timeout)
             }
+            results[name]["seconds"] = round(time.monotonic() - t0, 2)  # (for --durations work)
             if after is not None:
                 results[name]["after"] = after(name)
         value: tuple[str, Any] = ("ok", results)

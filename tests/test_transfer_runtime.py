@@ -286,8 +286,8 @@ def dist_results(tmp_path_factory: Any) -> dict[str, Any]:
             "bucket": small,
             "victim": 1,
             "die_at": 2,
-            "timeout": 20.0,
-            "linger": 25.0,
+            "timeout": 8.0,
+            "linger": 12.0,
         },
     }
     for name in cases:
@@ -353,7 +353,7 @@ def test_refused_on_every_rank_before_any_byte(dist_results: dict[str, Any], nam
 
 def test_killed_trainer_rank(dist_results: dict[str, Any]) -> None:
     """Trainer rank 1 dies before round 2: every survivor raises TransferError within
-    the bound (timeout 20 s per wait), the engines are marked stale, and every survivor's
+    the bound (timeout 8 s per wait), the engines are marked stale, and every survivor's
     error names the dead rank (the survivors check in through the group's store)."""
     results = dist_results["killed"]["ranks"]
     assert 1 not in results  # the victim left no result

@@ -102,6 +102,10 @@ def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> 
         model = _engine(None if one else engine_mesh, dtype)
         role, call, spec_model = "engine", transfer.receive_weights, model
     before = _state(model)
+    if case.get("victim") is not None:
+        # Every rank enters the transfer together (trainers train first), so the case's
+        # short per-wait timeout bounds the transfer alone, never a peer still training.
+        dist.barrier()
     if case.get("victim") == rank:
         transfer._fault_point = lambda k: os._exit(0) if k == case["die_at"] else None
     started = time.monotonic()
@@ -130,9 +134,9 @@ def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> 
     out["changed"] = sorted(n for n in before if not torch.equal(before[n], after[n]))
     out["stale"] = transfer.weights_stale(model)
     if case.get("victim") is not None or out["error"] is not None:
-        # A survivor stays up a while, as a real job does: the store that survivors check
-        # in with lives in rank 0's process.
-        time.sleep(case.get("linger", 0))
+        # Rank 0 stays up a while, as a real job does: the store that survivors check in
+        # with lives in its process (the others fail two waits later than it does).
+        time.sleep(case.get("linger", 0) if rank == 0 else 0)
         return out
     if case.get("export") and rank >= T:  # (the closing check waited for the export)
         out["mismatch"] = _compare(model, None if one else engine_mesh, export, dtype)

@@ -55,7 +55,7 @@ def _rope(n: int, head: int) -> list[int]:
 
 
 @st.composite
-def axes(draw: st.DrawFn, universe: int = 48) -> Axis:
+def raw_axes(draw: st.DrawFn, universe: int = 48) -> tuple[list[int], list[int]]:
     """An axis as holdings make them: distinct HF indices in some order (increasing,
     strided, RoPE-interleaved or shuffled) at increasing local positions (with gaps:
     a fused dimension's other component, an offset)."""
@@ -75,7 +75,12 @@ def axes(draw: st.DrawFn, universe: int = 48) -> Axis:
     gaps = draw(st.lists(st.integers(1, 3), min_size=len(hf), max_size=len(hf)))
     start = draw(st.integers(0, 4))
     pos = [start + sum(gaps[:i]) for i in range(len(hf))]
-    return Axis(0, tuple(hf), tuple(pos))
+    return hf, pos
+
+
+def axes() -> st.SearchStrategy[Axis]:
+    """:func:`raw_axes` as the planner holds them (runs)."""
+    return raw_axes().map(lambda a: Axis.of(0, *a))
 
 
 def _holding(rank: int, axs: Sequence[Axis]) -> Holding:
@@ -83,22 +88,27 @@ def _holding(rank: int, axs: Sequence[Axis]) -> Holding:
 
 
 @settings(max_examples=300, deadline=None)
-@given(axes())
-def test_hf_runs_hold_exactly_the_axis_pairs(a: Axis) -> None:
-    runs = hf_runs(a.hf, a.pos)
+@given(raw_axes())
+def test_hf_runs_hold_exactly_the_axis_pairs(raw: tuple[list[int], list[int]]) -> None:
+    hf, pos = raw
+    runs = hf_runs(hf, pos)
     pairs = _expand(runs)
-    assert pairs == sorted(zip(a.hf, a.pos, strict=True))  # in increasing HF order
+    assert pairs == sorted(zip(hf, pos, strict=True))  # in increasing HF order
     assert all(r[2] >= 1 and r[3] >= 1 for r in runs)
-    assert a.bounds == (min(a.hf), max(a.hf))
+    a = Axis.of(0, hf, pos)  # the axis gives back its pairs, in local position order
+    assert (list(a.hf), list(a.pos)) == (hf, pos) and a.count == len(hf)
+    assert a.bounds == (min(hf), max(hf))
 
 
 @settings(max_examples=400, deadline=None)
-@given(axes(), axes())
-def test_intersection_is_the_set_intersection(s: Axis, d: Axis) -> None:
-    got = _expand(intersect_runs(s.runs, d.runs))
-    where_s = dict(zip(s.hf, s.pos, strict=True))
-    where_d = dict(zip(d.hf, d.pos, strict=True))
-    want = sorted((where_s[h], where_d[h]) for h in set(s.hf) & set(d.hf))
+@given(raw_axes(), raw_axes())
+def test_intersection_is_the_set_intersection(
+    s: tuple[list[int], list[int]], d: tuple[list[int], list[int]]
+) -> None:
+    got = _expand(intersect_runs(hf_runs(*s), hf_runs(*d)))
+    where_s = dict(zip(*s, strict=True))
+    where_d = dict(zip(*d, strict=True))
+    want = sorted((where_s[h], where_d[h]) for h in set(s[0]) & set(d[0]))
     assert sorted(got) == want
     assert len(got) == len(want)  # each element once
 

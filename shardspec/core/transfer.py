@@ -61,12 +61,17 @@ HFRun = tuple[int, int, int, int, int]
 @dataclass(frozen=True)
 class Axis:
     """One HF dimension of a holding: the local tensor's dimension ``dim`` it lies along,
-    the HF indices held (``hf``, in increasing local position) and their local positions
-    (``pos``, increasing)."""
+    and the HF indices held with their local positions as runs in increasing HF order
+    (:func:`hf_runs`): a few numbers per run, however many elements it holds (a plan of
+    an 8B model holds thousands of axes of thousands of elements each)."""
 
     dim: int
-    hf: tuple[int, ...]
-    pos: tuple[int, ...]
+    runs: tuple[HFRun, ...]
+
+    @classmethod
+    def of(cls, dim: int, hf: Sequence[int], pos: Sequence[int]) -> Axis:
+        """The axis holding HF index ``hf[i]`` at local position ``pos[i]``."""
+        return cls(dim, hf_runs(hf, pos))
 
     @functools.cached_property
     def bounds(self) -> tuple[int, int]:
@@ -74,10 +79,25 @@ class Axis:
         first, last = self.runs[0], self.runs[-1]
         return first[0], last[0] + (last[2] - 1) * last[3]
 
-    @functools.cached_property
-    def runs(self) -> tuple[HFRun, ...]:
-        """The axis as runs in increasing HF order (:func:`hf_runs`)."""
-        return hf_runs(self.hf, self.pos)
+    @property
+    def count(self) -> int:
+        """How many HF indices the axis holds."""
+        return sum(r[2] for r in self.runs)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every ``(local position, HF index)``, in increasing local position (built on
+        demand: one list of the axis's elements)."""
+        return sorted((p + i * ps, h + i * hs) for h, p, n, hs, ps in self.runs for i in range(n))
+
+    @property
+    def hf(self) -> tuple[int, ...]:
+        """The HF indices held, in increasing local position (built on demand)."""
+        return tuple(h for _, h in self.pairs())
+
+    @property
+    def pos(self) -> tuple[int, ...]:
+        """The local positions, increasing (built on demand)."""
+        return tuple(p for p, _ in self.pairs())
 
 
 @dataclass(frozen=True)
@@ -95,12 +115,16 @@ class Holding:
     def count(self) -> int:
         n = 1
         for a in self.axes:
-            n *= len(a.hf)
+            n *= a.count
         return n
 
     def signature(self) -> tuple[tuple[int, ...], ...]:
-        """The HF elements held, as per-dimension sorted index tuples: equal for replicas."""
-        return tuple(tuple(sorted(a.hf)) for a in self.axes)
+        """The HF elements held, as per-dimension sorted index tuples: equal for replicas
+        (built on demand; a caller keeps it no longer than one tensor's planning)."""
+        return tuple(
+            tuple(sorted(h + i * s for h, _, n, s, _ in a.runs for i in range(n)))
+            for a in self.axes
+        )
 
 
 @dataclass(frozen=True)
@@ -221,7 +245,7 @@ def _axes(
             if i < len(held[d]):
                 hf[k].extend(idx)  # a pad's real indices: the run's leading positions
                 local[k].extend(pos(d + first, *held[d][i])[: len(idx)])
-    return tuple(Axis(dim_of[k] + first, tuple(hf[k]), tuple(local[k])) for k in range(len(held)))
+    return tuple(Axis.of(dim_of[k] + first, hf[k], local[k]) for k in range(len(held)))
 
 
 def runs_of(pairs: Iterable[tuple[int, int]]) -> tuple[Run, ...]:
@@ -487,8 +511,8 @@ def merged_holding(held: Sequence[Holding]) -> Holding:
     if len(differ) > 1:
         raise ValueError("the holdings differ along more than one dimension")
     k = differ.pop() if differ else 0
-    pairs = sorted({(p, i) for h in held for i, p in zip(h.axes[k].hf, h.axes[k].pos, strict=True)})
-    axis = Axis(first.axes[k].dim, tuple(i for _, i in pairs), tuple(p for p, _ in pairs))
+    pairs = sorted({pair for h in held for pair in h.axes[k].pairs()})
+    axis = Axis.of(first.axes[k].dim, [i for _, i in pairs], [p for p, _ in pairs])
     return Holding(
         first.rank, first.param, first.fixed, (*first.axes[:k], axis, *first.axes[k + 1 :])
     )

@@ -1348,7 +1348,7 @@ _PAD_HINT = (
 
 def _check_pads(res: Resolved, full: HFMap, bad: set[int]) -> list[Diagnostic]:
     """SS132 (the model's padded size is not the HF size rounded up to the multiple, the HF
-    size is unknown, or the multiple names no mesh axis) and SS133 (a padded dimension
+    size is unknown, or the multiple names no mesh axis or one twice) and SS133 (a padded dimension
     that does not split evenly over the axes sharding it, FSDP's aside), once per line."""
     hf = res.spec.hf
     assert hf is not None
@@ -1390,6 +1390,16 @@ def _pad_findings(
 ) -> list[tuple[str, str, str]]:
     """What is wrong with unit ``name``'s dimension ``dim`` of model size ``size``, padded
     by ``t``: ``(code, message, hint)``."""
+    twice = next((a for i, a in enumerate(t.axes) if a in t.axes[:i]), None)
+    if twice is not None:
+        once = " x ".join(dict.fromkeys(t.axes))
+        return [
+            (
+                "SS132",
+                f"`{t}` names mesh axis {twice!r} twice: the multiple would count its size twice",
+                f"name each axis once: `pad {t.dim} to {t.multiple} x {once}`",
+            )
+        ]
     unknown = [a for a in t.axes if a not in mesh.names]
     if unknown:
         near = closest(unknown[0], list(mesh.names))

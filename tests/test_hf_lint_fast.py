@@ -404,7 +404,9 @@ def run_fast(spec_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...
     ``HFMap.sources`` about."""
     calls: list[tuple[Any, ...]] = []
 
-    def capture(res: Resolved, hfm: HFManifest | None, bad: set[int]) -> list[Diagnostic]:
+    def capture(
+        res: Resolved, hfm: HFManifest | None, bad: set[int], **_: object
+    ) -> list[Diagnostic]:
         calls.append((res, hfm, bad))
         return []
 

@@ -1386,7 +1386,7 @@ def _check_pads(res: Resolved, full: HFMap, bad: set[int], uneven: set[Span]) ->
                     continue  # SS076
                 for code, why, hint in _pad_findings(name, sub[d], t, mesh, m, d + first, fsdp):
                     found.setdefault((code, src.rule), (why, hint))
-                    if code == "SS133":
+                    if code == "SS133" and m.winner is not None:
                         rule = res.spec.rules[m.winner]
                         uneven.add(dim_span(rule, m.layout.dims[d + first].name))
     out = []

@@ -405,7 +405,7 @@ def run_fast(spec_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...
     calls: list[tuple[Any, ...]] = []
 
     def capture(
-        res: Resolved, hfm: HFManifest | None, bad: set[int], stray: Any = None
+        res: Resolved, hfm: HFManifest | None, bad: set[int], *_: object, **__: object
     ) -> list[Diagnostic]:
         calls.append((res, hfm, bad))
         return []

@@ -2,7 +2,7 @@
 heads: ``heads k 16 replicated``), in the layout arithmetic, the transfer plan and lint.
 
 The plan is executed on element-id tensors (tests/test_transfer_plan.py's ``execute``
-machinery for the trainer's side); what each engine rank must hold is cut from the HF id
+machinery: the trainer's side and the moves); what each engine rank must hold is cut from the HF id
 tensors by tests/vllm_slices.py, written from vLLM's weight_loader arithmetic."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shardspec.core.layout import (
 )
 from shardspec.transfer import plan_json, plan_transfer
 from tests import vllm_slices
-from tests.test_transfer_plan import _ids, _index, _locals, _positions
+from tests.test_transfer_plan import _ids, _locals, apply_moves
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN2 = str(REPO / "specs" / "qwen2.shard")
@@ -123,26 +123,6 @@ def test_module_of_another_tp_is_refused() -> None:
 # --------------------------------------------------------------------------- the plan
 
 
-def _moved(doc: dict, src: dict, want: dict) -> tuple[dict, dict, list[int]]:
-    """The plan's moves applied to -1 tensors shaped like ``want``: (values, times
-    written, bytes received per engine rank)."""
-    got = {r: {f: torch.full_like(t, -1) for f, t in ts.items()} for r, ts in want.items()}
-    times = {r: {f: torch.zeros_like(t) for f, t in ts.items()} for r, ts in want.items()}
-    received = [0] * len(want)
-    for t in doc["tensors"]:
-        for m in t["moves"]:
-            s = src[m["src"]][m["src_param"]]
-            sdims = [(d["src_dim"], _positions(d["runs"], True)) for d in m["dims"]]
-            data = s[_index(s.dim(), m["src_fixed"], sdims)]
-            g = got[m["dst"]][m["dst_param"]]
-            ddims = [(d["dst_dim"], _positions(d["runs"], False)) for d in m["dims"]]
-            didx = _index(g.dim(), m["dst_fixed"], ddims)
-            g[didx] = data
-            times[m["dst"]][m["dst_param"]].index_put_(didx, torch.ones_like(data), accumulate=True)
-            received[m["dst"]] += m["count"] * t["itemsize"]
-    return got, times, received
-
-
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_qwen2_to_vllm_engine_every_element_once(tp: int) -> None:
     """specs/qwen2.shard (dp_shard 2 x tp 2) to the vLLM-style engine at tp 1, 2 and 4 (KV
@@ -156,7 +136,7 @@ def test_qwen2_to_vllm_engine_every_element_once(tp: int) -> None:
     ids = _ids(plan.trainer)
     cfg = {"heads": 4, "kv_heads": 2, "head_dim": 16}
     want = {r: vllm_slices.engine_rank(ids, tp=tp, rank=r, **cfg) for r in range(tp)}
-    got, times, received = _moved(doc, _locals(plan.trainer, ids), want)
+    got, times, received = apply_moves(doc, _locals(plan.trainer, ids), want)
     owned = [0] * tp
     for r in range(tp):
         assert set(got[r]) == set(want[r])

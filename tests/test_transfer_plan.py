@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardspec import cli
-from shardspec.core.hfmap import Source, fused_of, unit_names
+from shardspec.core.hfmap import Source, Transform, fused_of, unit_names
 from shardspec.core.layout import local_indices
 from shardspec.core.transfer import runs_of
 from shardspec.transfer import plan_json, plan_transfer
@@ -45,8 +47,35 @@ def _rope(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.reshape(-1, 2, n // 2, *rest).transpose(1, 2).reshape(x.shape)
 
 
-def _unit(ids: dict[str, torch.Tensor], src: Source) -> torch.Tensor:
-    """A storage unit built from the HF id tensors with torch."""
+# What an engine's padding rows hold in the owner's tensors (a unit the hf block keeps,
+# and so no plan sends, holds -1): ids are >= 0, so neither is ever an element's id.
+PADDING = -2
+
+
+def _pad(t: torch.Tensor, pad: Transform, sizes: Mapping[str, int]) -> torch.Tensor:
+    """``t`` grown along ``pad.dim`` to the multiple (times its axes' sizes) with
+    :data:`PADDING` rows, as the engine pads its vocabulary (vLLM's ``pad_vocab_size``)."""
+    multiple = pad.multiple * math.prod(sizes[a] for a in pad.axes)
+    shape = list(t.shape)
+    shape[pad.dim] = -(-t.shape[pad.dim] // multiple) * multiple - t.shape[pad.dim]
+    return torch.cat([t, torch.full(shape, PADDING, dtype=t.dtype)], dim=pad.dim)
+
+
+def _transformed(t: torch.Tensor, tr: Transform, sizes: Mapping[str, int]) -> torch.Tensor:
+    """One HF -> model transform applied with torch, by kind."""
+    if tr.kind == "transpose":
+        return t.t()
+    if tr.kind == "rope":
+        return _rope(t, tr.head_dim)
+    assert tr.kind == "pad", tr
+    return _pad(t, tr, sizes)
+
+
+def _unit(
+    ids: dict[str, torch.Tensor], src: Source, sizes: Mapping[str, int] | None = None
+) -> torch.Tensor:
+    """A storage unit built from the HF id tensors with torch (``sizes``: the mesh's, for
+    pads whose multiple names axes)."""
     parts = [ids[k] for k in src.keys]
     if src.split is not None:
         sp = src.split
@@ -60,7 +89,7 @@ def _unit(ids: dict[str, torch.Tensor], src: Source) -> torch.Tensor:
     out = []
     for t in parts:
         for tr in src.transforms:
-            t = t.t() if tr.kind == "transpose" else _rope(t, tr.head_dim)
+            t = _transformed(t, tr, sizes or {})
         out.append(t)
     return torch.stack(out) if src.stacked else out[0]
 
@@ -78,7 +107,8 @@ def _locals(side: Side, ids: dict[str, torch.Tensor]) -> dict[int, dict[str, tor
             if hfmap.kept(name):  # not in the HF checkpoint: not transferred (stays -1)
                 continue
             (src,) = hfmap.sources(name, shape, fused)
-            unit = _unit(ids, src)
+            unit = _unit(ids, src, dict(zip(mesh.names, mesh.sizes, strict=True)))
+            assert tuple(unit.shape) == tuple(shape), (name, unit.shape, shape)
             if fused is None:
                 full.copy_(unit)
                 continue
@@ -129,16 +159,17 @@ def _index(ndim: int, fixed: list[list[int]], dims: list[tuple[int, list[int]]])
     return tuple(idx)
 
 
-def execute(plan: Plan) -> None:
-    """Run the plan on id tensors; assert every engine element is written once, rightly."""
-    assert plan.trainer is not None and plan.engine is not None
-    doc = json.loads(json.dumps(plan_json(plan)))  # what the runtime reads
-    ids = _ids(plan.trainer)
-    src = _locals(plan.trainer, ids)
-    want = _locals(plan.engine, ids)
+Moved = tuple[dict[int, dict[str, torch.Tensor]], dict[int, dict[str, torch.Tensor]], list[int]]
+
+
+def apply_moves(doc: dict[str, Any], src: dict[int, dict[str, torch.Tensor]], want: Any) -> Moved:
+    """A plan's moves (``doc``, as the runtime reads it) applied with torch from the trainer
+    ranks' local tensors ``src`` to -1 tensors shaped like ``want``'s (engine rank ->
+    parameter -> tensor): (the values written, how many times each element was written,
+    the bytes each engine rank received)."""
     got = {r: {f: torch.full_like(t, -1) for f, t in ts.items()} for r, ts in want.items()}
     times = {r: {f: torch.zeros_like(t) for f, t in ts.items()} for r, ts in want.items()}
-    received = [0] * plan.engine.mesh.world
+    received = [0] * len(want)
     for t in doc["tensors"]:
         for m in t["moves"]:
             s = src[m["src"]][m["src_param"]]
@@ -158,19 +189,39 @@ def execute(plan: Plan) -> None:
             g[didx] = data
             n.index_put_(didx, torch.ones_like(data), accumulate=True)
             received[m["dst"]] += m["count"] * t["itemsize"]
+    return got, times, received
+
+
+def execute(plan: Plan, doc: dict[str, Any] | None = None) -> int:
+    """Run the plan (or ``doc``, its moves as the runtime reads them, changed by a test) on
+    id tensors; assert every engine element is written once, rightly, and no padding
+    element at all. Returns the number of padding elements (over every engine rank) the
+    plan left alone."""
+    assert plan.trainer is not None and plan.engine is not None
+    if doc is None:
+        doc = json.loads(json.dumps(plan_json(plan)))  # what the runtime reads
+    ids = _ids(plan.trainer)
+    want = _locals(plan.engine, ids)
+    assert len(want) == plan.engine.mesh.world
+    got, times, received = apply_moves(doc, _locals(plan.trainer, ids), want)
+    padding = 0
     elements = 0
     owned = [0] * plan.engine.mesh.world
     dtypes = {f: m.entry.dtype for f, m in plan.engine.res.stored}
     for r, ts in want.items():
         for f, t in ts.items():
             mapped = t >= 0  # (a unit the hf block keeps is not in the plan)
+            pad = t == PADDING  # the engine's padding: no plan reads or writes it
+            assert not times[r][f][pad].any(), f"rank {r} {f}: padding written"
+            padding += int(pad.sum())
             assert torch.equal(times[r][f], mapped.long()), f"rank {r} {f}: written {times[r][f]}"
-            assert torch.equal(got[r][f], t), f"rank {r} {f}"
+            assert torch.equal(got[r][f], t.masked_fill(pad, -1)), f"rank {r} {f}"
             elements += int(mapped.sum())
             owned[r] += int(mapped.sum()) * getattr(torch, dtypes[f]).itemsize
     assert sum(m["count"] for t in doc["tensors"] for m in t["moves"]) == elements
     assert received == plan.received == plan.owned == owned
     assert plan.wire_bytes == plan.engine_bytes == sum(received)
+    return padding
 
 
 # ------------------------------------------------------------------------------ llama
@@ -637,62 +688,107 @@ def test_fuzz_engine_spec_never_raises(
 # ------------------------------------------------------------------------------ padding
 
 
-def test_padded_engine_vocab_every_real_element_once_no_padding_sent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A trainer with an unpadded vocabulary (1000 rows, dp 2 x tp 2) to a vLLM-style
-    engine whose embedding is padded to a multiple of 64 (1024 rows) and split over tp 2:
-    the plan covers every real element exactly once and sends no padding (the engine's
-    padding rows stay unwritten: ``execute`` checks each engine element's write count
-    against the owner's layout, the padding built here with torch as unmapped)."""
-    import dataclasses
-
-    from shardspec.core.hfmap import padded_dims
+def _padded_pair(folder: Path, train: tuple[int, str, int], engine: tuple[int, str, int]) -> Plan:
+    """The plan between two one-matrix specs (``w.weight`` [rows, 8] sharded over tp, a
+    norm): each side ``(model rows, the w line's transforms, tp)``; the trainer on dp 2 x
+    tp with FSDP on dp, the engine on tp alone. Each side's HF manifest holds 1100 rows."""
     from shardspec.inputs.hfmanifest import dump_hf_manifest
 
-    owner = _unit
-
-    def padded_unit(ids: dict[str, torch.Tensor], src: Source) -> torch.Tensor:
-        """The unit without its pads (torch), then each padded dimension grown with -1."""
-        plain = [t for t in src.transforms if t.kind != "pad"]
-        t = owner(ids, dataclasses.replace(src, transforms=tuple(plain)))
-        base = 1 if src.stacked else 0
-        for d, pad in padded_dims(t.dim() - base, src.transforms):
-            extra = -(-pad.size // pad.multiple) * pad.multiple - t.shape[d + base]
-            shape = list(t.shape)
-            shape[d + base] = extra
-            t = torch.cat([t, torch.full(shape, -1, dtype=t.dtype)], dim=d + base)
-        return t
-
-    monkeypatch.setattr(f"{__name__}._unit", padded_unit)
-    train = _write(
-        tmp_path / "t",
-        {"w.weight": [1000, 8], "n.weight": [8]},
-        lines=PLAIN,
-        world=4,
-        fsdp="fsdp dp",
-    )
-    engine = _write(
-        tmp_path / "e",
-        {"w.weight": [1024, 8], "n.weight": [8]},
-        lines="    w.proj -> w.weight pad 0 to 64\n    n.proj -> n.weight",
-    )
-    text = Path(engine).read_text(encoding="utf-8").replace("hf {", 'hf "hf.json" {')
-    Path(engine).write_text(text, encoding="utf-8")
     hf = {
         "format": "shardspec-hf-manifest/1",
         "config": {},
         "tensors": {
-            "w.proj": {"shape": [1000, 8], "dtype": "F32", "file": "model.safetensors"},
+            "w.proj": {"shape": [HF_ROWS, 8], "dtype": "F32", "file": "model.safetensors"},
             "n.proj": {"shape": [8], "dtype": "F32", "file": "model.safetensors"},
         },
     }
-    (tmp_path / "e" / "hf.json").write_text(dump_hf_manifest(hf), encoding="utf-8")
-    plan = _plan(train, engine, {}, {})
+    paths = []
+    for name, (rows, pad, tp) in (("t", train), ("e", engine)):
+        fmt: dict[str, Any] = {"world": 2 * tp, "fsdp": "fsdp dp"} if name == "t" else {}
+        path = _write(
+            folder / name,
+            {"w.weight": [rows, 8], "n.weight": [8]},
+            lines=f"    w.proj -> w.weight{pad}\n    n.proj -> n.weight",
+            **({"world": tp} | fmt),
+            tp=tp,
+        )
+        text = Path(path).read_text(encoding="utf-8").replace("hf {", 'hf "hf.json" {')
+        Path(path).write_text(text, encoding="utf-8")
+        (folder / name / "hf.json").write_text(dump_hf_manifest(hf), encoding="utf-8")
+        paths.append(path)
+    plan = _plan(paths[0], paths[1], {}, {})
     assert plan.status == 0, plan.diagnostics
     assert plan.diagnostics == []
     (w,) = (t for t in plan.tensors if t.key == "w.proj")
-    assert w.shape == (1000, 8)
-    execute(plan)
-    # Engine rank 1 holds rows 512..1023, 488 of them real: it receives those only.
-    assert plan.received == [(512 * 8 + 8) * 4, (488 * 8 + 8) * 4]
+    assert w.shape == (HF_ROWS, 8)
+    return plan
+
+
+HF_ROWS = 1100
+
+
+def test_padded_engine_vocab_every_real_element_once_no_padding_sent(tmp_path: Path) -> None:
+    """A trainer with an unpadded vocabulary (1100 rows, dp 2 x tp 2) to a vLLM-style
+    engine whose embedding is padded to a multiple of 64 (1152 rows) and split over tp 2:
+    the plan covers every real element exactly once and sends no padding (``execute``
+    builds the engine's padding with torch, and checks that no move writes it)."""
+    plan = _padded_pair(tmp_path, (HF_ROWS, "", 2), (1152, " pad 0 to 64", 2))
+    assert execute(plan) == (1152 - HF_ROWS) * 8
+    # Engine rank 1 holds rows 576..1151, 524 of them real: it receives those only.
+    assert plan.received == [(576 * 8 + 8) * 4, (524 * 8 + 8) * 4]
+
+
+@pytest.mark.parametrize(("tp", "rows"), [(1, 1152), (2, 1152), (4, 1280)])
+def test_megatron_padded_engine_vocab_through_execute(tp: int, rows: int) -> None:
+    """`pad vocab to 64 x tp` (Megatron's `make_vocab_size_divisible_by` x tp) on the
+    engine, by the target rule's dimension name: 1100 rows padded to 1152 at tp 1 and 2,
+    to 1280 at tp 4 (a multiple of 256); every real element once, no padding sent, and
+    each engine rank receives exactly the real rows it holds."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = _padded_pair(Path(tmp), (HF_ROWS, "", 2), (rows, " pad rows to 64 x tp", tp))
+        assert execute(plan) == (rows - HF_ROWS) * 8
+    per = rows // tp
+    real = [max(0, min(per, HF_ROWS - r * per)) for r in range(tp)]
+    assert plan.received == [(n * 8 + 8) * 4 for n in real]
+
+
+def test_padded_trainer_vocab_to_an_unpadded_engine_reads_no_padding(tmp_path: Path) -> None:
+    """The other way: a Megatron trainer whose vocabulary is padded to 64 x tp (1100 ->
+    1152 rows at tp 2) to an unpadded engine at tp 2: the trainer's padding rows are never
+    read (``execute`` would find the padding marker in the engine), and the engine has
+    none of its own."""
+    plan = _padded_pair(tmp_path, (1152, " pad rows to 64 x tp", 2), (HF_ROWS, "", 2))
+    assert execute(plan) == 0
+    assert plan.wire_bytes == (HF_ROWS * 8 + 2 * 8) * 4  # the norm: one copy per engine rank
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_qwen2_to_vllm_engines_through_execute(tp: int) -> None:
+    """specs/qwen2.shard to the vLLM-style engines (`pad vocab to 64` lines, replicated KV
+    heads at tp 4) through ``execute``: the owner's engine tensors are built from the
+    engine spec's own layout (tests/test_transfer_kvrep.py checks the same plans against
+    vLLM's weight_loader slices); Qwen2's 256-row vocabulary needs no padding."""
+    plan = plan_transfer(
+        str(REPO / "specs" / "qwen2.shard"), str(REPO / "specs" / f"qwen2_vllm_tp{tp}.shard")
+    )
+    assert plan.status == 0, plan.diagnostics
+    assert plan.engine is not None
+    assert any(t.kind == "pad" for r in plan.engine.hfmap.rules for t in r.transforms)
+    assert execute(plan) == 0
+
+
+def test_execute_fails_on_a_move_into_the_padding(tmp_path: Path) -> None:
+    """``execute``'s padding check can fail: the padded pair's plan with its last move to
+    engine rank 1 shifted one row down (its last row lands on the first padding row)."""
+    plan = _padded_pair(tmp_path, (HF_ROWS, "", 2), (1152, " pad 0 to 64", 2))
+    doc = json.loads(json.dumps(plan_json(plan)))
+    moves = [m for t in doc["tensors"] for m in t["moves"]]
+    last = max(
+        (m for m in moves if m["dst"] == 1 and m["dst_param"] == "w.weight"),
+        key=lambda m: m["dims"][0]["runs"][0][1],
+    )
+    last["dims"][0]["runs"][0][1] += 1
+    with pytest.raises(AssertionError, match=r"rank 1 w\.weight: padding written"):
+        execute(plan, doc)

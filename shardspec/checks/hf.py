@@ -22,6 +22,7 @@ from itertools import repeat
 from typing import Any
 
 from shardspec.checks.coverage import entry_span
+from shardspec.checks.layouts import dim_span
 from shardspec.core.hfmap import (
     Fused,
     HFMap,
@@ -533,9 +534,13 @@ def check_hf_units(
     hf_manifest: HFManifest | None,
     bad: set[int],
     stray: Mapping[str, str] | None = None,
+    *,
+    uneven: set[Span] | None = None,
 ) -> list[Diagnostic]:
     """SS071-SS078 (those that need a manifest); SS073-SS075 and config values need the
-    HF manifest too."""
+    HF manifest too. ``uneven`` gets where each rule places a dimension whose uneven split
+    SS133 reports (its pad line says how to make it even), so that SS023 does not report
+    the same cause again there."""
     spec = res.spec
     hf = spec.hf
     assert hf is not None and res.manifest is not None
@@ -572,7 +577,7 @@ def check_hf_units(
             acc.unit(grp, names[0], len(names), names, grp.values(), xs)
     out += _report_not_produced(res, acc.not_produced, hf_manifest)
     out += _check_splits(res, full, bad, by_name, hf_manifest)
-    out += _check_pads(res, full, bad)
+    out += _check_pads(res, full, bad, uneven if uneven is not None else set())
     for rules, (_, first, n) in sorted(acc.twice.items()):
         maps = [hf.maps[i] for i in rules]
         lines = ", ".join(str(m.span.line) for m in maps)
@@ -1351,10 +1356,11 @@ _PAD_HINT = (
 )
 
 
-def _check_pads(res: Resolved, full: HFMap, bad: set[int]) -> list[Diagnostic]:
+def _check_pads(res: Resolved, full: HFMap, bad: set[int], uneven: set[Span]) -> list[Diagnostic]:
     """SS132 (the model's padded size is not the HF size rounded up to the multiple, the HF
-    size is unknown, or the multiple names no mesh axis) and SS133 (a padded dimension
-    that does not split evenly over the axes sharding it, FSDP's aside), once per line."""
+    size is unknown, or the multiple names no mesh axis or one twice) and SS133 (a padded
+    dimension that does not split evenly over the axes sharding it, FSDP's aside), once
+    per line; each SS133's dimension, where its rule places it, goes into ``uneven``."""
     hf = res.spec.hf
     assert hf is not None
     lines = {
@@ -1383,6 +1389,9 @@ def _check_pads(res: Resolved, full: HFMap, bad: set[int]) -> list[Diagnostic]:
                     continue  # SS076
                 for code, why, hint in _pad_findings(name, sub[d], t, mesh, m, d + first, fsdp):
                     found.setdefault((code, src.rule), (why, hint))
+                    if code == "SS133" and m.winner is not None:
+                        rule = res.spec.rules[m.winner]
+                        uneven.add(dim_span(rule, m.layout.dims[d + first].name))
     out = []
     for (code, i), (why, hint) in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         pad = next(t for t in hf.maps[i].transforms if t.kind == "pad")
@@ -1395,6 +1404,16 @@ def _pad_findings(
 ) -> list[tuple[str, str, str]]:
     """What is wrong with unit ``name``'s dimension ``dim`` of model size ``size``, padded
     by ``t``: ``(code, message, hint)``."""
+    twice = next((a for i, a in enumerate(t.axes) if a in t.axes[:i]), None)
+    if twice is not None:
+        once = " x ".join(dict.fromkeys(t.axes))
+        return [
+            (
+                "SS132",
+                f"`{t}` names mesh axis {twice!r} twice: the multiple would count its size twice",
+                f"name each axis once: `pad {t.dim} to {t.multiple} x {once}`",
+            )
+        ]
     unknown = [a for a in t.axes if a not in mesh.names]
     if unknown:
         near = closest(unknown[0], list(mesh.names))

@@ -122,7 +122,7 @@ def _dims_span(rule: ir.Rule) -> Span | None:
     return Span(a.file, a.line, a.col, b.end_line, b.end_col)
 
 
-def _dim_span(rule: ir.Rule, dim: str) -> Span:
+def dim_span(rule: ir.Rule, dim: str) -> Span:
     """Where a rule places ``dim``: its ``shard`` statement, else its name in the list."""
     for s in rule.shards:
         if s.dim.text == dim:
@@ -296,7 +296,7 @@ def _head_cut_diag(
         f"every {cut.axis} rank must hold whole heads: {_sizes_text(cut.axis, work)}; or "
         f"do not shard {dim.name!r} over {cut.axis} (replicate it there)"
     )
-    return diag("SS034", message, _dim_span(rule, dim.name), hint)
+    return diag("SS034", message, dim_span(rule, dim.name), hint)
 
 
 def _sizes_text(axis: str, sizes: list[int], limit: int = 6) -> str:
@@ -351,7 +351,7 @@ def _check_one(
                     f"{_who(fqns)}: dimension {dim.name!r} of size {dim.size} "
                     f"does not divide over {_axes_text(dim, mesh, rule)}; "
                     f"local sizes {sorted(sizes)}",
-                    _dim_span(rule, dim.name),
+                    dim_span(rule, dim.name),
                     hint,
                 )
             )
@@ -370,7 +370,7 @@ def _check_one(
                 f"{'holds' if count == 1 else 'hold'} an empty local shard: "
                 f"dimension {dim.name!r} of size {dim.size} over "
                 f"{_axes_text(dim, mesh, rule)}",
-                _dim_span(rule, dim.name),
+                dim_span(rule, dim.name),
                 "use fewer ranks on the sharded dimension, or accept "
                 "empty shards (save/load handle them)",
             )
@@ -388,7 +388,7 @@ def _check_one(
                 f"{_who(fqns)}: rank {rank} holds {what}dimension {dim_name!r} "
                 f"as {pieces} separate pieces, which a checkpoint cannot store as one "
                 "chunk",
-                stored_fused.span if stored_fused else _dim_span(rule, dim_name),
+                stored_fused.span if stored_fused else dim_span(rule, dim_name),
                 "store fused dimensions per component (drop `stored fused`)"
                 if stored_fused
                 else "shard the dimension over fewer axes",
@@ -404,7 +404,7 @@ def _check_one(
                 f"{_who(fqns)}: no DTensor placements describe this layout "
                 f"(rank {rank} at {dict(zip(mesh.names, bad, strict=True))} would hold "
                 "other indices)",
-                _dim_span(rule, dim_name) if dim_name else rule.pattern.span,
+                dim_span(rule, dim_name) if dim_name else rule.pattern.span,
                 hint,
             )
         )
@@ -415,7 +415,7 @@ def _check_one(
             diag(
                 "SS031",
                 f"{_who(fqns)}: {message} (first at rank {mesh.rank_of(problem.coord)})",
-                _dim_span(rule, dim_name),
+                dim_span(rule, dim_name),
                 hint,
             )
         )

@@ -1245,7 +1245,7 @@ CHECKS: tuple[Check, ...] = (
         "pad-size-mismatch",
         E,
         "A `pad D to M` line's model size is not the HF size rounded up to the multiple (or "
-        "the HF size is unknown, or an axis it names is no mesh axis).",
+        "the HF size is unknown, or an axis it names is no mesh axis, or is named twice).",
         "load_hf reads the HF tensor's real rows and zero-fills the rest, export_hf writes the "
         "real rows back: both need the model's padded size to be exactly the HF size rounded "
         "up to the multiple (vLLM: to 64; Megatron: to `make_vocab_size_divisible_by` x tp), "

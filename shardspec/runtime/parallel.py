@@ -640,13 +640,23 @@ def _style_kwargs(stated: Mapping[str, Any], sequence: bool = False) -> dict[str
 
 
 def tp_axes(spec: CompiledSpec, view: str | None = None) -> tuple[str, ...]:
-    """The model-parallel axes: every axis but the fsdp one (of view ``view``'s) and the
-    pipeline axis (its ranks hold other stages, not other parts of a tensor)."""
+    """The model-parallel axes: the axes some rule (of view ``view``) shards a dimension
+    over, but the fsdp one and the pipeline axis (its ranks hold other stages, not other
+    parts of a tensor). An axis no rule shards (dp_replicate) holds whole replicas: it is
+    no tensor-parallel axis, whatever its size."""
     pp = spec.pipeline.axis if spec.pipeline is not None else None
+    sharded = {
+        a
+        for i, rule in enumerate(spec.rules)
+        if view is None or spec.view_of_rule(i) == view
+        for _, axes in rule.shard
+        for a in axes
+    }
     if view is not None and spec.views is not None:
-        fsdp = spec.views.fsdp_of(view)
-        return tuple(a for a in spec.views.axes_of(view) if a not in (fsdp, pp))
-    return tuple(a for a in spec.axes if a not in (spec.fsdp_axis, pp))
+        fsdp, axes = spec.views.fsdp_of(view), spec.views.axes_of(view)
+    else:
+        fsdp, axes = spec.fsdp_axis, spec.axes
+    return tuple(a for a in axes if a in sharded and a not in (fsdp, pp))
 
 
 def _owner(fqn: str) -> tuple[str, str]:

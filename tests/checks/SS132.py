@@ -29,6 +29,15 @@ CASES = [
         "expect": [("SS132", 8, "'tpp' is no mesh axis", "pad 0", "did you mean `tp`?")],
     },
     {
+        "name": "Megatron's rule names tp twice",
+        "spec": spec(" pad 0 to 64 x tp x tp"),
+        "manifest": manifest(1024),
+        "hf_manifest": HF,
+        "expect": [
+            ("SS132", 8, "names mesh axis 'tp' twice", "pad 0", "`pad 0 to 64 x tp`"),
+        ],
+    },
+    {
         "name": "vLLM: 1000 rows padded to a multiple of 64",
         "spec": spec(" pad 0 to 64"),
         "manifest": manifest(1024),

@@ -10,8 +10,8 @@ CASES = [
         "manifest": manifest(1001),
         "hf_manifest": HF,
         "expect": [
-            # SS023 says the split is uneven; SS133 says which pad line makes it even.
-            ("SS023", 4, "dimension 'vocab' of size 1001 does not divide over tp=2"),
+            # One cause, one finding: SS133 names the pad line that makes the split even;
+            # SS023 (uneven-shard) on the rule's `shard vocab over tp` would say less.
             (
                 "SS133",
                 8,

@@ -104,6 +104,7 @@ def unknown_axis(rank: int, world: int, path: str, folder: str) -> dict[str, str
 def run_all(rank: int, world: int, path: str, folder: str, root: str) -> dict[str, Any]:
     """Both scenarios in one spawn (a spawn of 4 ranks costs seconds): the saves and loads
     under ``folder``, then the refused mesh, whose save would write under ``root``."""
+    torch.set_num_threads(1)  # 4 ranks on 2 cores: one thread each, or they thrash
     return {
         "save_and_load": save_and_load(rank, world, path, folder),
         "unknown_axis": unknown_axis(rank, world, path, root),

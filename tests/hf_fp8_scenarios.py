@@ -461,3 +461,15 @@ def run_leftovers(rank: int, world: int, root: str, cases: list[Any]) -> dict[st
     from tests.hf_split_scenarios import run_each
 
     return run_each(root, cases, leftover_case)
+
+
+def run_both(
+    rank: int, world: int, root: str, cases: list[Any], left_root: str, left_cases: list[Any]
+) -> dict[str, dict[str, Item]]:
+    """:func:`run_all` on ``root`` then :func:`run_leftovers` on ``left_root``, in one spawn
+    (tests/test_hf_fp8.py): each part's Items by label."""
+    torch.set_num_threads(1)  # 4 ranks on 2 cores: one thread each, or they thrash
+    return {
+        "main": run_all(rank, world, root, cases),
+        "leftovers": run_leftovers(rank, world, left_root, left_cases),
+    }

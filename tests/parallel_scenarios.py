@@ -67,7 +67,7 @@ from shardspec.testing import Checks
 from tests.custom_modules import NamedEmbedding, VocabParallelEmbedding, with_embedding
 
 LR = 1e-3
-STEPS = 3
+STEPS = 2  # the second AdamW step reads the moments the first wrote
 BATCH = 4  # global batch, split over dp_shard
 SEQ = 17
 
@@ -793,6 +793,18 @@ def run_refusals(
     return c.fail, c.count
 
 
+def run_both(
+    rank: int, world: int, big_module: str, vocab_module: str, build_dir: str
+) -> dict[str, tuple[list[str], dict]]:
+    """:func:`run_refusals` then :func:`run_all` in one spawn (tests/test_parallel.py),
+    each with its own failures and counts."""
+    torch.set_num_threads(1)  # 4 ranks on 2 cores: one thread each, or they thrash
+    return {
+        "refusals": run_refusals(rank, world, vocab_module, build_dir),
+        "all": run_all(rank, world, big_module, build_dir),
+    }
+
+
 @contextlib.contextmanager
 def _scratch(build_dir: str) -> Iterator[str]:
     """``build_dir`` importable, and a scratch folder shared by every rank."""
@@ -815,4 +827,4 @@ def _run(c: Checks, scenarios: tuple[tuple[str, Callable[[], None]], ...]) -> No
             c.fail.append(f"[{name}] raised:\n{traceback.format_exc()}")
 
 
-__all__ = ["run_all", "run_refusals"]
+__all__ = ["run_all", "run_both", "run_refusals"]

@@ -545,18 +545,15 @@ def test_keep_dtype_on_an_fp8_key_is_refused(tmp_path: Path) -> None:
 LEFTOVERS = [sc.LeftoverCase("stacked"), sc.LeftoverCase("pp")]
 
 
-@pytest.fixture(scope="module")
-def leftovers(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def _write_leftovers(root: Path) -> None:
     """gpt_oss's checkpoint (stacked experts) and the 4-layer Llama's (three files, the
     pipeline tests' writer) in FP8 by the reference quantizer, each with its reference
-    dequantization; ``llama_pp_hf`` compiled as tests/test_hf_pipeline.py does; one spawn
-    of 4 ranks."""
+    dequantization; ``llama_pp_hf`` compiled as tests/test_hf_pipeline.py does."""
     from examples.models import llama
     from tests.hf_pipeline_scenarios import N_LAYERS
     from tests.test_hf_grouped import checkpoint
     from tests.test_hf_pipeline import compile_specs, to_hf, write_hf
 
-    root = tmp_path_factory.mktemp("hf_fp8_leftovers")
     checkpoint(root, "gpt_oss", 5)
     sc.write_fp8(str(root / "gpt_oss"), str(root / "gpt_oss_fp8"), sc.GPT_OSS_QUANTS)
     sc.write_dequantized(str(root / "gpt_oss_fp8"), str(root / "gpt_oss_deq"), sc.GPT_OSS_QUANTS)
@@ -568,8 +565,33 @@ def leftovers(tmp_path_factory: pytest.TempPathFactory) -> dict:
     compile_specs(root / "gen", root / "hf")
     sc.write_fp8(str(root / "hf"), str(root / "pp_fp8"), sc.PP_QUANTS)
     sc.write_dequantized(str(root / "pp_fp8"), str(root / "pp_deq"), sc.PP_QUANTS)
-    ranks = run_ranks(sc.run_leftovers, 4, str(root), LEFTOVERS, timeout=900)
-    return {"root": root, "ranks": ranks}
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One spawn of 4 ranks for every multi-rank case of this file (sc.run_both): CASES
+    and DAMAGED on ``results``'s checkpoints (``_write_all``), then LEFTOVERS on
+    ``_write_leftovers``'s; each root keeps its own ``gen`` folder (no module name in
+    both)."""
+    root = tmp_path_factory.mktemp("hf_fp8")
+    _write_all(root)
+    _compile_128(root / "gen", root / "ds32_128")
+    _compile_tp(root / "gen")
+    left = tmp_path_factory.mktemp("hf_fp8_leftovers")
+    _write_leftovers(left)
+    cases = [*CASES, DAMAGED]
+    ranks = run_ranks(sc.run_both, 4, str(root), cases, str(left), LEFTOVERS, timeout=900)
+    return {
+        "results": {"root": root, "ranks": [r["main"] for r in ranks]},
+        "leftovers": {"root": left, "ranks": [r["leftovers"] for r in ranks]},
+    }
+
+
+@pytest.fixture(scope="module")
+def leftovers(spawned: dict) -> dict:
+    """LEFTOVERS' part of the spawn: ``root`` and each rank's Items."""
+    result: dict = spawned["leftovers"]
+    return result
 
 
 @pytest.mark.parametrize("case", LEFTOVERS, ids=lambda c: c.label)
@@ -734,13 +756,10 @@ def _compile_tp(gen: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("hf_fp8")
-    _write_all(root)
-    _compile_128(root / "gen", root / "ds32_128")
-    _compile_tp(root / "gen")
-    ranks = run_ranks(sc.run_all, 4, str(root), [*CASES, DAMAGED], timeout=900)
-    return {"root": root, "ranks": ranks}
+def results(spawned: dict) -> dict:
+    """CASES' and DAMAGED's part of the spawn (``spawned``): ``root`` and each rank's Items."""
+    result: dict = spawned["results"]
+    return result
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)

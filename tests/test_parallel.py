@@ -17,14 +17,16 @@ from tests import parallel_scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Checks each scenario must make on every rank (a scenario that checks nothing fails).
+# Checks each scenario must make on every rank (a scenario that checks nothing fails):
+# per training, a gradient and a parameter per tensor, a loss per step, the verify.
+_STEPS = parallel_scenarios.STEPS
 MIN_CHECKS = {
-    "train llama": 2 * 15 + 3 + 1,
-    "train llama dim 512": 2 * 15 + 3 + 1,
-    "train qwen2": 2 * 27 + 3 + 1,
-    "train qwen3": 2 * 25 + 3 + 1,
-    "train moe": 2 * 30 + 3 + 1,
-    "train llama sequence parallel": 2 * 15 + 3 + 1,
+    "train llama": 2 * 15 + _STEPS + 1,
+    "train llama dim 512": 2 * 15 + _STEPS + 1,
+    "train qwen2": 2 * 27 + _STEPS + 1,
+    "train qwen3": 2 * 25 + _STEPS + 1,
+    "train moe": 2 * 30 + _STEPS + 1,
+    "train llama sequence parallel": 2 * 15 + _STEPS + 1,
     "meta qwen2": 1,
     "options": 14,
     "reshard": 30,
@@ -91,8 +93,7 @@ def _vocab_parallel(text: str) -> str:
     return text.replace(old, old + "    style none\n")
 
 
-def _run_checked(fn, least: dict[str, int], *args: str) -> None:
-    results = run_ranks(fn, 4, *args, timeout=240)
+def _checked(results: list, least: dict[str, int]) -> None:
     failures = [f"rank {r}: {msg}" for r, (fails, _) in enumerate(results) for msg in fails]
     assert not failures, "\n".join(failures[:30])
     for rank, (_, counts) in enumerate(results):
@@ -100,20 +101,16 @@ def _run_checked(fn, least: dict[str, int], *args: str) -> None:
             assert counts.get(tag, 0) >= n, f"rank {rank}: {tag} made {counts.get(tag)}"
 
 
-@pytest.mark.dist
-def test_parallelize_refuses_before_changing_the_model(tmp_path: Path) -> None:
-    """parallelize checks everything (the caller's styles, module classes, ties) before the
-    model changes: a refusal leaves every parameter, module class and hook as it was."""
-    spec = tmp_path / "llama_vocab.shard"
-    spec.write_text(_vocab_parallel((ROOT / "specs" / "llama.shard").read_text()))
-    assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
-    _run_checked(parallel_scenarios.run_refusals, MIN_CHECKS_REFUSALS, "llama_vocab", str(tmp_path))
-
-
-@pytest.mark.dist
-def test_parallelize_and_verify_on_4_ranks(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, tuple]]:
+    """One spawn of 4 gloo ranks for both scenario lists (parallel_scenarios.run_both):
+    the refusals on llama_vocab (`style none` on the token embedding), then training,
+    options, reshard and hand-made parallelization on llama_big (no manifest) and llama_sp
+    (sequence parallel)."""
+    tmp_path = tmp_path_factory.mktemp("parallel")
     source = (ROOT / "specs" / "llama.shard").read_text()
     for name, text in (
+        ("llama_vocab", _vocab_parallel(source)),
         ("llama_big", _spec_without_manifest(source)),
         ("llama_sp", _sequence_parallel(source)),
     ):
@@ -122,4 +119,17 @@ def test_parallelize_and_verify_on_4_ranks(tmp_path: Path) -> None:
         assert shardspec_main(["compile", str(spec), "-o", str(tmp_path)]) == 0
     sp = (tmp_path / "llama_sp.py").read_text()
     assert sp.count('"input": "sequence"') == 3 and sp.count('"output": "sequence"') == 3
-    _run_checked(parallel_scenarios.run_all, MIN_CHECKS, "llama_big", str(tmp_path))
+    run = parallel_scenarios.run_both
+    return run_ranks(run, 4, "llama_big", "llama_vocab", str(tmp_path), timeout=300)
+
+
+@pytest.mark.dist
+def test_parallelize_refuses_before_changing_the_model(results: list[dict[str, tuple]]) -> None:
+    """parallelize checks everything (the caller's styles, module classes, ties) before the
+    model changes: a refusal leaves every parameter, module class and hook as it was."""
+    _checked([r["refusals"] for r in results], MIN_CHECKS_REFUSALS)
+
+
+@pytest.mark.dist
+def test_parallelize_and_verify_on_4_ranks(results: list[dict[str, tuple]]) -> None:
+    _checked([r["all"] for r in results], MIN_CHECKS)

@@ -208,12 +208,28 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory, pp_gen: Path) -> dict
         path.write_text(json.dumps(plan_json(plan)))
         owned[name] = plan.owned
         cases[name] = {**case, "plan": str(path), "bucket": 16384}
-    rounds = []
+    # One round per trainer (kind and module), its engines one after another: the trainer
+    # is trained once for all of them.
+    by_trainer: dict[str, dict[str, dict[str, Any]]] = {}
     for name, case in cases.items():
-        run = folder / "runs" / name
+        by_trainer.setdefault(name.split("->")[0], {})[name] = case
+    rounds = []
+    for trainer, group in by_trainer.items():
+        run = folder / "runs" / trainer
         run.mkdir(parents=True)
-        rounds.append((name, ts.transfer_round, (str(run), case)))
-    results = run_rounds(8, rounds, timeout=600, pg_timeout=300)
+        rounds.append((trainer, ts.transfer_rounds, (str(run), group)))
+    hosted = run_rounds(8, rounds, timeout=600, pg_timeout=300)
+    # each case's own record per rank; a rank's error (a traceback) under every case
+    results: dict[str, Any] = {}
+    for trainer, group in by_trainer.items():
+        per_rank = hosted[trainer]["ranks"]
+        for name in group:
+            results[name] = {
+                "ranks": {
+                    r: (status, value[name] if status == "ok" else value)
+                    for r, (status, value) in per_rank.items()
+                }
+            }
     results["owned"] = owned
     return results
 

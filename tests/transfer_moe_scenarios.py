@@ -8,7 +8,8 @@ and pipeline trainers, in one group of eight gloo ranks (trainer ranks 0-3, engi
   specs/deepseek_moe_folded.shard at dense (fsdp 2, tp 2) x expert (ep 2, efsdp 2)
   (two DeviceMeshes over the same four ranks; the experts dispatch tokens all-to-all),
   trained 2 AdamW steps; the engine is specs/deepseek_moe_engine_ep.shard at ep 4 or
-  specs/deepseek_moe_engine_tp.shard at tp 2.
+  specs/deepseek_moe_engine_tp.shard at tp 2. A trainer is trained once and sends to its
+  engines one after another (:func:`transfer_rounds`).
 * ``pp``: the 4-layer example Llama under specs/llama_pp.shard plus specs/llama.shard's hf
   block (tests/test_hf_pipeline.py's ``compile_specs``: ``llama_pp_hf`` keeps the whole
   model's names, ``llama_pp_hf_local`` numbers each stage's layers from 0) at pp 2 x
@@ -184,25 +185,44 @@ def _engine(case: dict[str, Any], mesh: DeviceMesh) -> tuple[nn.Module, Any, nn.
     return model, mod, ref
 
 
-def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> dict[str, Any]:
-    """One transfer case on this rank; returns what the test checks. ``case``: ``kind``
-    ("moe", "folded", "pp"), ``engine`` ("ep4", "moe-tp2", "tp2"), ``trainer_module``,
-    ``engine_module``, ``plan``, ``bucket``; ``gen`` (a folder of compiled modules)."""
+def transfer_rounds(
+    rank: int, world: int, folder: str, cases: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Every transfer case of ``cases`` (name -> case, all of one trainer: the same
+    ``kind``, ``trainer_module`` and ``gen``) on this rank, one after another from one
+    trained trainer (training it once per engine gave the same trainer twice); returns what
+    the test checks, by name. A case: ``kind`` ("moe", "folded", "pp"), ``engine`` ("ep4",
+    "moe-tp2", "tp2"), ``trainer_module``, ``engine_module``, ``plan``, ``bucket``; ``gen``
+    (a folder of compiled modules)."""
     torch.set_num_threads(1)
-    if case.get("gen"):
-        sys.path.insert(0, case["gen"])
-    kind, engine = case["kind"], case["engine"]
-    trainer_mesh, engine_mesh = _trainer_mesh(kind), _engine_mesh(engine)
+    first = next(iter(cases.values()))
+    if first.get("gen"):
+        sys.path.insert(0, first["gen"])
+    trainer_mesh = _trainer_mesh(first["kind"])
+    export = os.path.join(folder, "export")
+    trained = None
+    if rank < T:
+        trained = _trainer(first["kind"], first, trainer_mesh)
+        torch.save(trained[2], f"{export}.{rank}.tmp")
+        os.replace(f"{export}.{rank}.tmp", f"{export}.{rank}")
+    return {name: _transfer(rank, export, case, trained) for name, case in cases.items()}
+
+
+def _transfer(
+    rank: int, export: str, case: dict[str, Any], trained: tuple[nn.Module, Any, dict] | None
+) -> dict[str, Any]:
+    """One transfer case on this rank: the trainer ranks send ``trained``'s model, the
+    engine ranks receive into a fresh engine and compare with the trainers' full tensors
+    (``export``.<rank>)."""
+    engine = case["engine"]
+    engine_mesh = _engine_mesh(engine)
     n = 4 if engine == "ep4" else 2
     group = None if n == 4 else torch.distributed.new_group(list(range(T + n)))
     out: dict[str, Any] = {"rank": rank}
     if rank >= T + n:
         return out  # not in the transfer group
-    export = os.path.join(folder, "export")
-    if rank < T:
-        model, spec, full = _trainer(kind, case, trainer_mesh)
-        torch.save(full, f"{export}.{rank}.tmp")
-        os.replace(f"{export}.{rank}.tmp", f"{export}.{rank}")
+    if trained is not None:
+        model, spec, _ = trained
         call = transfer.send_weights
     else:
         model, spec, ref = _engine(case, engine_mesh)
@@ -219,7 +239,7 @@ def transfer_round(rank: int, world: int, folder: str, case: dict[str, Any]) -> 
         out["error"] = "UNEXPECTED " + traceback.format_exc()
     out["seconds"] = time.monotonic() - started
     out["stale"] = transfer.weights_stale(model)
-    if rank >= T and out["error"] is None:  # (the closing check waited for the exports)
+    if rank >= T and out["error"] is None:  # (the exports were written before any transfer)
         full = {}
         for r in range(T):
             full.update(torch.load(f"{export}.{r}", weights_only=True))

@@ -25,8 +25,6 @@ def test_every_phase_has_a_runner_and_the_new_ones_run_first() -> None:
     order = list(gpu_check.PHASES)
     never_run = ("async", "pp", "views_pp", "ep_sp", "fp8", "transfer")
     assert order[: 1 + len(never_run)] == ["env", *never_run]
-    for step in gpu_check.SCENARIOS:  # every scenario step is reached by a phase
-        assert step.split("_")[0] in {"pp", "views", "ep", "fp8", "transfer"}, step
 
 
 def test_unknown_phase_is_refused_before_anything_runs(

@@ -1,40 +1,97 @@
 """The GPU run (issue 25): shardspec's multi-rank proofs and its checkpoint / Hugging Face
 benchmarks on one CUDA device, written to one JSON file.
 
-    python -m bench.gpu_check --out DIR                 # on the GPU machine (~4 minutes)
-    python -m bench.gpu_check --out DIR --device cpu    # the same code on CPU (a dry run)
+    python -m bench.gpu_check --out DIR                 # on the GPU machine (about 7 minutes)
+    python -m bench.gpu_check --out DIR --device cpu --limit-scale 8   # a CPU dry run
+
+**On the lent GPU machine** (one H100 or H200, Python 3.12, torch 2.11, transformers 5.17,
+no lark, no pydantic: /work/.library/device/KINDS.md), everything in one call of the device
+tool. Here first, once: ``bash bench/gpu_wheels.sh`` (about 15 MB of wheels into ``.whl/``,
+ignored by git: lark, pydantic and its parts for the compiler that ``ep_sp`` and
+``transfer`` run, transformers 5.24 as the CPU suite has it). Then the tool's ``run`` with
+``carry: [".whl"]``, ``timeout_s: 540`` and the command::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \
+    PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --out $OUT
+
+(``$OUT/gpu_check.json`` and ``$OUT/phase_logs.txt`` come back.) ``--budget`` (420 s) bounds
+all phases together: a phase starts only with 20 s left, under the smaller of its own limit
+(``PHASES``) and what is left, so the phases run first are those never run on a GPU.
+``--phases a,b`` selects and orders; ``GPU_CHECK_STEPS=x,y`` picks steps inside the
+step-wise phases; ``GPU_CHECK_ROUNDS`` (3) the timed rounds.
 
 Each phase runs in a process of its own, under a time limit, and adds its results to
-``DIR/gpu_check.json`` as it ends (a phase that hangs or crashes costs only itself):
+``DIR/gpu_check.json`` as it ends (a phase that hangs or crashes costs only itself). A
+multi-rank phase spawns its ranks once per step; 4 (or 6) processes share the one GPU with
+gloo collectives on CUDA tensors (NCCL refuses two ranks on one device), DTensor's
+all-gathers through c10d's (``_c10d_all_gather``: torch 2.11's functional one crashes on
+CUDA over gloo), and point-to-point messages of CUDA tensors through host memory
+(``_host_p2p``: gloo would read a device pointer as a host one). The CPU suite's own
+scenarios run, their batches and models moved to the device by patching module attributes
+(``_device_patches`` and the phase's own patches), never copies of them. In the order they
+run:
 
-* ``env``: torch, CUDA, NCCL, the GPU, the host.
-* ``nccl_probe``: can two processes share the one GPU over NCCL? (NCCL refuses two ranks
-  on one device; the answer decides how the multi-rank phases run.)
+* ``env``: torch, CUDA, NCCL, the GPU, the host, the packages.
+* ``async``: ``multi``'s asynchronous-save scenario alone (tests/ckpt_async_scenarios.py's
+  ``scenario_train``: training goes on while pinned copies are written, then a bitwise
+  reload), after fix 3 of the first run: each rank's ``wire_device`` counts show the
+  reload's file exchange sending CUDA tensors through host memory (``gloo cuda -> cpu``),
+  and ``staging_pinned`` the pinned staging buffers.
+* ``pp``: tests/pipeline_scenarios.py's ``train`` (specs/llama_pp.shard at pp 2 x dp_shard
+  2, FSDP2 within each stage, GPipe and 1F1B through torch.distributed.pipelining, against
+  one process) and tests/pipeline_harness.py's training cases (the tiny Llama cut into 4
+  stages: GPipe and 1F1B, renumbered and tied), CUDA stages.
+* ``views_pp``: tests/views_pp_train_scenarios.py: the example MoE's pipeline folds with
+  views (pp 2 x ep 2 with all-to-all dispatch, pp 2 x tp 2) trained against one process,
+  and checkpoints moving between pp 2 and pp 1 bitwise.
+* ``ep_sp``: tests/ep_sp_scenarios.py (the specs compiled first by tests/ep_sp_specs.py's
+  ``compile_all``): expert parallelism borrowing the sequence-parallel tp ranks, the
+  example MoE and transformers' Qwen3-MoE trained against one process at efsdp 2 x ep 2
+  and ep 4, each rank routing its own tokens, a checkpoint into another fold bitwise.
+* ``fp8``: bench/bench_hf_fp8.py's block-scaled FP8 checkpoint at ``FP8_MODEL`` (about 80
+  MB), ``load_hf`` on 4 ranks (dp_shard 2 x tp 2) into CUDA parameters and into CPU ones:
+  bytes read per rank against owned, GB/s (the page-cache read of the files measured in
+  the same phase), the CUDA load equal to the CPU load bitwise.
+* ``transfer``: tests/transfer_scenarios.py's ``transfer_round`` on 6 ranks with CUDA
+  models: the llama trainer (ranks 0-3, dp_shard 2 x tp 2, trained 2 AdamW steps)
+  ``layout.send_weights`` to an engine at tp 2 (ranks 4-5, ``receive_weights``) and, with
+  the runtime's own functions, to a one-rank engine; host buffers over gloo. Each engine
+  equals the trainer's full tensors cut by torch into its layout, bitwise. (The scenario's
+  trainer has 4 ranks, not 2.)
 * ``single``: one rank, the real NCCL backend that ``build_mesh`` starts: ``parallelize``
   + ``verify`` + AdamW steps of the example Llama against the same model unparallelized
   (tests/parallel_scenarios.py's ``compare_training``); save / load of model and AdamW
   state bitwise, continued training equal; a 1 GB model state (bench/bench_hf.py's
   ``MODEL``) in CUDA memory: synchronous save against ``asynchronous=True`` (the call,
   which copies to pinned host memory, and until complete), and checksums on against off
-  (``ChecksumWriter`` against DCP's ``FileSystemWriter``; ``load(verify=True/False)``).
+  (``ChecksumWriter`` against DCP's ``FileSystemWriter``; ``load(verify=True/False)``):
+  ``save_with_over_without`` / ``load_with_over_without`` are the throughput with
+  checksums over without (the 0.95x target).
 * ``hf``: one rank (``cpu:gloo,cuda:nccl``): the 1 GB Llama checkpoint
   (bench/bench_hf.py's ``write_checkpoint``) read from the page cache with plain
   ``readinto`` (the floor), and ``load_hf`` into CUDA parameters (GB/s, bytes read); the
   CUDA load equals the CPU load bitwise (the CPU path is the one the test suite compares
   with transformers); ``export_hf`` from CUDA parameters writes the original tensors.
-* ``multi``: 4 processes on the one GPU, gloo collectives on CUDA tensors (NCCL cannot
-  put two ranks on one device): which collectives gloo runs on CUDA; then the CPU test
-  suite's own scenarios with their tensors on CUDA (module attributes patched: batches and
-  models built on the device): ``compare_training`` of the example Llama (fused w13 as
-  ``_StridedShard`` under FSDP2 x TP), transformers' Qwen3 and the example MoE at
-  dp_shard 2 x tp 2; ``scenario_reshard`` (save at tp 2, load at tp 1, continued run
-  bitwise equal to torch's own full-state reshard); the asynchronous-save scenario
-  (training goes on while pinned copies are written); ``load_hf`` of a transformers
-  Llama checkpoint into CUDA parameters on tp 2 x dp_shard 2 (equal to the CPU load
-  bitwise, bytes read per rank) and ``export_hf`` back (transformers' tensors bitwise).
-* ``ep``: 4 processes, as ``multi``: tests/ep_train_scenarios.py's training of the example
-  MoE on folded views with all-to-all token dispatch (ep 2 x efsdp 2 with dense tp 2, and
-  ep 4), against one process, on CUDA.
+* ``multi``: 4 processes: the CPU suite's own scenarios with their tensors on CUDA:
+  ``compare_training`` of the example Llama (fused w13 as ``_StridedShard`` under FSDP2 x
+  TP), transformers' Qwen3 and the example MoE at dp_shard 2 x tp 2; ``scenario_reshard``
+  (save at tp 2, load at tp 1, continued run bitwise equal to torch's own full-state
+  reshard: needs torch >= 2.13); the asynchronous-save scenario (again, as ``async``);
+  ``load_hf`` of a transformers Llama checkpoint into CUDA parameters on tp 2 x dp_shard 2
+  (equal to the CPU load bitwise, bytes read per rank) and ``export_hf`` back
+  (transformers' tensors bitwise).
+* ``ep``: 4 processes: tests/ep_train_scenarios.py's training of the example MoE on folded
+  views with all-to-all token dispatch (ep 2 x efsdp 2 with dense tp 2, and ep 4), against
+  one process, on CUDA.
+* ``gloo_probe``: which gloo collectives (c10d's and the functional ones) take CUDA
+  tensors, one spawn of 2 ranks per collective.
+* ``nccl_probe``: can two processes share the one GPU over NCCL? (They cannot: the first
+  run's answer, kept as a check.)
+
+A CPU dry run (``--device cpu``) runs the same code on CPU tensors; set
+``GPU_CHECK_HOST_P2P=1`` and ``GPU_CHECK_C10D_GATHER=1`` to run the host point-to-point
+and c10d all-gather patches there too. tests/test_gpu_check.py runs the lightest phase so.
 
 Prints a summary table last.
 """
@@ -64,11 +121,19 @@ if str(REPO) not in sys.path:
 
 PHASES: dict[str, float] = {  # phase -> time limit (s), in the order they run
     "env": 40,
+    # never run on a GPU: first
+    "async": 90,
+    "pp": 100,
+    "views_pp": 120,
+    "ep_sp": 150,
+    "fp8": 90,
+    "transfer": 90,
+    # run once (bench/RESULTS.md, issue 25): after, as the budget allows
     "single": 120,
     "hf": 100,
-    "gloo_probe": 60,
     "multi": 200,
     "ep": 100,
+    "gloo_probe": 60,
     "nccl_probe": 40,
 }
 ROUNDS = int(os.environ.get("GPU_CHECK_ROUNDS", "3"))
@@ -156,7 +221,10 @@ def _rank_entry(
     torch.set_num_threads(2)
     try:
         dist.init_process_group(
-            backend, rank=rank, world_size=world, timeout=timedelta(seconds=120)
+            backend,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=float(os.environ.get("GPU_CHECK_TIMEOUT", "120"))),
         )
         dist.barrier()
         result: Any = ("ok", fn(rank, world, *args))
@@ -212,7 +280,7 @@ def phase_env() -> dict:
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
     }
-    for mod in ("transformers", "safetensors", "numpy"):
+    for mod in ("transformers", "safetensors", "numpy", "lark", "pydantic", "jinja2"):
         try:
             out[mod] = __import__(mod).__version__
         except Exception as e:
@@ -372,6 +440,21 @@ def _put(dst: Any, src: Any, runs: list, dim: int = 0) -> None:
         pos += b - a
 
 
+def _meta_llama(spec: Any, cfg: dict[str, int], mesh: Any, device: str) -> Any:
+    """The Llama of ``cfg`` built on the meta device, distributed on ``spec``'s layout over
+    ``mesh``, its memory (uninitialized) on ``device``."""
+    import torch
+
+    from examples.models.llama import Llama, LlamaConfig
+    from shardspec.runtime import dtensor as rt
+
+    with torch.device("meta"):
+        model = Llama(LlamaConfig(**cfg))
+    rt.distribute(spec, model, mesh)
+    model.to_empty(device=device)
+    return model
+
+
 def _big_state(spec: Any, mesh: Any, adam: bool = False) -> dict:
     """bench/bench_hf.py's 1 GB Llama, distributed on ``mesh`` in device memory."""
     import zlib
@@ -380,13 +463,8 @@ def _big_state(spec: Any, mesh: Any, adam: bool = False) -> dict:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     from bench.bench_hf import MODEL
-    from examples.models.llama import Llama, LlamaConfig
-    from shardspec.runtime import dtensor as rt
 
-    with torch.device("meta"):
-        model = Llama(LlamaConfig(**MODEL))
-    rt.distribute(spec, model, mesh)
-    model.to_empty(device=_dev())
+    model = _meta_llama(spec, MODEL, mesh, _dev())
     with torch.no_grad():
         for name, p in model.named_parameters():
             _, offsets = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
@@ -404,7 +482,6 @@ def _async_bench(spec: Any, mesh: Any, state: dict, root: str) -> dict:
     import torch
 
     from shardspec.runtime import checkpoint as ck
-    from shardspec.runtime.checkpoint import staging
 
     tensors = [v for v in state["model"].values() if isinstance(v, torch.Tensor)]
     size = sum(v.numel() * v.element_size() for v in tensors)
@@ -416,7 +493,7 @@ def _async_bench(spec: Any, mesh: Any, state: dict, root: str) -> dict:
         for t in tensors:
             _local(t).add_(1.0)
     fut.result()
-    pinned = [b.is_pinned() for bufs in getattr(staging, "_POOL", {}).values() for b in bufs]
+    staged = _pinned()
     loaded = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
     ck.load(spec, loaded, path, mesh=mesh)
     bad = [
@@ -451,8 +528,7 @@ def _async_bench(spec: Any, mesh: Any, state: dict, root: str) -> dict:
         "blocking_over_sync": med["async_blocking"] / med["sync"],
         "check_bitwise_at_call": not bad,
         "mismatched": bad[:10],
-        "staging_buffers": len(pinned),
-        "staging_pinned": sum(pinned),
+        **staged,
     }
 
 
@@ -617,8 +693,6 @@ def phase_hf() -> dict:
 
     from bench.bench_checkpoint import bench_spec
     from bench.bench_hf import MODEL, bench_hfmap, write_checkpoint
-    from examples.models.llama import Llama, LlamaConfig
-    from shardspec.runtime import dtensor as rt
     from shardspec.runtime import hf as rhf
     from shardspec.testing import free_port
 
@@ -637,11 +711,7 @@ def phase_hf() -> dict:
 
         def model_on(device: str) -> tuple[Any, Any]:
             mesh = init_device_mesh(device, (1, 1), mesh_dim_names=spec.axes)
-            with torch.device("meta"):
-                model = Llama(LlamaConfig(**MODEL))
-            rt.distribute(spec, model, mesh)
-            model.to_empty(device=device)
-            return model, mesh
+            return _meta_llama(spec, MODEL, mesh, device), mesh
 
         models: dict[str, Any] = {}
 
@@ -809,75 +879,98 @@ def _gloo_op_rank(rank: int, world: int, name: str) -> dict:
     return {name: _gloo_ops(rank, world, only=name).get(name)}
 
 
-def _multi_rank(rank: int, world: int, step: str) -> dict:
-    """One scenario of the ``multi`` phase (one spawn each: a crash costs only itself)."""
+def _scenario(rank: int, step: str, fn: Callable[[Any, str, dict], dict | None]) -> dict:
+    """One step of a multi-rank phase on this rank: the CPU suite's scenarios patched onto
+    the device, a scratch folder shared by the ranks, ``fn(checks, root, out)`` (its dict
+    joins the step's result; ``out`` is this rank's result), the peak device memory, and
+    what the checkpoint code chose (wire devices, pinned staging) if it ran."""
     import logging
     import warnings
 
     import torch
     import torch.distributed as dist
 
+    from shardspec.testing import Checks
+
     warnings.filterwarnings("ignore")
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     _device_patches()
-    import generated.deepseek_moe as moe_layout
-    import generated.llama as layout
-    import generated.qwen3 as qwen3
-    from examples.models import hf as hf_models
-    from examples.models import llama, moe
-    from shardspec.testing import Checks
-    from tests import ckpt_async_scenarios as cas
-    from tests import parallel_scenarios as ps
-
+    _record_wire()
     out: dict[str, Any] = {}
     root = [tempfile.mkdtemp(prefix="gpu-check-multi-") if rank == 0 else ""]
     dist.broadcast_object_list(root, src=0)
 
-    def scenario(fn: Callable[[Any], None]) -> Callable[[], dict]:
-        def run() -> dict:
-            c = Checks()
-            try:
-                fn(c)
-            finally:
-                dist.barrier()
-            return _checks_result(c)
+    def run() -> dict:
+        c = Checks()
+        figures = fn(c, root[0], out)
+        return _checks_result(c) | (figures or {})
 
-        return run
-
-    def w13(c: Any) -> None:
-        mesh = layout.build_mesh(tp=2)
-        model = ps.seeded(llama.tiny)()
-        layout.parallelize(model, mesh)
-        w = model.layers["0"].feed_forward.w13.weight
-        out["w13_placements"] = [str(p) for p in w.placements]
-        out["w13_device"] = str(w.device)
-        ps.compare_training(c, "train llama", ps.seeded(llama.tiny), layout, mesh, 256)
-
-    steps: dict[str, Callable[[Any], None]] = {
-        "train_llama": w13,
-        "train_qwen3": lambda c: ps.compare_training(
-            c, "train qwen3", ps.seeded(hf_models.qwen3_tiny), qwen3, qwen3.build_mesh(tp=2), 256
-        ),
-        "train_moe_style_none": lambda c: ps.compare_training(
-            c,
-            "train moe",
-            ps.seeded(moe.tiny, init=moe.init_weights),
-            moe_layout,
-            moe_layout.build_mesh(ep=2),
-            256,
-        ),
-        "reshard": lambda c: ps.scenario_reshard(c, root[0]),
-        "async_save_training": lambda c: cas.scenario_train(c, root[0]),
-        "hf_llama": lambda c: _hf_multi(c, rank, root[0]),
-    }
-    _run_step(out, step, scenario(steps[step]))
-    dist.barrier()
+    _run_step(out, step, run)
+    print(f"[rank {rank}] {json.dumps(out, default=str)[:3000]}", file=sys.stderr, flush=True)
+    try:
+        dist.barrier()
+    except Exception as e:  # a peer failed or hangs: keep this rank's own result
+        out["error"] = f"the barrier after the step: {type(e).__name__}: {str(e)[:300]}"
+        return out
     if rank == 0:
         shutil.rmtree(root[0], ignore_errors=True)
     out["max_memory_allocated_gib"] = (
         torch.cuda.max_memory_allocated() / 2**30 if _dev() == "cuda" else 0.0
     )
+    if _WIRE:
+        out["wire_device"] = dict(_WIRE)
+    staged = _pinned()
+    if staged["staging_buffers"]:
+        out |= staged
     return out
+
+
+def _multi_rank(rank: int, world: int, step: str) -> dict:
+    """One scenario of the ``multi`` phase (one spawn each: a crash costs only itself)."""
+
+    def body(c: Any, root: str, out: dict) -> None:
+        import generated.deepseek_moe as moe_layout
+        import generated.llama as layout
+        import generated.qwen3 as qwen3
+        from examples.models import hf as hf_models
+        from examples.models import llama, moe
+        from tests import ckpt_async_scenarios as cas
+        from tests import parallel_scenarios as ps
+
+        def w13(c: Any) -> None:
+            mesh = layout.build_mesh(tp=2)
+            model = ps.seeded(llama.tiny)()
+            layout.parallelize(model, mesh)
+            w = model.layers["0"].feed_forward.w13.weight
+            out["w13_placements"] = [str(p) for p in w.placements]
+            out["w13_device"] = str(w.device)
+            ps.compare_training(c, "train llama", ps.seeded(llama.tiny), layout, mesh, 256)
+
+        steps: dict[str, Callable[[Any], None]] = {
+            "train_llama": w13,
+            "train_qwen3": lambda c: ps.compare_training(
+                c,
+                "train qwen3",
+                ps.seeded(hf_models.qwen3_tiny),
+                qwen3,
+                qwen3.build_mesh(tp=2),
+                256,
+            ),
+            "train_moe_style_none": lambda c: ps.compare_training(
+                c,
+                "train moe",
+                ps.seeded(moe.tiny, init=moe.init_weights),
+                moe_layout,
+                moe_layout.build_mesh(ep=2),
+                256,
+            ),
+            "reshard": lambda c: ps.scenario_reshard(c, root),
+            "async_save_training": lambda c: cas.scenario_train(c, root),
+            "hf_llama": lambda c: _hf_multi(c, rank, root),
+        }
+        steps[step](c)
+
+    return _scenario(rank, step, body)
 
 
 def _hf_multi(c: Any, rank: int, root: str) -> None:
@@ -963,16 +1056,30 @@ def phase_gloo_probe() -> dict:
     return out
 
 
-def phase_multi() -> dict:
+def _steps_phase(rank_fn: Callable, world: int, steps: list[tuple]) -> dict:
+    """A phase of steps, one spawn of ``world`` gloo ranks each (a crash costs only its
+    own step): ``rank_fn(rank, world, *step)``, each rank's result under the step's name
+    (its first element). ``GPU_CHECK_STEPS=a,b`` runs only those."""
     out: dict[str, Any] = {"backend": "gloo"}
     only = os.environ.get("GPU_CHECK_STEPS")
-    for step in MULTI_STEPS:
-        if only and step not in only.split(","):
+    for step in steps:
+        if only and step[0] not in only.split(","):
             continue
-        res = _spawn(_multi_rank, 4, "gloo", step)
-        out[step] = [r[1] for r in res]
+        res = _spawn(rank_fn, world, "gloo", *step)
+        out[step[0]] = [r[1] if r[0] == "ok" else {"error": r[1]} for r in res]
         _partial(out)
     return out
+
+
+def phase_multi() -> dict:
+    return _steps_phase(_multi_rank, 4, [(s,) for s in MULTI_STEPS])
+
+
+def phase_async() -> dict:
+    """``multi``'s asynchronous-save scenario alone, after fix 3 (its reload's file
+    exchange sends CUDA tensors through host memory over gloo): ``wire_device`` in each
+    rank's result records that path."""
+    return _steps_phase(_multi_rank, 4, [("async_save_training",)])
 
 
 # ----------------------------------------------------------------------------- ep
@@ -1011,10 +1118,419 @@ def phase_ep() -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- never run
+
+
+def _moved(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` whose result (a model, a tensor, or a tuple of tensors) goes to the device."""
+
+    def on_device(*a: Any, **k: Any) -> Any:
+        got = build(*a, **k)
+        if isinstance(got, tuple):
+            return tuple(t.to(_dev()) for t in got)
+        return got.to(_dev())
+
+    return on_device
+
+
+_WIRE: dict[str, int] = {}  # locality.wire_device's decisions: "backend device -> wire"
+
+
+def _record_wire() -> None:
+    """Count what ``checkpoint.locality.wire_device`` decides (fix 3 of the first GPU run:
+    a reload over gloo sends CUDA tensors through host memory): the proof that a scenario
+    took the fixed path."""
+    from shardspec.runtime.checkpoint import locality
+
+    decide = locality.wire_device
+    if getattr(decide, "_recorded", False):
+        return
+
+    def wire_device(backend: str, device: Any) -> Any:
+        got = decide(backend, device)
+        key = f"{backend} {device.type} -> {got.type}"
+        _WIRE[key] = _WIRE.get(key, 0) + 1
+        return got
+
+    wire_device._recorded = True  # type: ignore[attr-defined]
+    locality.wire_device = wire_device
+
+
+class _HostWork:
+    """A point-to-point request whose tensor travelled through host memory: ``wait``
+    copies a received message into the device tensor's memory, past autograd as the
+    backend's own write is (pipelining receives into leaves that require grad)."""
+
+    def __init__(self, work: Any, host: Any, dst: Any) -> None:
+        self._work, self._host, self._dst = work, host, dst
+
+    def wait(self, *a: Any, **k: Any) -> Any:
+        done = self._work.wait(*a, **k)
+        if self._dst is not None:
+            self._dst.data.copy_(self._host)
+            self._dst = None
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _host_p2p() -> None:
+    """``isend`` / ``irecv`` of CUDA tensors through host memory where the group's backend
+    is gloo (``locality.wire_device``'s rule: gloo reads a CUDA pointer as a host one and
+    the process aborts). torch's pipelining sends its activations and gradients with them
+    (``P2POp`` + ``batch_isend_irecv``, or the ops one by one); several ranks on one GPU
+    can only use gloo. ``GPU_CHECK_HOST_P2P=1`` stages every message (a CPU dry run
+    exercises the copies). A bench-only patch, like :func:`_c10d_all_gather`."""
+    import functools
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from shardspec.runtime.checkpoint.locality import wire_device
+
+    if getattr(c10d.isend, "_host", False):
+        return
+    send, recv = c10d.isend, c10d.irecv
+    force = bool(os.environ.get("GPU_CHECK_HOST_P2P"))
+
+    def staged(tensor: Any, args: tuple, kwargs: dict) -> bool:
+        group = kwargs.get("group", args[1] if len(args) > 1 else None)
+        return force or wire_device(dist.get_backend(group), tensor.device) != tensor.device
+
+    @functools.wraps(send)
+    def isend(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not staged(tensor, args, kwargs):
+            return send(tensor, *args, **kwargs)
+        host = tensor.detach().to("cpu", copy=True)
+        return _HostWork(send(host, *args, **kwargs), host, None)
+
+    @functools.wraps(recv)
+    def irecv(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not staged(tensor, args, kwargs):
+            return recv(tensor, *args, **kwargs)
+        host = torch.empty_like(tensor, device="cpu")
+        return _HostWork(recv(host, *args, **kwargs), host, tensor)
+
+    isend._host = irecv._host = True  # type: ignore[attr-defined]
+    dist.isend = c10d.isend = isend
+    dist.irecv = c10d.irecv = irecv
+
+
+def _pipeline_patches() -> None:
+    """tests/pipeline_scenarios.py's batches and models on the device (the views + pp
+    scenarios use tests/ep_train_scenarios.py's, patched by :func:`_device_patches`)."""
+    from tests import pipeline_scenarios as pps
+
+    _host_p2p()
+    if getattr(pps, "_on_device", None) == _dev():
+        return
+    pps.whole = _moved(pps.whole)
+    pps.batch = _moved(pps.batch)
+    pps.full = _full
+    pps._on_device = _dev()
+
+
+def _ep_sp_patches() -> None:
+    """tests/ep_sp_scenarios.py's transformers Qwen3-MoE on the device, and its positions
+    and causal mask (made from the tokens on the host) moved there."""
+    from tests import ep_sp_scenarios as eps
+    from tests import ep_train_scenarios as ets
+
+    if getattr(eps, "_on_device", None) == _dev():
+        return
+    ets.qwen3 = _moved(ets.qwen3)
+    positions = eps._positions
+
+    def on_device(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        args, kwargs = positions(module, args, kwargs)
+        return args, {k: v.to(_dev()) if hasattr(v, "to") else v for k, v in kwargs.items()}
+
+    eps._positions = on_device
+    eps._on_device = _dev()
+
+
+def _transfer_patches() -> None:
+    """tests/transfer_scenarios.py's models (trainer and engine) on the device, their
+    meshes device meshes, the trainer's host tokens moved to the model's device."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from tests import transfer_scenarios as ts
+
+    if getattr(ts, "_on_device", None) == _dev():
+        return
+    tiny, meshes = ts.tiny, ts._meshes
+
+    def tokens_to_device(module: Any, args: tuple) -> tuple:
+        return tuple(a.to(_dev()) for a in args)
+
+    def on_device() -> Any:
+        model = tiny().to(_dev())
+        model.register_forward_pre_hook(tokens_to_device)
+        return model
+
+    def device_meshes() -> tuple[Any, Any]:
+        return tuple(DeviceMesh(_dev(), m.mesh, mesh_dim_names=m.mesh_dim_names) for m in meshes())
+
+    ts.tiny, ts._meshes = on_device, device_meshes
+    ts._on_device = _dev()
+
+
+def _pinned() -> dict:
+    """The checkpoint staging pool's buffers, and how many are pinned host memory."""
+    from shardspec.runtime.checkpoint import staging
+
+    pinned = [b.is_pinned() for bufs in getattr(staging, "_POOL", {}).values() for b in bufs]
+    return {"staging_buffers": len(pinned), "staging_pinned": sum(pinned)}
+
+
+def _pp_train(c: Any, root: str, arg: Any) -> dict:
+    """tests/pipeline_scenarios.py's ``train``: specs/llama_pp.shard at pp 2 x dp_shard 2,
+    GPipe and 1F1B, against one process."""
+    from tests import pipeline_scenarios as pps
+
+    _pipeline_patches()
+    pps.scenario_train(c)
+    return {}
+
+
+def _pp_harness(c: Any, root: str, arg: Any) -> dict:
+    """tests/pipeline_harness.py's training cases (the tiny Llama cut into 4 stages, GPipe
+    and 1F1B, tied and renumbered), against one process."""
+    import torch.distributed as dist
+
+    from tests import pipeline_harness as ph
+
+    _host_p2p()
+    tiny4, tied, batch = ph.llama.tiny4, ph.llama.tiny_tied, ph.batch
+    ph.batch = _moved(batch)
+    try:
+        ph.llama.tiny4 = _moved(tiny4)
+        ph.llama.tiny_tied = _moved(tied)
+        for case in ph.CASES:
+            kwargs: dict[str, Any] = dict(case)
+            ph.train_case(c, dist.get_rank(), dist.get_world_size(), **kwargs)
+    finally:
+        ph.llama.tiny4, ph.llama.tiny_tied, ph.batch = tiny4, tied, batch
+    return {}
+
+
+def _views_pp(c: Any, root: str, arg: Any) -> dict:
+    """tests/views_pp_train_scenarios.py: the example MoE's pipeline folds (pp 2 x ep 2,
+    pp 2 x tp 2) trained against one process, and checkpoints between pp 2 and pp 1."""
+    from tests import views_pp_train_scenarios as vpt
+
+    _host_p2p()
+    {"train": vpt.check_training, "ckpt": lambda c: vpt.check_checkpoints(c, root)}[arg](c)
+    return {}
+
+
+def _ep_sp(c: Any, root: str, arg: Any) -> dict:
+    """tests/ep_sp_scenarios.py: expert parallelism borrowing the sequence-parallel tp
+    ranks, ``arg`` = (step, folder of the compiled specs)."""
+    from tests import ep_sp_scenarios as eps
+
+    _ep_sp_patches()
+    step, gen = arg
+    layout = eps._generated(gen, "moe_sp")
+    {
+        "local_tokens": lambda: eps.check_local_tokens(c, layout),
+        "train": lambda: eps.check_training(c, layout),
+        "train_qwen3": lambda: eps.check_training_qwen3(c, gen),
+        "ckpt": lambda: eps.check_checkpoint(c, gen, layout),
+    }[step]()
+    return {}
+
+
+FP8_MODEL: dict[str, int] = dict(  # about 60M parameters: 80 MB of FP8 + bf16 checkpoint
+    vocab_size=8192, dim=1024, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=128, ffn_dim=2816
+)
+
+
+def _fp8_load(c: Any, root: str, folder: str) -> dict:
+    """The FP8 checkpoint (bench/bench_hf_fp8.py's, at :data:`FP8_MODEL`) by ``load_hf``
+    into parameters on the device (dp_shard 2 x tp 2) and into CPU parameters on the same
+    layout: bytes read against owned, time, the device load equal to the CPU load
+    bitwise (the CPU path is the one tests/test_hf_fp8.py checks against the format)."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bench.bench_checkpoint import bench_spec
+    from bench.bench_hf import bench_hfmap
+    from bench.bench_hf_fp8 import BLOCK, _quants
+    from shardspec.runtime import dtensor as rt
+    from shardspec.runtime import hf
+
+    spec = bench_spec(FP8_MODEL)
+    hfmap = dataclasses.replace(bench_hfmap(FP8_MODEL), quants=_quants(BLOCK))
+    mesh: Any = rt.build_mesh(spec, tp=2)
+    cpu_mesh = init_device_mesh("cpu", tuple(mesh.shape), mesh_dim_names=mesh.mesh_dim_names)
+    out: dict[str, Any] = {}
+    local: dict[str, dict[str, Any]] = {}
+    for key, device, m in (("device", _dev(), mesh), ("cpu", "cpu", cpu_mesh)):
+        model = _meta_llama(spec, FP8_MODEL, m, device)
+        params = {n: _local(p) for n, p in model.named_parameters()}
+        times, rep = [], None
+        for _ in range(ROUNDS + 1):  # the first fills the page cache
+            with torch.no_grad():
+                for t in params.values():
+                    t.fill_(float("nan"))
+            dist.barrier()
+            _sync()
+            t0 = time.perf_counter()
+            rep = hf.load_hf(spec, hfmap, model, folder, m, other_dtypes=True)
+            _sync()
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+        assert rep is not None
+        med = _median(times[1:])
+        out[key] = {
+            "times_s": times[1:],
+            "bytes_read": rep.bytes_read,
+            "bytes_owned": rep.bytes_owned,
+            "read_over_owned": rep.bytes_read / rep.bytes_owned,
+            "GBps_read": rep.bytes_read / med / GB,
+        }
+        c.check("fp8", rep.bytes_read <= rep.bytes_owned * 1.01, f"{device}: read {rep}")
+        local[key] = params
+    want, got = local["cpu"], local["device"]
+    for n, t in got.items():
+        same = torch.equal(t.cpu().view(torch.uint8), want[n].view(torch.uint8))
+        c.check("fp8", same, f"{n}: the device load differs from the CPU load")
+    c.check("fp8", len(got) == len(want) > 0, f"{len(got)} parameters compared")
+    return out
+
+
+def _transfer(c: Any, root: str, arg: Any) -> dict:
+    """tests/transfer_scenarios.py's ``transfer_round`` with CUDA models: the llama
+    trainer (ranks 0-3, dp_shard 2 x tp 2, 2 AdamW steps) sends to an engine (ranks 4-5,
+    tp 2) through the plan; the messages are host buffers over gloo. The engine equals the
+    trainer's full tensors cut by torch into its layout, bitwise."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from tests import transfer_scenarios as ts
+
+    _transfer_patches()
+    folder, case = arg
+    got = ts.transfer_round(dist.get_rank(), dist.get_world_size(), folder, case)
+    if "role" not in got:  # rank 5 with the one-rank engine: not in the transfer's group
+        return {"role": None}
+    c.check("transfer", got["error"] is None, f"error {got['error']}")
+    if got["role"] == "engine":
+        c.check("transfer", got.get("mismatch") == [], f"mismatch {got.get('mismatch')}")
+        c.check("transfer", len(got["changed"]) > 0, "the engine's parameters did not change")
+        c.check("transfer", not got["stale"], "the engine is marked stale")
+    stats = got.get("stats")
+    return {
+        "role": got["role"],
+        "seconds": got["seconds"],
+        "stats": dataclasses.asdict(stats) if stats is not None else None,
+        "calls": got.get("calls"),
+    }
+
+
+SCENARIOS: dict[str, Callable[[Any, str, Any], dict]] = {
+    "pp_train": _pp_train,
+    "pp_harness": _pp_harness,
+    "views_pp_train": _views_pp,
+    "views_pp_ckpt": _views_pp,
+    "ep_sp_train": _ep_sp,
+    "ep_sp_local_tokens": _ep_sp,
+    "ep_sp_train_qwen3": _ep_sp,
+    "ep_sp_ckpt": _ep_sp,
+    "fp8_load_hf": _fp8_load,
+    "transfer_tp2": _transfer,
+    "transfer_one": _transfer,
+}
+
+
+def _scenario_rank(rank: int, world: int, step: str, arg: Any) -> dict:
+    """One step of the phases never run on a GPU before (one spawn each)."""
+    return _scenario(rank, step, lambda c, root, out: SCENARIOS[step](c, root, arg))
+
+
+def phase_pp() -> dict:
+    return _steps_phase(_scenario_rank, 4, [("pp_train", None), ("pp_harness", None)])
+
+
+def phase_views_pp() -> dict:
+    return _steps_phase(_scenario_rank, 4, [("views_pp_train", "train"), ("views_pp_ckpt", "ckpt")])
+
+
+def phase_ep_sp() -> dict:
+    from tests.ep_sp_specs import compile_all
+
+    gen = tempfile.mkdtemp(prefix="gpu-check-ep-sp-")
+    try:
+        t0 = time.perf_counter()
+        compile_all(Path(gen))  # the compiler: lark and pydantic (bench/gpu_wheels.sh)
+        out = {"compile_s": round(time.perf_counter() - t0, 2)}
+        steps = ("ep_sp_train", "ep_sp_local_tokens", "ep_sp_train_qwen3", "ep_sp_ckpt")
+        step_args = [(s, (s.removeprefix("ep_sp_"), gen)) for s in steps]
+        return out | _steps_phase(_scenario_rank, 4, step_args)
+    finally:
+        shutil.rmtree(gen, ignore_errors=True)
+
+
+def phase_fp8() -> dict:
+    from bench.bench_hf import write_checkpoint
+    from bench.bench_hf_fp8 import BLOCK, write_fp8
+
+    root = tempfile.mkdtemp(prefix="gpu-check-fp8-")
+    try:
+        t0 = time.perf_counter()
+        write_checkpoint(os.path.join(root, "fp32"), FP8_MODEL)
+        sizes = write_fp8(os.path.join(root, "fp32"), os.path.join(root, "fp8"), BLOCK)
+        shutil.rmtree(os.path.join(root, "fp32"))
+        out: dict[str, Any] = {"checkpoint": sizes, "write_s": round(time.perf_counter() - t0, 2)}
+        _run_step(out, "page_cache_read", lambda: _read_floor(os.path.join(root, "fp8")))
+        return out | _steps_phase(_scenario_rank, 4, [("fp8_load_hf", os.path.join(root, "fp8"))])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def phase_transfer() -> dict:
+    from shardspec.transfer import plan_json, plan_transfer
+
+    llama = str(REPO / "specs" / "llama.shard")
+    root = tempfile.mkdtemp(prefix="gpu-check-transfer-")
+    try:
+        steps = []
+        for name, engine, tp, world, extra in (
+            ("tp2", "tp2", 2, 2, {}),
+            ("one", "one", 1, 1, {"runtime": True}),  # runtime.transfer's own functions
+        ):
+            plan = plan_transfer(llama, llama, {"tp": 2}, {"tp": tp}, 4, world)
+            if plan.status:
+                raise RuntimeError(f"the {name} plan: {plan.diagnostics}")
+            path = os.path.join(root, f"{name}.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(plan_json(plan), f)
+            folder = os.path.join(root, name)
+            os.makedirs(folder)
+            case = {"plan": path, "engine": engine, "bucket": 1 << 16, "export": True} | extra
+            steps.append((f"transfer_{name}", (folder, case)))
+        return _steps_phase(_scenario_rank, 6, steps)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- driver
 
 RUNNERS: dict[str, Callable[[], dict]] = {
     "env": phase_env,
+    "async": phase_async,
+    "pp": phase_pp,
+    "views_pp": phase_views_pp,
+    "ep_sp": phase_ep_sp,
+    "fp8": phase_fp8,
+    "transfer": phase_transfer,
     "nccl_probe": phase_nccl_probe,
     "single": phase_single,
     "hf": phase_hf,
@@ -1059,10 +1575,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="out/gpu_check")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--phases", default=",".join(PHASES))
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds for all phases")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds for all phases")
+    ap.add_argument(
+        "--limit-scale",
+        type=float,
+        default=1.0,
+        help="multiply each phase's time limit (a CPU dry run on a few loaded cores: 5 or more)",
+    )
     ap.add_argument("--phase", help=argparse.SUPPRESS)
     ap.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.phases.split(",")) - set(PHASES))
+    if unknown:
+        ap.error(f"unknown phase(s) {', '.join(unknown)}; the phases: {', '.join(PHASES)}")
     os.environ["GPU_CHECK_DEVICE"] = args.device
     if args.phase:
         return _phase_main(args.phase, args.phase_out)
@@ -1077,7 +1602,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, GPU_CHECK_DEVICE=args.device, PYTHONUNBUFFERED="1")
     for name in args.phases.split(","):
         left = args.budget - (time.perf_counter() - start)
-        limit = min(PHASES[name], left)
+        limit = min(PHASES[name] * args.limit_scale, left)
         if limit < 20:
             results[name] = {"skipped": f"out of time ({left:.0f} s left)"}
             continue
@@ -1117,6 +1642,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{_failures(results[name])} failure(s)/error(s)",
             flush=True,
         )
+    shutil.rmtree(scratch, ignore_errors=True)  # the phases' own files (made above)
     print(summary(results))
     return 0
 
@@ -1155,8 +1681,23 @@ def summary(r: dict) -> str:
                 f"{key}: {x['GBps']:.2f} GB/s = {x['GBps'] / floor:.2f}x the page-cache read "
                 f"({floor:.2f} GB/s); read {x['bytes_read']:,} for {x['bytes_owned']:,} owned"
             )
-    for name in ("nccl_probe", "single", "hf", "gloo_probe", "multi", "ep"):
-        if name in r:
+    fp8 = r.get("fp8", {})
+    for rank, res in enumerate(fp8.get("fp8_load_hf", [])):
+        x = res.get("fp8_load_hf", {}) if isinstance(res, dict) else {}
+        if "device" in x:
+            d, cpu = x["device"], x["cpu"]
+            lines.append(
+                f"fp8 load_hf rank {rank}: read {d['bytes_read']:,} for {d['bytes_owned']:,} "
+                f"owned; {d['GBps_read']:.2f} GB/s into {r.get('device')} parameters, "
+                f"{cpu['GBps_read']:.2f} GB/s into CPU ones; "
+                f"{x.get('n_failures', '?')} failure(s) (bitwise vs the CPU load)"
+            )
+    ranks = r.get("async", {}).get("async_save_training", [])
+    wire = [x.get("wire_device") for x in ranks if isinstance(x, dict)]
+    if wire:
+        lines.append(f"async save, the reload's wire devices per rank: {wire}")
+    for name in PHASES:
+        if name in r and name != "env":
             lines.append(f"{name}: {_failures(r[name])} failure(s)/error(s)")
     return "\n".join(lines)
 

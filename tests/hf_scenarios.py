@@ -483,6 +483,7 @@ def export_ties(root: str, item: Item) -> None:
 def run_all(rank: int, world: int, root: str, cases: list[Case], bad: list) -> dict[str, Item]:
     """Run every case, then the bad inputs, on this rank. ``root/gen`` holds the specs the
     test compiled (the tied Llama's)."""
+    torch.set_num_threads(1)  # 3 or 4 ranks on 2 cores: one thread each, or they thrash
     gen = os.path.join(root, "gen")
     if gen not in sys.path:
         sys.path.insert(0, gen)

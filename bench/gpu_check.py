@@ -91,7 +91,10 @@ run:
 
 A CPU dry run (``--device cpu``) runs the same code on CPU tensors; set
 ``GPU_CHECK_HOST_P2P=1`` and ``GPU_CHECK_C10D_GATHER=1`` to run the host point-to-point
-and c10d all-gather patches there too. tests/test_gpu_check.py runs the lightest phase so.
+and c10d all-gather patches there too, and ``GPU_CHECK_TIMEOUT`` (120 s) longer on loaded
+cores. The six new phases passed so in about 26 minutes on 2 cores at load 16 to 25
+(bench/RESULTS.md, "Not done on the GPU"). tests/test_gpu_check.py checks the driver, the
+phase order and the host point-to-point patch on CPU.
 
 Prints a summary table last.
 """

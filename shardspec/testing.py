@@ -152,12 +152,27 @@ def _entry(
     outdir: str,
     timeout: float,
     env: dict[str, str] | None = None,
+    forked: bool = False,
 ) -> None:
+    import gc
     import pickle
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    if forked:
+        # What the fork server imported (FORKSERVER_PRELOAD: some 360k objects with
+        # transformers) stays for the life of the rank: keep it out of every garbage
+        # collection. A full collection walks, and so writes to, every tracked object:
+        # about 1 s per rank on 2 busy cores for each, and it copies the fork server's
+        # shared pages into each rank. What ``fn`` makes is collected as before.
+        gc.freeze()
+        from torch import set_num_threads
+
+        # One intra-op thread per rank: a test forks several ranks onto few cores (4 or 8
+        # on 2 in CI), and each rank's OpenMP team of one thread per core spins waiting
+        # for cores its peers hold (an index_add_ of a few KiB took ~80 ms so).
+        set_num_threads(1)
     # The caller's environment, as it is now (a forked rank has its fork server's).
     if env is not None:
         os.environ.clear()
@@ -253,7 +268,9 @@ def run_ranks(
     multiprocessing's fork server, which imports torch (:data:`FORKSERVER_PRELOAD`) once per
     calling process and has run nothing in parallel (torch's thread pools are not fork-safe
     once used): a fresh interpreter importing torch on every rank of every call cost most of
-    a short multi-rank test on 2 busy cores (the test suite forks). Either way each rank
+    a short multi-rank test on 2 busy cores (the test suite forks). A forked rank also runs
+    with one intra-op thread (ranks outnumber cores in the tests) and keeps what the fork
+    server imported out of garbage collection (``gc.freeze``). Either way each rank
     gets the caller's current environment, working directory and ``sys.path``. A forked
     rank leaves with ``os._exit`` after its teardown, without interpreter shutdown
     (tests/test_harness_shutdown.py spawns, to prove the teardown against that shutdown).
@@ -274,7 +291,7 @@ def run_ranks(
     with tempfile.TemporaryDirectory() as outdir:
         mp.start_processes(
             _entry,
-            args=(world, free_port(), fn, args, outdir, timeout, env),
+            args=(world, free_port(), fn, args, outdir, timeout, env, start_method != "spawn"),
             nprocs=world,
             join=True,
             start_method=start_method,

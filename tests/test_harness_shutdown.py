@@ -109,3 +109,18 @@ def test_rank_harness_reports_a_leaked_mesh() -> None:
     with pytest.raises(RuntimeError, match=r"thread\(s\) still running.*gloo") as info:
         run_ranks(_leaky, 2, timeout=60)
     assert "rank 0:" in str(info.value) and "rank 1:" in str(info.value)
+
+
+def _rank_settings(rank: int, world: int) -> tuple[int, int]:
+    import torch
+
+    return torch.get_num_threads(), gc.get_freeze_count()
+
+
+@pytest.mark.dist
+def test_forked_ranks_run_one_thread_and_leave_the_preload_to_no_collection() -> None:
+    # Ranks outnumber cores in the tests: each rank's OpenMP team spun on cores its peers
+    # held, and every full collection walked the ~360k objects the fork server imported.
+    for threads, frozen in run_ranks(_rank_settings, 2, timeout=60, start_method="forkserver"):
+        assert threads == 1
+        assert frozen > 100_000  # torch and transformers' modules, as the fork server had them

@@ -10,8 +10,10 @@ arithmetic from a storage unit's box to HF indices is :func:`shardspec.core.hfma
 source_indices`, the same that ``load_hf`` reads with, so the transfer and the loader
 cannot disagree about transforms (``transpose``, ``rope N``) and fused splits (``as``,
 ``grouped``). Every map is separable: HF dimension ``k`` is model dimension
-``model_dim_of[k]`` with a 1-D index map, so a holding is a product of per-dimension lists
-and two holdings meet in the product of their per-dimension intersections.
+``model_dim_of[k]`` with a 1-D index map, so a holding is a product of per-dimension
+axes and two holdings meet in the product of their per-dimension intersections. An axis
+is built and kept as runs (:class:`Axis`): each held range is mapped through the
+transforms run by run, so planning costs runs, not elements.
 
 *Local positions*: a rank's local tensor holds its global indices of each dimension (the
 physical index sets of :func:`shardspec.core.layout.local_indices`) in increasing order,

@@ -294,3 +294,33 @@ def test_a_range_maps_as_source_indices_maps_it(
     assert dim_of[k] == d
     got = sorted((o + i * s, h + i * hs) for h, o, c, hs, s in runs for i in range(c))
     assert got == list(enumerate(per_dim[k]))
+
+
+def test_engine_rank_holding_only_padding(tmp_path: Path) -> None:
+    """10 vocabulary rows padded to 64 over tp 4: engine ranks 1-3 hold padding only (an
+    empty axis). The element-wise planner raised IndexError here (an empty axis had no
+    bounds); now they receive nothing of it, rank 0 its 10 real rows."""
+    train = _write(
+        tmp_path / "t",
+        {"w.weight": [10, 4], "n.weight": [4]},
+        lines="    w.proj -> w.weight\n    n.proj -> n.weight",
+    )
+    engine = _write(
+        tmp_path / "e",
+        {"w.weight": [64, 4], "n.weight": [4]},
+        lines="    w.proj -> w.weight pad 0 to 64\n    n.proj -> n.weight",
+        world=4,
+        tp=4,
+    )
+    text = Path(engine).read_text(encoding="utf-8").replace("hf {", 'hf "hf.json" {')
+    Path(engine).write_text(text, encoding="utf-8")
+    tensors = {
+        "w.proj": {"shape": [10, 4], "dtype": "F32", "file": "model.safetensors"},
+        "n.proj": {"shape": [4], "dtype": "F32", "file": "model.safetensors"},
+    }
+    hf = {"format": "shardspec-hf-manifest/1", "config": {}, "tensors": tensors}
+    (tmp_path / "e" / "hf.json").write_text(dump_hf_manifest(hf), encoding="utf-8")
+    plan = _plan(train, engine, {}, {})
+    assert plan.status == 0 and plan.diagnostics == []
+    assert plan.received == [(10 * 4 + 4) * 4, 4 * 4, 4 * 4, 4 * 4]
+    assert plan.owned == plan.received

@@ -157,22 +157,29 @@ def make_plan(
     spec: str,
     train: tuple[int, dict[str, int]],
     engine: tuple[int, dict[str, int]],
-    by_elements: bool = False,
+    baseline: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The plan JSON from ``spec`` at both sides' sizes, and the planner's wall time and
     the process's resident high-water mark over its start (:class:`Peak`).
-    ``by_elements``: with the element-by-element intersection the planner had before it
-    intersected runs (``tests/test_transfer_runs.py``'s reference), as a baseline."""
+    ``baseline``: ``"elements"``, with the element-by-element intersection the planner had
+    before it intersected runs (``tests/test_transfer_runs.py``'s reference); ``"axes"``,
+    with every holding's axes listed element by element before they are compressed to
+    runs, as the planner built them before it built runs
+    (``tests/transfer_elementwise.py``)."""
     from unittest import mock
 
     from shardspec.core import transfer as core
     from shardspec.transfer import plan_json, plan_transfer
 
-    patch = contextlib.nullcontext()
-    if by_elements:
+    patch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if baseline == "elements":
         from tests.test_transfer_runs import _by_elements
 
         patch = mock.patch.object(core, "_meet", _by_elements)
+    elif baseline == "axes":
+        from tests.transfer_elementwise import elementwise
+
+        patch = elementwise()
     with patch, Peak() as peak:
         t0 = time.perf_counter()
         plan = plan_transfer(spec, spec, train[1], engine[1], train[0], engine[0])
@@ -543,25 +550,27 @@ def report(res: dict[str, Any], s: dict[str, Any]) -> list[str]:
 
 def plan_only(models: dict[str, dict[str, int]]) -> list[str]:
     """The planner's time and memory at each model, to a tp 4 and a one-rank engine, with
-    the run intersection and (same run, alternating) the element-by-element baseline; the
-    two plans must be equal."""
+    axes built in runs and (same run, alternating) the baseline that lists every axis
+    element by element first; the two plans must be equal. ``plan JSON`` is the size of
+    the plan file (``json.dumps``, compact)."""
     lines = [
-        "| model | engine | intersection | plan_transfer | peak RSS extra | moves | "
-        "engine bytes | time vs elements |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| model | engine | axes | plan_transfer | peak RSS extra | plan JSON | moves | "
+        "engine bytes | time vs element-wise |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cfg in models.items():
         with tempfile.TemporaryDirectory(prefix="bench-transfer-plan-") as folder:
             spec = write_specs(folder, cfg)
             for engine in (ENGINE, (1, {"tp": 1})):
                 runs_doc, runs_t = make_plan(spec, TRAIN, engine)
-                elem_doc, elem_t = make_plan(spec, TRAIN, engine, by_elements=True)
-                assert runs_doc == elem_doc, "the two intersections planned differently"
+                elem_doc, elem_t = make_plan(spec, TRAIN, engine, baseline="axes")
+                assert runs_doc == elem_doc, "the two constructions planned differently"
                 moves = sum(len(x["moves"]) for x in runs_doc["tensors"])
-                for label, t in (("runs", runs_t), ("elements", elem_t)):
+                size = len(json.dumps(runs_doc, separators=(",", ":")))
+                for label, t in (("runs", runs_t), ("element-wise", elem_t)):
                     lines.append(
                         f"| {name} | {engine[0]} ranks {engine[1]} | {label} | "
-                        f"{t['plan_s']:.2f} s | {_mb(t['plan_peak'])} | {moves} | "
+                        f"{t['plan_s']:.2f} s | {_mb(t['plan_peak'])} | {_mb(size)} | {moves} | "
                         f"{_mb(runs_doc['totals']['engine_bytes'])} | "
                         f"{t['plan_s'] / elem_t['plan_s']:.2f}x |"
                     )

@@ -32,8 +32,8 @@ def _by_elements(src: Holding, dst: Holding) -> tuple[tuple[Run, ...], ...] | No
     """The planner's ``_meet`` before runs: every element looked up in a dict."""
     out = []
     for sa, da in zip(src.axes, dst.axes, strict=True):
-        where = dict(zip(sa.hf, sa.pos, strict=True))
-        pairs = [(where[h], p) for h, p in zip(da.hf, da.pos, strict=True) if h in where]
+        where = dict(sa.pairs())
+        pairs = [(where[h], p) for h, p in sorted(da.pairs(), key=lambda x: x[1]) if h in where]
         if not pairs:
             return None
         out.append(runs_of(pairs))
@@ -55,7 +55,7 @@ def _rope(n: int, head: int) -> list[int]:
 
 
 @st.composite
-def raw_axes(draw: st.DrawFn, universe: int = 48) -> tuple[list[int], list[int]]:
+def axis_pairs(draw: st.DrawFn, universe: int = 48) -> tuple[list[int], list[int]]:
     """An axis as holdings make them: distinct HF indices in some order (increasing,
     strided, RoPE-interleaved or shuffled) at increasing local positions (with gaps:
     a fused dimension's other component, an offset)."""
@@ -78,9 +78,8 @@ def raw_axes(draw: st.DrawFn, universe: int = 48) -> tuple[list[int], list[int]]
     return hf, pos
 
 
-def axes() -> st.SearchStrategy[Axis]:
-    """:func:`raw_axes` as the planner holds them (runs)."""
-    return raw_axes().map(lambda a: Axis.of(0, *a))
+def axes(universe: int = 48) -> st.SearchStrategy[Axis]:
+    return axis_pairs(universe).map(lambda hp: Axis.from_pairs(0, *hp))
 
 
 def _holding(rank: int, axs: Sequence[Axis]) -> Holding:
@@ -88,27 +87,24 @@ def _holding(rank: int, axs: Sequence[Axis]) -> Holding:
 
 
 @settings(max_examples=300, deadline=None)
-@given(raw_axes())
-def test_hf_runs_hold_exactly_the_axis_pairs(raw: tuple[list[int], list[int]]) -> None:
-    hf, pos = raw
+@given(axis_pairs())
+def test_hf_runs_hold_exactly_the_axis_pairs(hp: tuple[list[int], list[int]]) -> None:
+    hf, pos = hp
     runs = hf_runs(hf, pos)
     pairs = _expand(runs)
     assert pairs == sorted(zip(hf, pos, strict=True))  # in increasing HF order
     assert all(r[2] >= 1 and r[3] >= 1 for r in runs)
-    a = Axis.of(0, hf, pos)  # the axis gives back its pairs, in local position order
-    assert (list(a.hf), list(a.pos)) == (hf, pos) and a.count == len(hf)
+    a = Axis.from_pairs(0, hf, pos)
     assert a.bounds == (min(hf), max(hf))
+    assert a.pairs() == pairs and a.count == len(hf)
 
 
 @settings(max_examples=400, deadline=None)
-@given(raw_axes(), raw_axes())
-def test_intersection_is_the_set_intersection(
-    s: tuple[list[int], list[int]], d: tuple[list[int], list[int]]
-) -> None:
-    got = _expand(intersect_runs(hf_runs(*s), hf_runs(*d)))
-    where_s = dict(zip(*s, strict=True))
-    where_d = dict(zip(*d, strict=True))
-    want = sorted((where_s[h], where_d[h]) for h in set(s[0]) & set(d[0]))
+@given(axes(), axes())
+def test_intersection_is_the_set_intersection(s: Axis, d: Axis) -> None:
+    got = _expand(intersect_runs(s.runs, d.runs))
+    where_s, where_d = dict(s.pairs()), dict(d.pairs())
+    want = sorted((where_s[h], where_d[h]) for h in set(where_s) & set(where_d))
     assert sorted(got) == want
     assert len(got) == len(want)  # each element once
 

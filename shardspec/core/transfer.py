@@ -10,8 +10,10 @@ arithmetic from a storage unit's box to HF indices is :func:`shardspec.core.hfma
 source_indices`, the same that ``load_hf`` reads with, so the transfer and the loader
 cannot disagree about transforms (``transpose``, ``rope N``) and fused splits (``as``,
 ``grouped``). Every map is separable: HF dimension ``k`` is model dimension
-``model_dim_of[k]`` with a 1-D index map, so a holding is a product of per-dimension lists
-and two holdings meet in the product of their per-dimension intersections.
+``model_dim_of[k]`` with a 1-D index map, so a holding is a product of per-dimension
+axes and two holdings meet in the product of their per-dimension intersections. An axis
+is built and kept as runs (:class:`Axis`): each held range is mapped through the
+transforms run by run, so planning costs runs, not elements.
 
 *Local positions*: a rank's local tensor holds its global indices of each dimension (the
 physical index sets of :func:`shardspec.core.layout.local_indices`) in increasing order,
@@ -25,10 +27,10 @@ import bisect
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from shardspec.core.hfmap import Source, source_indices
+from shardspec.core.hfmap import Source, Split, rope_row
 from shardspec.core.layout import (
     Fusion,
     Mesh,
@@ -42,7 +44,9 @@ __all__ = [
     "Axis",
     "Holding",
     "Move",
+    "Piece",
     "Run",
+    "canonical_runs",
     "holdings",
     "local_position",
     "merged_holding",
@@ -56,48 +60,89 @@ Run = tuple[int, int, int, int, int]
 # (hf_start, pos_start, count, hf_step, pos_step): HF indices hf_start + i*hf_step of an
 # axis lie at local positions pos_start + i*pos_step, for i in range(count).
 HFRun = tuple[int, int, int, int, int]
+# An axis's HF indices, positions left out: (start, count, step) runs (Axis.hf_set).
+HFSet = tuple[tuple[int, int, int], ...]
+# (offset, position, count): a held range's indices offset.. lie at positions position..
+Piece = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
 class Axis:
     """One HF dimension of a holding: the local tensor's dimension ``dim`` it lies along,
-    and the HF indices held with their local positions as runs in increasing HF order
-    (:func:`hf_runs`): a few numbers per run, however many elements it holds (a plan of
-    an 8B model holds thousands of axes of thousands of elements each)."""
+    and which HF indices lie at which local positions, as :data:`HFRun` runs in increasing
+    HF order in the one form :func:`canonical_runs` gives (so equal axes compare equal
+    however their runs were built). Nothing here lists elements but :meth:`pairs`."""
 
     dim: int
     runs: tuple[HFRun, ...]
 
     @classmethod
-    def of(cls, dim: int, hf: Sequence[int], pos: Sequence[int]) -> Axis:
+    def from_pairs(cls, dim: int, hf: Sequence[int], pos: Sequence[int]) -> Axis:
         """The axis holding HF index ``hf[i]`` at local position ``pos[i]``."""
         return cls(dim, hf_runs(hf, pos))
 
     @functools.cached_property
     def bounds(self) -> tuple[int, int]:
-        """The least and the greatest HF index held."""
+        """The least and the greatest HF index held (``(0, -1)``: none)."""
+        if not self.runs:
+            return 0, -1
         first, last = self.runs[0], self.runs[-1]
         return first[0], last[0] + (last[2] - 1) * last[3]
 
-    @property
+    @functools.cached_property
     def count(self) -> int:
-        """How many HF indices the axis holds."""
+        """The number of HF indices held."""
         return sum(r[2] for r in self.runs)
 
+    @functools.cached_property
+    def hf_set(self) -> HFSet:
+        """The HF indices held, as ``(start, count, step)`` runs in the one greedy form of
+        the increasing set (positions left out): equal for equal sets."""
+        out: list[list[int]] = []
+        for h, _, n, hs, _ in self.runs:
+            i = 0
+            while i < n:
+                e = h + i * hs
+                if out and out[-1][1] == 1:
+                    out[-1][1], out[-1][2] = 2, e - out[-1][0]
+                    i += 1
+                elif out and e == out[-1][0] + out[-1][1] * out[-1][2]:
+                    take = n - i if hs == out[-1][2] else 1
+                    out[-1][1] += take
+                    i += take
+                else:
+                    out.append([e, 1, 1])
+                    i += 1
+        return tuple((a, b, c) for a, b, c in out)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The HF indices held as increasing, disjoint, non-touching ``[start, stop)``
+        ranges (a strided run gives one range per index)."""
+        out: list[tuple[int, int]] = []
+        for h, n, s in self.hf_set:
+            for a, b in (
+                [(h, h + n)] if s == 1 or n == 1 else [(h + i * s, h + i * s + 1) for i in range(n)]
+            ):
+                if out and out[-1][1] == a:
+                    out[-1] = (out[-1][0], b)
+                else:
+                    out.append((a, b))
+        return out
+
+    @functools.cached_property
+    def permuted(self) -> bool:
+        """Whether the HF indices, read in increasing local position, do not increase."""
+        last = -1
+        for _, p, n, _, ps in self.runs:
+            if p <= last or (n > 1 and ps < 0):
+                return True
+            last = p + (n - 1) * ps
+        return False
+
     def pairs(self) -> list[tuple[int, int]]:
-        """Every ``(local position, HF index)``, in increasing local position (built on
-        demand: one list of the axis's elements)."""
-        return sorted((p + i * ps, h + i * hs) for h, p, n, hs, ps in self.runs for i in range(n))
-
-    @property
-    def hf(self) -> tuple[int, ...]:
-        """The HF indices held, in increasing local position (built on demand)."""
-        return tuple(h for _, h in self.pairs())
-
-    @property
-    def pos(self) -> tuple[int, ...]:
-        """The local positions, increasing (built on demand)."""
-        return tuple(p for p, _ in self.pairs())
+        """Every ``(HF index, local position)`` pair, in increasing HF order: one per
+        element, for views that list them (not the planner)."""
+        return [(h + i * hs, p + i * ps) for h, p, n, hs, ps in self.runs for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -118,13 +163,9 @@ class Holding:
             n *= a.count
         return n
 
-    def signature(self) -> tuple[tuple[int, ...], ...]:
-        """The HF elements held, as per-dimension sorted index tuples: equal for replicas
-        (built on demand; a caller keeps it no longer than one tensor's planning)."""
-        return tuple(
-            tuple(sorted(h + i * s for h, _, n, s, _ in a.runs for i in range(n)))
-            for a in self.axes
-        )
+    def signature(self) -> tuple[HFSet, ...]:
+        """The HF elements held, per dimension as :attr:`Axis.hf_set`: equal for replicas."""
+        return tuple(a.hf_set for a in self.axes)
 
 
 @dataclass(frozen=True)
@@ -157,31 +198,23 @@ def _unit_to_global(fusion: Fusion, comp: str) -> tuple[int, int, int]:
     raise KeyError(comp)  # pragma: no cover - callers pass known names
 
 
-def _run_positions(held: Ranges, g: tuple[int, int, int] | None, a: int, b: int) -> range | list:
-    """The local positions of the unit's indices ``a..b`` along a dimension whose held
-    global indices are ``held`` (``g``: a component's map to the fused dimension, see
-    :func:`_unit_to_global`). A run of held indices lies inside one held range (a
-    component's, inside one group), so each piece costs one lookup."""
+def _position_pieces(held: Ranges, g: tuple[int, int, int] | None, a: int, b: int) -> list[Piece]:
+    """Where the unit's indices ``a..b`` lie along a dimension whose held global indices
+    are ``held`` (``g``: a component's map to the fused dimension, see
+    :func:`_unit_to_global`): ``(offset, position, count)`` pieces, index ``a + offset +
+    i`` at local position ``position + i``. A run of held indices lies inside one held range
+    (a component's, inside one group), so each piece costs one lookup."""
     if g is None:
-        p = local_position(held, a)
-        return range(p, p + b - a)
+        return [(0, local_position(held, a), b - a)]
     per, size, start = g
-    out: list[int] = []
+    out: list[Piece] = []
     u = a
     while u < b:
         group, j = divmod(u, per)
         end = min(b, (group + 1) * per)
-        p = local_position(held, group * size + start + j)
-        out.extend(range(p, p + end - u))
+        out.append((u - a, local_position(held, group * size + start + j), end - u))
         u = end
     return out
-
-
-def _positions(
-    held: Sequence[Ranges], to_global: Sequence[tuple[int, int, int] | None], d: int, a: int, b: int
-) -> range | list:
-    """:func:`_run_positions` along dimension ``d``."""
-    return _run_positions(held[d], to_global[d], a, b)
 
 
 def holdings(
@@ -212,40 +245,167 @@ def holdings(
             if not unit_held[fused_at]:
                 continue
 
-        pos = functools.partial(_positions, held, tuple(to_global))
+        def pieces(d: int, a: int, b: int) -> list[Piece]:
+            return _position_pieces(held[d], to_global[d], a, b)  # noqa: B023 (used at once)
+
         first = 1 if source.stacked else 0
-        axes = _axes(source, unit_held[first:], first, pos)
+        axes = _axes(source, unit_held[first:], first, pieces)
         if source.stacked:
             for a, b in unit_held[0]:
-                for e, p in zip(range(a, b), pos(0, a, b), strict=True):
-                    h = Holding(rank, param, ((0, p),), axes)
-                    out.setdefault(source.keys[e], []).append(h)
+                for off, p, n in pieces(0, a, b):
+                    for i in range(n):
+                        h = Holding(rank, param, ((0, p + i),), axes)
+                        out.setdefault(source.keys[a + off + i], []).append(h)
         else:
             out.setdefault(source.keys[0], []).append(Holding(rank, param, (), axes))
     return out
 
 
 def _axes(
-    source: Source, held: Sequence[Ranges], first: int, pos: Callable[[int, int, int], Sequence]
+    source: Source,
+    held: Sequence[Ranges],
+    first: int,
+    pieces: Callable[[int, int, int], list[Piece]],
 ) -> tuple[Axis, ...]:
     """The HF axes of a rank's unit index sets ``held`` (model dims ``first``..), through
-    the source's transforms and split: one :func:`source_indices` call per run of the dim
-    with the most runs (every map is separable, so run ``i`` of each dim is mapped once)."""
-    n = max(len(r) for r in held) if held else 0
-    hf: list[list[int]] = [[] for _ in held]
-    local: list[list[int]] = [[] for _ in held]
-    dim_of: tuple[int, ...] = tuple(range(len(held)))
-    for i in range(n):
-        box = [r[min(i, len(r) - 1)] for r in held]
-        per_dim, dim_of = source_indices(
-            source.transforms, [a for a, _ in box], [b - a for a, b in box], source.split
-        )
-        for k, idx in enumerate(per_dim):
-            d = dim_of[k]
-            if i < len(held[d]):
-                hf[k].extend(idx)  # a pad's real indices: the run's leading positions
-                local[k].extend(pos(d + first, *held[d][i])[: len(idx)])
-    return tuple(Axis.of(dim_of[k] + first, hf[k], local[k]) for k in range(len(held)))
+    the source's transforms and split, as :func:`shardspec.core.hfmap.source_indices` maps
+    a box: every map is
+    separable (HF dimension ``k`` is one model dimension, with a 1-D index map), so each
+    held range of each dimension is mapped once, run by run (:func:`_hf_of_range`)."""
+    axes: list[Axis | None] = [None] * len(held)
+    for d, ranges in enumerate(held):
+        k, got = 0, []
+        for a, b in ranges:
+            k, mapped = _hf_of_range(source, len(held), d, a, b - a)
+            got += _placed(mapped, pieces(d + first, a, b))
+        axes[k] = Axis(d + first, canonical_runs(got))
+    assert all(a is not None for a in axes)
+    return tuple(a for a in axes if a is not None)
+
+
+def _hf_of_range(source: Source, ndim: int, d: int, a: int, n: int) -> tuple[int, list[HFRun]]:
+    """Model dimension ``d``'s indices ``a..a+n`` of a box of ``ndim`` dimensions,
+    mapped as :func:`~shardspec.core.hfmap.source_indices` maps them: ``(k, runs)``, HF
+    dimension ``k`` and runs ``(hf_start, offset, count, hf_step, offset_step)``, HF
+    index ``hf_start + i*hf_step`` at the box's offset ``offset + i*offset_step`` along
+    ``d`` (a pad's real indices take the leading offsets). A range stays one run; a RoPE
+    permutation gives two runs per head, a pad cuts runs, a grouped split gives one run
+    per group."""
+    runs: list[HFRun] = [(a, 0, n, 1, 1)]
+    at = d
+    for t in reversed(source.transforms):
+        if t.kind == "transpose":
+            at = ndim - 1 - at
+        elif t.kind == "rope" and at == 0:
+            runs = [r for run in runs for r in _rope_run(run, t.head_dim)]
+        elif t.kind == "pad" and at == t.dim:
+            runs = _unpadded_runs(runs, t.size)
+    split = source.split
+    if split is not None and (split.start or split.groups > 1) and at == split.dim:
+        runs = [r for run in runs for r in _split_run(run, split)]
+    return at, runs
+
+
+def _elements(run: HFRun, f: Callable[[int], int]) -> list[HFRun]:
+    """A run's elements one by one, their HF index mapped by ``f`` (transforms of strided
+    runs, which no layout makes: the general case, element-wise)."""
+    h, o, n, hs, os_ = run
+    return [(f(h + i * hs), o + i * os_, 1, 1, 1) for i in range(n)]
+
+
+def _rope_run(run: HFRun, head_dim: int) -> list[HFRun]:
+    """:func:`rope_row` of a run of model rows: per head, the rows of each parity are one
+    run of HF rows (row ``h*hd + 2j + t`` is HF row ``h*hd + t*hd/2 + j``)."""
+    v, o, n, vs, os_ = run
+    if vs != 1 or head_dim % 2 or n < 2:
+        return _elements(run, lambda m: rope_row(m, head_dim))
+    out: list[HFRun] = []
+    end = v + n
+    for head in range(v // head_dim, (end - 1) // head_dim + 1):
+        base = head * head_dim
+        lo, hi = max(v, base), min(end, base + head_dim)
+        for t in (0, 1):
+            m = lo + (t - (lo - base)) % 2  # the first row >= lo of parity t in the head
+            if m < hi:
+                out.append(
+                    (rope_row(m, head_dim), o + (m - v) * os_, (hi - 1 - m) // 2 + 1, 1, 2 * os_)
+                )
+    return out
+
+
+def _unpadded_runs(runs: list[HFRun], size: int) -> list[HFRun]:
+    """A pad's real indices (below ``size``): they keep their order and take the leading
+    offsets (:func:`shardspec.core.hfmap.source_indices`)."""
+    kept: list[HFRun] = []
+    for run in runs:
+        v, o, n, vs, os_ = run
+        if vs > 0:
+            k = 0 if v >= size else min(n, (size - 1 - v) // vs + 1)
+            if k:
+                kept.append((v, o, k, vs, os_))
+        else:
+            kept += [r for r in _elements(run, lambda x: x) if r[0] < size]
+    count = sum(r[2] for r in kept)
+    if not kept or max(max(o, o + (n - 1) * s) for _, o, n, _, s in kept) == count - 1:
+        return kept  # offsets 0..count-1 already (always, from a range)
+    order = sorted((o + i * s, h + i * hs) for h, o, n, hs, s in kept for i in range(n))
+    return [(h, j, 1, 1, 1) for j, (_, h) in enumerate(order)]
+
+
+def _split_run(run: HFRun, split: Split) -> list[HFRun]:
+    """:meth:`Split.hf_index` of a run of the unit's indices: one run per group."""
+    v, o, n, vs, os_ = run
+    if split.groups == 1:
+        return [(v + split.start, o, n, vs, os_)]
+    per = split.size // split.groups
+    if vs != 1 or per == 0:
+        return _elements(run, split.hf_index)
+    out: list[HFRun] = []
+    u, end = v, v + n
+    while u < end:
+        stop = min(end, (u // per + 1) * per)
+        out.append((split.hf_index(u), o + (u - v) * os_, stop - u, 1, os_))
+        u = stop
+    return out
+
+
+def _placed(runs: list[HFRun], pieces: list[Piece]) -> list[HFRun]:
+    """Runs of ``(hf, offset, ...)`` with each offset replaced by its local position
+    (``pieces``: :func:`_position_pieces`), cut where the pieces are."""
+    if len(pieces) == 1:
+        off, p, _ = pieces[0]
+        return [(h, p + o - off, n, hs, os_) for h, o, n, hs, os_ in runs]
+    starts = [off for off, _, _ in pieces]
+    out: list[HFRun] = []
+    for run in runs:
+        h, o, n, hs, os_ = run
+        if n > 1 and os_ <= 0:  # (no transform makes these: element by element)
+            out += _placed(_elements(run, lambda x: x), pieces)
+            continue
+        os_ = os_ if n > 1 else 1
+        i = 0
+        while i < n:
+            at = o + i * os_
+            off, p, m = pieces[bisect.bisect_right(starts, at) - 1]
+            last = min(n - 1, i + (off + m - 1 - at) // os_)  # the run's last index in the piece
+            out.append((h + i * hs, p + at - off, last - i + 1, hs, os_))
+            i = last + 1
+    return out
+
+
+def canonical_runs(pieces: Iterable[HFRun]) -> tuple[HFRun, ...]:
+    """The ``(HF index, position)`` pairs of ``pieces`` (runs in any order, with any cuts)
+    as :func:`hf_runs` gives them: sorted by HF index, greedily as long as both strides go.
+    The cost is in runs, but where pieces interleave in HF (parts of one RoPE head on two
+    held ranges), whose pairs are listed and sorted."""
+    seq: list[HFRun] = []
+    for cluster in _clusters(pieces, 0):
+        if len(cluster) == 1:
+            seq += cluster
+        else:
+            pairs = {(h + i * hs, p + i * ps) for h, p, n, hs, ps in cluster for i in range(n)}
+            seq += [(h, p, 1, 1, 1) for h, p in sorted(pairs)]
+    return merge_runs(seq, any_order=True)
 
 
 def runs_of(pairs: Iterable[tuple[int, int]]) -> tuple[Run, ...]:
@@ -287,18 +447,8 @@ def hf_runs(hf: Sequence[int], pos: Sequence[int]) -> tuple[HFRun, ...]:
     HF order (disjoint, increasing HF ranges), each as long as both its strides go."""
     if len(hf) > 1 and all(map(operator.lt, hf, hf[1:])) and all(map(operator.lt, pos, pos[1:])):
         return _unit_runs(hf, pos)
-    out: list[list[int]] = []
-    for h, p in sorted(zip(hf, pos, strict=True)):  # (a RoPE dimension: another order)
-        if out:
-            r = out[-1]
-            if r[2] == 1:
-                r[3], r[4], r[2] = h - r[0], p - r[1], 2
-                continue
-            if h == r[0] + r[2] * r[3] and p == r[1] + r[2] * r[4]:
-                r[2] += 1
-                continue
-        out.append([h, p, 1, 1, 1])
-    return tuple((a, b, c, e, f) for a, b, c, e, f in out)
+    pairs = sorted(zip(hf, pos, strict=True))  # (a RoPE dimension: another order)
+    return merge_runs(((h, p, 1, 1, 1) for h, p in pairs), any_order=True)
 
 
 def _unit_runs(hf: Sequence[int], pos: Sequence[int]) -> tuple[HFRun, ...]:
@@ -385,21 +535,26 @@ def _in_dst_order(pieces: list[Run]) -> list[Run]:
     pairs as ``pieces`` (in any order, any steps). Runs whose receiver ranges interleave
     (a RoPE head's two halves) become one run when together they are one progression on
     both sides, and single pairs otherwise."""
+    return [r for cluster in _clusters(pieces, 1) for r in _untangle(cluster)]
+
+
+def _clusters(runs: Iterable[Run], at: int) -> Iterator[list[Run]]:
+    """Runs along coordinate ``at`` of theirs (0: the first, a sender's position or an HF
+    index; 1: the second), each turned to increase there (a negative step reversed),
+    sorted by their start there, in clusters whose extents there overlap."""
     up = [
-        (s + (n - 1) * ss, d + (n - 1) * ds, n, -ss, -ds) if ds < 0 else (s, d, n, ss, ds)
-        for s, d, n, ss, ds in pieces
+        (s + (n - 1) * ss, d + (n - 1) * ds, n, -ss, -ds) if (ss, ds)[at] < 0 else (s, d, n, ss, ds)
+        for s, d, n, ss, ds in runs
     ]
-    up.sort(key=lambda r: r[1])
-    out: list[Run] = []
+    up.sort(key=lambda r: r[at])
     k = 0
-    while k < len(up):  # clusters of runs whose receiver ranges overlap
-        end, m = up[k][1] + (up[k][2] - 1) * up[k][4], k + 1
-        while m < len(up) and up[m][1] <= end:
-            end = max(end, up[m][1] + (up[m][2] - 1) * up[m][4])
+    while k < len(up):
+        end, m = up[k][at] + (up[k][2] - 1) * up[k][at + 3], k + 1
+        while m < len(up) and up[m][at] <= end:
+            end = max(end, up[m][at] + (up[m][2] - 1) * up[m][at + 3])
             m += 1
-        out += _untangle(up[k:m])
+        yield up[k:m]
         k = m
-    return out
 
 
 def _untangle(cluster: list[Run]) -> list[Run]:
@@ -423,9 +578,11 @@ def _untangle(cluster: list[Run]) -> list[Run]:
     return [(s, d, 1, 1, 1) for d, s in pairs]
 
 
-def merge_runs(runs: Iterable[Run]) -> tuple[Run, ...]:
+def merge_runs(runs: Iterable[Run], *, any_order: bool = False) -> tuple[Run, ...]:
     """:func:`runs_of` of the pairs the runs hold, in order, at a cost in runs: a run
-    whose strides continue the last merged run's joins it whole."""
+    whose strides continue the last merged run's joins it whole. ``any_order``: a
+    one-pair run takes the next pair whichever way it goes (:func:`hf_runs`: runs in
+    increasing HF order, whose positions may go down)."""
     out: list[list[int]] = []
     for s, d, n, ss, ds in runs:
         i = 0
@@ -433,7 +590,7 @@ def merge_runs(runs: Iterable[Run]) -> tuple[Run, ...]:
             es, ed = s + i * ss, d + i * ds
             if out:
                 r = out[-1]
-                if r[2] == 1 and es > r[0] and ed > r[1]:
+                if r[2] == 1 and (any_order or (es > r[0] and ed > r[1])):
                     r[3], r[4], r[2] = es - r[0], ed - r[1], 2
                     i += 1
                     continue
@@ -468,7 +625,7 @@ def plan_tensor(
     lowest rank) -- greedy least-loaded, in the order of the receivers given. Returns the
     moves and, per receiver whose elements the senders do not all provide, the number of
     elements without a source."""
-    groups: dict[tuple[tuple[int, ...], ...], list[Holding]] = {}
+    groups: dict[tuple[HFSet, ...], list[Holding]] = {}
     for h in senders:
         groups.setdefault(h.signature(), []).append(h)
     moves: list[Move] = []
@@ -511,8 +668,7 @@ def merged_holding(held: Sequence[Holding]) -> Holding:
     if len(differ) > 1:
         raise ValueError("the holdings differ along more than one dimension")
     k = differ.pop() if differ else 0
-    pairs = sorted({pair for h in held for pair in h.axes[k].pairs()})
-    axis = Axis.of(first.axes[k].dim, [i for _, i in pairs], [p for p, _ in pairs])
+    axis = Axis(first.axes[k].dim, canonical_runs(r for h in held for r in h.axes[k].runs))
     return Holding(
         first.rank, first.param, first.fixed, (*first.axes[:k], axis, *first.axes[k + 1 :])
     )

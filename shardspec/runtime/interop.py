@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardspec.core.hfmap import HFMap, Source, fused_of, padded_dims, runs, unit_names
+from shardspec.core.hfmap import HFMap, Source, fused_of, padded_dims, unit_names
 from shardspec.core.layout import (
     Dim,
     Mesh,
@@ -159,7 +159,7 @@ def _box(h: Holding | None, ndim: int) -> list[list[list[int]]]:
     """Per HF dimension, the sorted ``[start, stop)`` runs of the HF indices held."""
     if h is None:
         return [[] for _ in range(ndim)]
-    return [[[a, b] for a, b in runs(tuple(ax.hf))] for ax in h.axes]
+    return [[[a, b] for a, b in ax.ranges()] for ax in h.axes]
 
 
 def _placements(u: _Unit, held: Mapping[int, Holding], shape: Sequence[int]) -> list[str] | None:
@@ -241,7 +241,7 @@ def get_sharding(
                 "split": None
                 if split is None
                 else {"components": [x.component for x in units], "groups": split.groups},
-                "permuted": any(list(h.axes[k].hf) != sorted(h.axes[k].hf) for h in held.values()),
+                "permuted": any(h.axes[k].permuted for h in held.values()),
                 "padded_to": pdim.size if d - (1 if u.source.stacked else 0) in pads else None,
             }
         )
@@ -440,7 +440,7 @@ def local_view(
             "pass the model this side's spec describes, on this rank",
         )
     local = _to_local(tensors[name])
-    order = [sorted(zip(ax.hf, ax.pos, strict=True)) for ax in h.axes]
+    order = [ax.pairs() for ax in h.axes]
     where = tuple(dict(o) for o in order)
     dims = tuple(ax.dim for ax in h.axes)
     lv = LocalView(hf_name, name, _box(h, len(shape)), local, h.fixed, dims, where, None)
